@@ -1,0 +1,101 @@
+"""GPU and model catalogs (``profiles/``) and resolution of names, paths and inline mappings."""
+from __future__ import annotations
+
+import functools
+import os
+from pathlib import Path
+from typing import Any
+
+from pydantic import ValidationError
+
+from planner.errors import SpecError, did_you_mean
+
+
+def profiles_dir() -> Path:
+    """``$PLANNER_PROFILES`` or the repository's ``profiles/`` folder."""
+    env = os.environ.get("PLANNER_PROFILES")
+    return Path(env) if env else Path(__file__).resolve().parents[2] / "profiles"
+
+
+@functools.lru_cache(maxsize=None)
+def _catalog(kind: str) -> dict[str, dict[str, Any]]:
+    """name -> entry for ``gpus`` or ``models``; every alias maps to the same entry (lower-cased)."""
+    from planner.io import load_yaml
+
+    data = load_yaml(profiles_dir() / f"{kind}.yaml", field=f"profiles/{kind}.yaml")
+    table: dict[str, dict[str, Any]] = {}
+    for name, entry in data[kind].items():
+        entry = dict(entry)
+        aliases = entry.pop("aliases", [])
+        entry.setdefault("name", name)
+        for key in [name, *aliases]:
+            table[key.lower()] = entry
+    return table
+
+
+def gpu_names() -> list[str]:
+    return sorted({e["name"] for e in _catalog("gpus").values()})
+
+
+def model_names() -> list[str]:
+    return sorted({e["name"] for e in _catalog("models").values()})
+
+
+def resolve_gpu(value: Any, field: str = "gpu"):
+    """A catalog name (or alias), or an inline mapping of GpuSpec fields (optionally ``base: <name>`` + overrides)."""
+    from planner.spec import GpuSpec, format_validation_error
+
+    table = _catalog("gpus")
+    if isinstance(value, str):
+        entry = table.get(value.strip().lower())
+        if entry is None:
+            raise SpecError(field, f"unknown GPU '{value}'{did_you_mean(value, gpu_names())}; known: {', '.join(gpu_names())}")
+        return GpuSpec.model_validate(entry)
+    if isinstance(value, dict):
+        data = dict(value)
+        base = data.pop("base", None)
+        if base is not None:
+            merged = dict(resolve_gpu(base, field=f"{field}.base").model_dump())
+            merged.update(data)
+            data = merged
+        try:
+            return GpuSpec.model_validate(data)
+        except ValidationError as exc:
+            raise format_validation_error(exc, prefix=field + ".")
+    raise SpecError(field, f"expected a GPU name or a mapping of GPU fields, got {type(value).__name__}")
+
+
+def resolve_model(value: Any, base_dir: Path | None = None, field: str = "model"):
+    """A preset name, a path to a Hugging Face config.json (or a model YAML), or an inline mapping."""
+    from planner.spec import ModelSpec, format_validation_error
+
+    if isinstance(value, str):
+        entry = _catalog("models").get(value.strip().lower())
+        if entry is not None:
+            return ModelSpec.model_validate(entry)
+        path = Path(value)
+        if base_dir is not None and not path.is_absolute():
+            path = base_dir / path
+        if value.endswith((".json", ".yaml", ".yml")) or path.exists():
+            if not path.exists():
+                raise SpecError(field, f"no such model file '{value}'")
+            if value.endswith(".json") or path.is_dir():
+                from planner.catalog.hf import load_hf_config
+
+                return load_hf_config(path / "config.json" if path.is_dir() else path, field=field)
+            from planner.io import load_yaml
+
+            return resolve_model(load_yaml(path, field=field), base_dir=path.parent, field=field)
+        raise SpecError(field, f"unknown model '{value}'{did_you_mean(value, model_names())}; known presets: {', '.join(model_names())}, or a path to a config.json")
+    if isinstance(value, dict):
+        data = dict(value)
+        base = data.pop("preset", None)
+        if base is not None:
+            merged = resolve_model(base, base_dir, field=f"{field}.preset").model_dump(exclude_none=True)
+            merged.update(data)
+            data = merged
+        try:
+            return ModelSpec.model_validate(data)
+        except ValidationError as exc:
+            raise format_validation_error(exc, prefix=field + ".")
+    raise SpecError(field, f"expected a preset name, a config.json path or a mapping, got {type(value).__name__}")

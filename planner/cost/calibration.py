@@ -1,0 +1,38 @@
+"""The calibrated efficiencies of the analytic cost model (``profiles/calibration.yaml``).
+
+Each is a physically meaningful, global number (a fraction of a datasheet or measured rate, an overlap share, an
+allocator allowance); none is specific to one run. ``scripts/calibrate.py`` fits them on the measured runs.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, fields
+
+
+@dataclass(frozen=True)
+class Calibration:
+    gemm_efficiency: float
+    attention_efficiency: float
+    hbm_efficiency: float
+    nvlink_efficiency: float
+    network_efficiency: float
+    dp_overlap: float
+    fsdp_overlap: float
+    layer_overhead_s: float
+    memory_fixed_gib: float
+    memory_fragmentation: float
+
+    def replace(self, **changes) -> "Calibration":
+        return Calibration(**{**self.as_dict(), **changes})
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+@functools.lru_cache(maxsize=None)
+def default_calibration() -> Calibration:
+    from planner.catalog import profiles_dir
+    from planner.io import load_yaml
+
+    data = load_yaml(profiles_dir() / "calibration.yaml", field="profiles/calibration.yaml")
+    return Calibration(**{f.name: float(data[f.name]) for f in fields(Calibration)})

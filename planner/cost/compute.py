@@ -1,0 +1,123 @@
+"""Compute time of one transformer layer (and of the embedding/logits) on one GPU, per micro-batch.
+
+Roofline per operation (Williams et al. 2009): an op takes max(FLOPs / achieved rate, bytes / achieved HBM
+bandwidth). The achieved GEMM rate is the GPU's measured matmul rate (MAMF, stas00/ml-engineering) times a
+calibrated efficiency, so small GEMMs (small hidden sizes, high TP, few tokens per expert) fall to the memory
+roof on their own. Element-wise kernels (norms, residuals, activations, rotary, softmax) are pure HBM traffic.
+Backward costs 2x the forward GEMMs (grad wrt input and weights) and 2.5x the forward flash-attention FLOPs
+(FlashAttention-2, Dao 2023: 5 matmuls backward vs 2 forward).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.cost import flops as F
+from planner.cost.calibration import Calibration
+from planner.spec import GpuSpec, ModelSpec
+
+
+@dataclass(frozen=True)
+class PassTime:
+    """Seconds for one micro-batch through one layer."""
+
+    forward: float
+    backward: float
+    recompute: float  # extra forward work during backward (activation recompute)
+
+
+def matmul_tflops(gpu: GpuSpec, precision: str) -> float:
+    """Achievable dense GEMM TFLOP/s before calibration: measured MAMF where known, else 80% of peak
+    (gpus.yaml rules_of_thumb: large well-shaped GEMMs reach ~80% on Ampere/Hopper)."""
+    bf16 = gpu.matmul_tflops_bf16 or 0.8 * gpu.peak_tflops_bf16
+    if precision == "fp16":
+        return bf16 * (gpu.peak_tflops_fp16 or gpu.peak_tflops_bf16) / gpu.peak_tflops_bf16
+    if precision == "fp8" and gpu.peak_tflops_fp8:
+        # FP8 GEMMs reach a lower fraction of their peak (H100: 71% vs 80%, stas00 MAMF table).
+        return 0.71 / 0.80 * bf16 * gpu.peak_tflops_fp8 / gpu.peak_tflops_bf16
+    return bf16
+
+
+def peak_tflops(gpu: GpuSpec, precision: str) -> float:
+    if precision == "fp16":
+        return gpu.peak_tflops_fp16 or gpu.peak_tflops_bf16
+    if precision == "fp8" and gpu.peak_tflops_fp8:
+        return gpu.peak_tflops_fp8
+    return gpu.peak_tflops_bf16
+
+
+class Roofline:
+    """Achieved rates of one GPU type at one precision."""
+
+    def __init__(self, gpu: GpuSpec, precision: str, cal: Calibration):
+        self.gemm_rate = matmul_tflops(gpu, precision) * 1e12 * cal.gemm_efficiency
+        # Attention kernels run in 16-bit even in FP8 recipes (Transformer Engine keeps DPA in bf16).
+        self.attn_rate = matmul_tflops(gpu, "bf16") * 1e12 * cal.attention_efficiency
+        self.hbm = gpu.hbm_tbps * 1e12 * cal.hbm_efficiency
+        self.overhead = cal.layer_overhead_s
+
+    def gemms(self, ops: list[F.Gemm]) -> float:
+        return sum(max(op.flops / self.gemm_rate, op.bytes / self.hbm) for op in ops)
+
+    def traffic(self, nbytes: float) -> float:
+        return nbytes / self.hbm
+
+
+def elementwise_bytes(model: ModelSpec, tokens: int, tp: int, sp: bool, moe: bool) -> float:
+    """HBM bytes of a layer's forward element-wise kernels (16-bit tensors, read + write).
+    Two norms (read 2, write 2 bytes per element each) and two residual adds (read 4, write 2): 20 bytes per
+    hidden element, replicated on every TP rank unless sequence parallelism splits them. The activation
+    function reads its input and writes its output (GeLU: f wide; SwiGLU: reads 2f, writes f). Rotary and
+    head transposes touch Q, K and V about twice."""
+    h, d = model.hidden_size, model.dim_head
+    rep = 20.0 * tokens * h / (tp if sp else 1)
+    qkv = 2 * 2.0 * tokens * (model.num_attention_heads + 2 * model.kv_heads) * d / tp
+    if moe:
+        m = model.moe
+        width = m.expert_ffn_hidden_size * (m.top_k + m.shared_experts)
+        permute = 4.0 * tokens * m.top_k * h  # dispatch and combine copies
+    else:
+        width, permute = model.ffn_hidden_size, 0.0
+    act = (6.0 if model.mlp == "swiglu" else 4.0) * tokens * width / tp
+    return rep + qkv + act + permute
+
+
+def layer_time(
+    model: ModelSpec, roof: Roofline, *, tokens: int, seq: int, tp: int, sp: bool, cp: int, ep: int,
+    moe: bool, flash: bool, recompute: str,
+) -> PassTime:
+    """Forward, backward and recompute seconds of one layer for one micro-batch of ``tokens`` tokens."""
+    gemm_f = roof.gemms(F.attention_gemms(model, tokens, tp) + F.mlp_gemms(model, tokens, tp, moe, ep))
+    elem_f = roof.traffic(elementwise_bytes(model, tokens, tp, sp, moe))
+    if flash:
+        # Causal flash kernels skip the masked half; with CP the ring still sees every key block.
+        core = F.attention_core_flops(model, tokens, seq, tp, causal=True)
+        attn_f, attn_b = core / roof.attn_rate, 2.5 * core / roof.attn_rate
+    else:
+        # Materialized softmax: full s^2 batched GEMMs at the GEMM rate, plus score traffic: write scores (2),
+        # softmax read/write (4), dropout mask and output (3), read for P.V (2) bytes per score.
+        core = F.attention_core_flops(model, tokens, seq, tp, causal=False)
+        scores = tokens * seq * model.num_attention_heads / tp
+        attn_f = core / roof.gemm_rate + roof.traffic(11.0 * scores)
+        attn_b = 2 * core / roof.gemm_rate + roof.traffic(2 * 11.0 * scores)
+    forward = gemm_f + elem_f + attn_f + roof.overhead
+    backward = 2 * gemm_f + 2 * elem_f + attn_b + 2 * roof.overhead
+    if recompute == "full":
+        extra = forward
+    elif recompute == "selective" and not flash:
+        extra = attn_f  # Korthikanti et al. 2022: recompute only the attention core
+    else:
+        extra = 0.0  # flash attention already recomputes its scores inside the backward kernel
+    return PassTime(forward, backward, extra)
+
+
+def embedding_time(model: ModelSpec, roof: Roofline, tokens: int, tp: int, sp: bool) -> PassTime:
+    """Embedding lookup (write tokens*h) and its gradient scatter-add."""
+    nbytes = 2.0 * tokens * model.hidden_size / (tp if sp else 1)
+    return PassTime(roof.traffic(nbytes), roof.traffic(3 * nbytes), 0.0)
+
+
+def logits_time(model: ModelSpec, roof: Roofline, tokens: int, tp: int) -> PassTime:
+    """Output projection plus the fp32 softmax cross-entropy over the vocabulary shard."""
+    gemm = roof.gemms([F.logits_gemm(model, tokens, tp)])
+    ce = roof.traffic(3 * 4.0 * tokens * model.vocab_size / tp)
+    return PassTime(gemm + ce, 2 * gemm + ce, 0.0)

@@ -1,0 +1,90 @@
+"""Memory per GPU: model states under ZeRO 0-3 / FSDP / Megatron's distributed optimizer, and activations.
+
+Model states (Rajbhandari et al. 2020, ZeRO, Sec. 3): mixed-precision Adam keeps 16-bit weights (2 bytes), gradients
+and 12 bytes of fp32 master weights, momentum and variance. Megatron-LM accumulates gradients in an fp32
+``main_grad`` buffer (4 bytes), giving its 18 bytes/param without the distributed optimizer and 6 + 12/DP with
+it (megatron/training/theoretical_memory_usage.py). ZeRO-1 shards the optimizer state, ZeRO-2 also the gradients,
+ZeRO-3 (= FSDP FULL_SHARD) everything, over the data-parallel group (DP*CP in Megatron; expert-DP for experts).
+
+Activations follow Korthikanti et al. 2022 (Table 2), generalized as listed in activation_bytes_per_layer.
+"""
+from __future__ import annotations
+
+from planner.spec import ModelSpec
+
+GIB = 1024**3
+
+
+def model_state_bytes(params: float, shard: int, zero_stage: int, grad_dtype: str, optimizer: str) -> dict[str, float]:
+    """Bytes of weights, gradients and optimizer state for ``params`` parameters held by one GPU before
+    ZeRO sharding over ``shard`` data-parallel ranks."""
+    weights, grads = 2.0, (4.0 if grad_dtype == "fp32" else 2.0)
+    opt = 12.0 if optimizer in ("adam", "adamw") else 8.0  # fp32 master + (m, v) or (momentum)
+    w_div = shard if zero_stage >= 3 else 1
+    g_div = shard if zero_stage >= 2 else 1
+    o_div = shard if zero_stage >= 1 else 1
+    return {
+        "weights": params * weights / w_div,
+        "gradients": params * grads / g_div,
+        "optimizer": params * opt / o_div,
+    }
+
+
+def activation_bytes_per_layer(
+    model: ModelSpec, *, tokens: int, seq: int, tp: int, sp: bool, flash: bool, recompute: str, moe: bool,
+) -> float:
+    """Activation bytes one layer keeps for the backward pass, per micro-batch of ``tokens`` tokens (CP shard).
+
+    Korthikanti et al. 2022, Sec. 4 (GPT layer, MHA, 4h MLP, bytes with s*b = tokens):
+      attention 11sbh + 5as^2b; MLP 19sbh; two LayerNorms 4sbh  ->  sbh(34 + 5as/h).
+    Under TP without SP, 10sbh is replicated (norm inputs 4, QKV and fc1 inputs 4, dropout masks 2) and the rest
+    is split by t; with SP everything is split by t. Selective recompute drops the 5as^2b softmax term.
+    Extensions: GQA (K and V are kv_heads*head_dim wide), SwiGLU (gate and up outputs plus their product:
+    3 ffn-wide tensors), flash attention (no s^2 term; keeps its output and the row log-sum-exp), MoE
+    (router input, per-token expert inputs and activations times top-k, dispatch buffers).
+    Full recompute keeps only the layer input, 2sbh (split by t under SP)."""
+    t = tokens
+    h, d, a = model.hidden_size, model.dim_head, model.num_attention_heads
+    if recompute == "full":
+        return 2.0 * t * h / (tp if sp else 1)
+    q, kv = a * d, model.kv_heads * d
+    replicated = 10.0 * t * h  # norm inputs, QKV and fc1 inputs, dropout masks
+    attn_split = 2.0 * t * q + 4.0 * t * kv + 2.0 * t * q + 1.0 * t * h  # Q, K+V, proj input, out-dropout mask
+    if moe:
+        m = model.moe
+        fe = m.expert_ffn_hidden_size
+        wide = (3 if model.mlp == "swiglu" else 2) * 2.0 * fe
+        mlp_split = t * (m.top_k + m.shared_experts) * (2.0 * h + wide) + 4.0 * t * m.top_k * h
+    else:
+        f = model.ffn_hidden_size
+        mlp_split = (3 if model.mlp == "swiglu" else 2) * 2.0 * t * f  # activation input(s) + fc2 input
+    total = replicated / (tp if sp else 1) + (attn_split + mlp_split) / tp
+    if flash:
+        total += 4.0 * t * a / tp  # fp32 log-sum-exp per head and query
+    elif recompute != "selective":
+        total += 5.0 * a * t * seq / tp  # softmax output (2) + dropout mask (1) + dropout output (2) per score
+    return total
+
+
+def working_bytes_full_recompute(
+    model: ModelSpec, *, tokens: int, seq: int, tp: int, sp: bool, flash: bool, moe: bool,
+) -> float:
+    """Under full recompute one layer's complete activations exist again while its backward runs."""
+    return activation_bytes_per_layer(
+        model, tokens=tokens, seq=seq, tp=tp, sp=sp, flash=flash, recompute="none", moe=moe
+    )
+
+
+def logits_bytes(model: ModelSpec, tokens: int, tp: int) -> float:
+    """fp32 logits of the vocabulary shard and their gradient (Korthikanti: 4sbv/t per copy)."""
+    return 2 * 4.0 * tokens * model.vocab_size / tp
+
+
+def inflight_microbatches(stage: int, pp: int, vpp: int, num_microbatches: int) -> float:
+    """Micro-batches whose activations a stage holds at its peak, in units of the stage's full layer set.
+    1F1B (Narayanan et al. 2021): stage i warms up with p - i micro-batches. Interleaved (Megatron-LM
+    schedules.py): (p - i - 1)*2 + (v - 1)*p + 1 model chunks of 1/v of the stage each."""
+    if vpp == 1:
+        return float(min(pp - stage, num_microbatches))
+    chunks = min((pp - stage - 1) * 2 + (vpp - 1) * pp + 1, num_microbatches * vpp)
+    return chunks / vpp

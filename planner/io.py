@@ -1,0 +1,111 @@
+"""File reading and writing: safe YAML/JSON loading with field-precise errors, atomic writes."""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from planner.errors import SpecError
+
+MAX_INPUT_BYTES = 16 * 1024 * 1024
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicated mapping keys (a silent overwrite hides typos)."""
+
+
+def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False):
+    seen = set()
+    for key_node, _ in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        try:
+            hash(key)
+        except TypeError:
+            raise yaml.constructor.ConstructorError(
+                None, None, "mapping keys must be plain scalars", key_node.start_mark
+            )
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicated key '{key}'", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+
+
+def read_text(path: str | Path, field: str = "file") -> str:
+    p = Path(path)
+    if not p.exists():
+        raise SpecError(field, f"no such file '{path}'")
+    if p.is_dir():
+        raise SpecError(field, f"'{path}' is a directory, expected a file")
+    if p.stat().st_size > MAX_INPUT_BYTES:
+        raise SpecError(field, f"'{path}' is larger than {MAX_INPUT_BYTES // (1024 * 1024)} MiB")
+    raw = p.read_bytes()
+    try:
+        return raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SpecError(field, f"'{path}' is not UTF-8 text")
+
+
+def load_yaml(path: str | Path, field: str = "file") -> Any:
+    """Load a YAML file with a safe loader; errors name the file and line."""
+    text = read_text(path, field)
+    if not text.strip():
+        raise SpecError(field, f"'{path}' is empty")
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+        where = f" at line {mark.line + 1}" if mark is not None else ""
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise SpecError(field, f"invalid YAML in '{path}'{where}: {problem}")
+
+
+def load_json(path: str | Path, field: str = "file") -> Any:
+    text = read_text(path, field)
+    if not text.strip():
+        raise SpecError(field, f"'{path}' is empty")
+
+    def no_dupes(pairs):
+        out = {}
+        for k, v in pairs:
+            if k in out:
+                raise SpecError(field, f"duplicated key '{k}' in '{path}'")
+            out[k] = v
+        return out
+
+    try:
+        return json.loads(text, object_pairs_hook=no_dupes)
+    except json.JSONDecodeError as exc:
+        raise SpecError(field, f"invalid JSON in '{path}' at line {exc.lineno}: {exc.msg}")
+
+
+def dumps_json(obj: Any) -> str:
+    """Canonical JSON: sorted keys, fixed float formatting -> byte-identical output for equal input."""
+    return json.dumps(obj, sort_keys=True, indent=2, allow_nan=False) + "\n"
+
+
+def write_atomic(path: str | Path, text: str) -> None:
+    """Write via a temp file in the same folder + rename, so readers never see a partial file."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            fh.write(text)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise

@@ -1,0 +1,273 @@
+"""The job spec (YAML, version 1): model, cluster, training settings and an optional fixed layout.
+
+Data flows one way: a job file is loaded and validated here, then handed to the cost model.
+Every field is validated by pydantic; errors come out as ``error: <field.path>: <message>``.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal, Optional
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from planner.errors import SpecError, did_you_mean
+
+# Absurd sizes are rejected up front: nothing real is this big, and the cost model must stay finite.
+MAX_GPUS = 1_000_000
+MAX_LAYERS = 10_000
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class MoESpec(_Strict):
+    num_experts: int = Field(ge=1, le=100_000)
+    top_k: int = Field(ge=1, le=1024)
+    expert_ffn_hidden_size: int = Field(ge=1, le=10_000_000)
+    shared_experts: int = Field(0, ge=0, le=1024, description="always-active experts per MoE layer")
+    moe_layer_freq: int = Field(1, ge=1, le=MAX_LAYERS, description="every k-th layer is MoE")
+    first_dense_layers: int = Field(0, ge=0, le=MAX_LAYERS, description="leading layers kept dense")
+
+    @model_validator(mode="after")
+    def _top_k_fits(self):
+        if self.top_k > self.num_experts:
+            raise ValueError(f"top_k ({self.top_k}) must be <= num_experts ({self.num_experts})")
+        return self
+
+
+class ModelSpec(_Strict):
+    name: str = "custom"
+    num_layers: int = Field(ge=1, le=MAX_LAYERS)
+    hidden_size: int = Field(ge=1, le=1_000_000)
+    ffn_hidden_size: int = Field(ge=1, le=10_000_000)
+    num_attention_heads: int = Field(ge=1, le=100_000)
+    num_kv_heads: Optional[int] = Field(None, ge=1, le=100_000, description="defaults to num_attention_heads (MHA)")
+    head_dim: Optional[int] = Field(None, ge=1, le=100_000, description="defaults to hidden_size / heads")
+    vocab_size: int = Field(ge=1, le=100_000_000)
+    mlp: Literal["gelu", "swiglu", "relu"] = "swiglu"
+    tie_embeddings: bool = False
+    moe: Optional[MoESpec] = None
+    source: str = "user supplied"
+
+    @model_validator(mode="after")
+    def _heads(self):
+        kv = self.num_kv_heads or self.num_attention_heads
+        if self.num_attention_heads % kv:
+            raise ValueError(
+                f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_kv_heads ({kv})"
+            )
+        if self.head_dim is None and self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size ({self.hidden_size}) must be divisible by num_attention_heads "
+                f"({self.num_attention_heads}) unless head_dim is given"
+            )
+        return self
+
+    @property
+    def kv_heads(self) -> int:
+        return self.num_kv_heads or self.num_attention_heads
+
+    @property
+    def dim_head(self) -> int:
+        return self.head_dim or self.hidden_size // self.num_attention_heads
+
+    def is_moe_layer(self, index: int) -> bool:
+        """Layer ``index`` (0-based) is an MoE layer (DeepSeek/Megatron conventions)."""
+        m = self.moe
+        return m is not None and index >= m.first_dense_layers and (index - m.first_dense_layers) % m.moe_layer_freq == 0
+
+    @property
+    def num_moe_layers(self) -> int:
+        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+
+
+class GpuSpec(_Strict):
+    """One GPU type. Bandwidth units follow vendor usage: NVLink in GB/s, NICs in Gb/s."""
+
+    name: str = "custom-gpu"
+    memory_gib: float = Field(gt=0, le=100_000)
+    peak_tflops_bf16: float = Field(gt=0, le=1_000_000)
+    peak_tflops_fp16: Optional[float] = Field(None, gt=0, le=1_000_000)
+    peak_tflops_fp8: Optional[float] = Field(None, gt=0, le=1_000_000)
+    matmul_tflops_bf16: Optional[float] = Field(
+        None, gt=0, le=1_000_000, description="measured achievable dense GEMM rate (MAMF); defaults to 80% of peak"
+    )
+    hbm_tbps: float = Field(gt=0, le=10_000, description="HBM bandwidth, TB/s")
+    intra_node_gbps: float = Field(gt=0, le=1_000_000, description="scale-up (NVLink) bandwidth per GPU per direction, GB/s")
+    inter_node_gbps: float = Field(gt=0, le=1_000_000, description="scale-out NIC line rate per GPU, Gb/s")
+    gpus_per_node: int = Field(8, ge=1, le=1024)
+    source: str = "user supplied"
+
+
+class NodeGroup(_Strict):
+    gpu: GpuSpec
+    nodes: int = Field(ge=1, le=MAX_GPUS)
+    gpus_per_node: int = Field(ge=1, le=1024)
+    inter_node_gbps: Optional[float] = Field(None, gt=0, le=1_000_000, description="override of the GPU's NIC rate, Gb/s")
+
+    @property
+    def num_gpus(self) -> int:
+        return self.nodes * self.gpus_per_node
+
+    @property
+    def nic_gbps(self) -> float:
+        return self.inter_node_gbps or self.gpu.inter_node_gbps
+
+
+class Training(_Strict):
+    seq_length: int = Field(ge=1, le=100_000_000)
+    global_batch_size: int = Field(ge=1, le=1_000_000_000, description="sequences per iteration")
+    precision: Literal["bf16", "fp16", "fp8"] = "bf16"
+    optimizer: Literal["adam", "adamw", "sgd"] = "adam"
+    attention: Literal["flash", "eager"] = Field(
+        "flash", description="fused (flash/cuDNN/SDPA) attention, or the materialized s^2 softmax"
+    )
+    grad_dtype: Literal["fp32", "bf16"] = Field(
+        "fp32", description="gradient accumulation buffer (Megatron main_grad is fp32)"
+    )
+
+
+class StageSpec(_Strict):
+    layers: int = Field(ge=1, le=MAX_LAYERS)
+
+
+class Layout(_Strict):
+    tp: int = Field(1, ge=1, le=MAX_GPUS)
+    pp: int = Field(1, ge=1, le=MAX_GPUS)
+    dp: Optional[int] = Field(None, ge=1, le=MAX_GPUS, description="defaults to GPUs / (tp*pp*cp)")
+    cp: int = Field(1, ge=1, le=MAX_GPUS)
+    ep: int = Field(1, ge=1, le=MAX_GPUS)
+    vpp: int = Field(1, ge=1, le=MAX_LAYERS)
+    micro_batch_size: int = Field(1, ge=1, le=1_000_000)
+    sequence_parallel: Optional[bool] = Field(None, description="defaults to true when tp > 1")
+    zero_stage: int = Field(1, ge=0, le=3, description="0 none, 1 optimizer (Megatron distributed optimizer), 2 +grads, 3 +weights (FSDP)")
+    recompute: Literal["none", "selective", "full"] = "selective"
+    stages: Optional[tuple[StageSpec, ...]] = Field(
+        None, description="per-pipeline-stage layer counts (uneven split); defaults to an even split"
+    )
+
+    @model_validator(mode="after")
+    def _stages_match_pp(self):
+        if self.stages is not None and len(self.stages) != self.pp:
+            raise ValueError(f"{len(self.stages)} stages listed but pp = {self.pp}")
+        return self
+
+
+class Job(_Strict):
+    model: ModelSpec
+    cluster: tuple[NodeGroup, ...] = Field(min_length=1)
+    training: Training
+    layout: Optional[Layout] = None
+
+    @property
+    def num_gpus(self) -> int:
+        return sum(g.num_gpus for g in self.cluster)
+
+    @model_validator(mode="after")
+    def _cluster_size(self):
+        if self.num_gpus > MAX_GPUS:
+            raise ValueError(f"the cluster has {self.num_gpus} GPUs; at most {MAX_GPUS} are supported")
+        return self
+
+
+# ----------------------------------------------------------------------------- loading
+
+
+def format_validation_error(exc: ValidationError, prefix: str = "") -> SpecError:
+    """The first pydantic error as a SpecError naming the field path (``cluster[0].nodes``)."""
+    err = exc.errors()[0]
+    parts: list[str] = []
+    for item in err["loc"]:
+        if isinstance(item, int):
+            parts.append(f"[{item}]")
+        else:
+            parts.append(("." if parts else "") + str(item))
+    field = prefix + "".join(parts) if parts else (prefix.rstrip(".") or "job")
+    if field.startswith("."):
+        field = field[1:]
+    msg = err["msg"]
+    if msg.startswith("Value error, "):
+        msg = msg[len("Value error, "):]
+    if err["type"] == "extra_forbidden":
+        model_fields = _fields_at(exc, err["loc"])
+        msg = "unknown field" + did_you_mean(str(err["loc"][-1]), model_fields)
+        if model_fields:
+            msg += f"; allowed: {', '.join(sorted(model_fields))}"
+    elif err["type"] == "missing":
+        msg = "required field is missing"
+    elif "input" in err and err["type"] not in ("model_type", "dict_type"):
+        shown = repr(err["input"])
+        if len(shown) > 60:
+            shown = shown[:57] + "..."
+        msg = f"{msg} (got {shown})"
+    return SpecError(field or "job", msg)
+
+
+def _fields_at(exc: ValidationError, loc) -> list[str]:
+    model = {"Job": Job}.get(exc.title)
+    names = {
+        "model": ModelSpec, "moe": MoESpec, "training": Training, "layout": Layout,
+        "cluster": NodeGroup, "gpu": GpuSpec,
+    }
+    target = model
+    for item in loc[:-1]:
+        if isinstance(item, str) and item in names:
+            target = names[item]
+    if target is None:
+        target = {"ModelSpec": ModelSpec, "GpuSpec": GpuSpec, "Layout": Layout}.get(exc.title)
+    return list(target.model_fields) if target is not None else []
+
+
+def parse_job(raw: Any, base_dir: Path | None = None) -> Job:
+    """Validate a raw mapping (already YAML-decoded) into a Job, resolving catalog names."""
+    from planner.catalog import resolve_gpu, resolve_model
+
+    if not isinstance(raw, dict):
+        raise SpecError("job", f"expected a mapping with model, cluster, training; got {type(raw).__name__}")
+    allowed = {"version", "model", "cluster", "training", "layout"}
+    for key in raw:
+        if key not in allowed:
+            raise SpecError(str(key), "unknown field" + did_you_mean(str(key), allowed) + f"; allowed: {', '.join(sorted(allowed))}")
+    version = raw.get("version", 1)
+    if version != 1:
+        raise SpecError("version", f"unsupported spec version {version!r}; this planner reads version 1")
+    for key in ("model", "cluster", "training"):
+        if key not in raw or raw[key] is None:
+            raise SpecError(key, "required field is missing")
+    data = dict(raw)
+    data.pop("version", None)
+    data["model"] = resolve_model(raw["model"], base_dir=base_dir)
+    cluster = raw["cluster"]
+    if isinstance(cluster, dict):
+        cluster = [cluster]
+    if not isinstance(cluster, list) or not cluster:
+        raise SpecError("cluster", "expected a non-empty list of node groups like {gpu: h100-sxm, nodes: 4, gpus_per_node: 8}")
+    groups = []
+    for i, group in enumerate(cluster):
+        if not isinstance(group, dict):
+            raise SpecError(f"cluster[{i}]", "expected a mapping like {gpu: h100-sxm, nodes: 4, gpus_per_node: 8}")
+        if "gpu" not in group:
+            raise SpecError(f"cluster[{i}].gpu", "required field is missing")
+        g = dict(group)
+        g["gpu"] = resolve_gpu(group["gpu"], field=f"cluster[{i}].gpu")
+        if "gpus_per_node" not in g:
+            g["gpus_per_node"] = g["gpu"].gpus_per_node
+        groups.append(g)
+    data["cluster"] = groups
+    try:
+        job = Job.model_validate(data)
+    except ValidationError as exc:
+        raise format_validation_error(exc)
+    if job.layout is not None:
+        from planner.parallel import ParallelDims
+
+        ParallelDims.from_layout(job.layout, job).check()
+    return job
+
+
+def load_job(path: str | Path) -> Job:
+    from planner.io import load_yaml
+
+    raw = load_yaml(path, field="job")
+    return parse_job(raw, base_dir=Path(path).resolve().parent)
