@@ -47,6 +47,7 @@ class ModelSpec(_Strict):
     vocab_size: int = Field(ge=1, le=100_000_000)
     mlp: Literal["gelu", "swiglu", "relu"] = "swiglu"
     tie_embeddings: bool = False
+    dropout: bool = Field(False, description="hidden/attention dropout on (GPT-3-era Megatron); adds 1-byte masks")
     moe: Optional[MoESpec] = None
     source: str = "user supplied"
 
@@ -123,8 +124,10 @@ class Training(_Strict):
     attention: Literal["flash", "eager"] = Field(
         "flash", description="fused (flash/cuDNN/SDPA) attention, or the materialized s^2 softmax"
     )
-    grad_dtype: Literal["fp32", "bf16"] = Field(
-        "fp32", description="gradient accumulation buffer (Megatron main_grad is fp32)"
+    grad_dtype: Literal["fp32", "bf16", "bf16+fp32"] = Field(
+        "fp32",
+        description="gradient buffers: fp32 (Megatron main_grad), bf16, or bf16+fp32 (16-bit .grad plus an "
+        "unsharded fp32 accumulation buffer, DeepSpeed BF16_Optimizer)",
     )
 
 

@@ -198,10 +198,10 @@ def estimate_dims(job: Job, dims: ParallelDims, costs: AnalyticCosts, capacity_m
         if dims.zero_stage >= 3:
             # FSDP: gather weights for forward and again for backward, reduce-scatter gradients, every
             # micro-batch; prefetching overlaps them with compute (Zhao et al. 2023, PyTorch FSDP, Sec. 3.3).
-            gb = 4.0 if t.grad_dtype == "fp32" else 2.0
-            per_mb = (2 * shard_link.all_gather(2.0 * dense * shard_dense) + shard_link.reduce_scatter(gb * dense * shard_dense))
+            gb = 2.0 if t.grad_dtype == "bf16" else 4.0
+            per_mb = 2 * shard_link.all_gather(2.0 * dense) + shard_link.reduce_scatter(gb * dense)
             if expert:
-                per_mb += 2 * exp_link.all_gather(2.0 * expert * exp_shard) + exp_link.reduce_scatter(gb * expert * exp_shard)
+                per_mb += 2 * exp_link.all_gather(2.0 * expert) + exp_link.reduce_scatter(gb * expert)
             compute_mb = comp["forward"] + comp["backward"] + comp["recompute"]
             comp["fsdp_comm"] = max(0.0, per_mb - cal.fsdp_overlap * compute_mb) + 2 * n_layers * shard_link.latency
 
@@ -231,7 +231,7 @@ def estimate_dims(job: Job, dims: ParallelDims, costs: AnalyticCosts, capacity_m
     # DP gradient reduction (ZeRO 0: all-reduce; 1-2: reduce-scatter, then all-gather of updated weights) overlaps
     # the last micro-batch's backward (Megatron --overlap-grad-reduce / PyTorch DDP buckets) and the next forward.
     dense, expert, _ = _stage_params(job, dims, sum(dims.stage_layers[: slow.index]), slow.layers, slow.index)
-    gb = 4.0 if t.grad_dtype == "fp32" else 2.0
+    gb = 2.0 if t.grad_dtype == "bf16" else 4.0  # bytes per gradient element on the wire
     dp_exposed = 0.0
     if dims.zero_stage < 3:
         if dims.zero_stage == 0:

@@ -13,12 +13,15 @@ from __future__ import annotations
 from planner.spec import ModelSpec
 
 GIB = 1024**3
+# bytes per parameter of the gradient buffers; "bf16+fp32" is DeepSpeed's BF16_Optimizer (16-bit .grad plus an
+# fp32 accumulation buffer that ZeRO-1 does not shard, bigscience tr11-176B-ml chronicles)
+GRAD_BYTES = {"fp32": 4.0, "bf16": 2.0, "bf16+fp32": 6.0}
 
 
 def model_state_bytes(params: float, shard: int, zero_stage: int, grad_dtype: str, optimizer: str) -> dict[str, float]:
     """Bytes of weights, gradients and optimizer state for ``params`` parameters held by one GPU before
     ZeRO sharding over ``shard`` data-parallel ranks."""
-    weights, grads = 2.0, (4.0 if grad_dtype == "fp32" else 2.0)
+    weights, grads = 2.0, GRAD_BYTES[grad_dtype]
     opt = 12.0 if optimizer in ("adam", "adamw") else 8.0  # fp32 master + (m, v) or (momentum)
     w_div = shard if zero_stage >= 3 else 1
     g_div = shard if zero_stage >= 2 else 1
@@ -48,8 +51,9 @@ def activation_bytes_per_layer(
     if recompute == "full":
         return 2.0 * t * h / (tp if sp else 1)
     q, kv = a * d, model.kv_heads * d
-    replicated = 10.0 * t * h  # norm inputs, QKV and fc1 inputs, dropout masks
-    attn_split = 2.0 * t * q + 4.0 * t * kv + 2.0 * t * q + 1.0 * t * h  # Q, K+V, proj input, out-dropout mask
+    masks = 1.0 if model.dropout else 0.0
+    replicated = (8.0 + 2 * masks) * t * h  # norm inputs, QKV and fc1 inputs, two dropout masks
+    attn_split = 2.0 * t * q + 4.0 * t * kv + 2.0 * t * q + masks * t * h  # Q, K+V, proj input, out-dropout mask
     if moe:
         m = model.moe
         fe = m.expert_ffn_hidden_size
@@ -62,7 +66,7 @@ def activation_bytes_per_layer(
     if flash:
         total += 4.0 * t * a / tp  # fp32 log-sum-exp per head and query
     elif recompute != "selective":
-        total += 5.0 * a * t * seq / tp  # softmax output (2) + dropout mask (1) + dropout output (2) per score
+        total += (2.0 + 3.0 * masks) * a * t * seq / tp  # softmax output (2) [+ dropout mask (1) and output (2)]
     return total
 
 
@@ -76,8 +80,9 @@ def working_bytes_full_recompute(
 
 
 def logits_bytes(model: ModelSpec, tokens: int, tp: int) -> float:
-    """fp32 logits of the vocabulary shard and their gradient (Korthikanti: 4sbv/t per copy)."""
-    return 2 * 4.0 * tokens * model.vocab_size / tp
+    """fp32 logits of the vocabulary shard, 4sbv/t (Korthikanti et al. 2022, Sec. 4.3); fused cross-entropy
+    kernels (Megatron vocab-parallel CE, flash-attn's) write the gradient in place."""
+    return 4.0 * tokens * model.vocab_size / tp
 
 
 def inflight_microbatches(stage: int, pp: int, vpp: int, num_microbatches: int) -> float:
