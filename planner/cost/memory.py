@@ -53,7 +53,7 @@ def activation_bytes_per_layer(
     q, kv = a * d, model.kv_heads * d
     masks = 1.0 if model.dropout else 0.0
     replicated = (8.0 + 2 * masks) * t * h  # norm inputs, QKV and fc1 inputs, two dropout masks
-    attn_split = 2.0 * t * q + 4.0 * t * kv + 2.0 * t * q + masks * t * h  # Q, K+V, proj input, out-dropout mask
+    attn_split = 2.0 * t * q + 4.0 * t * kv + 2.0 * t * q  # Q, K and V, output-projection input
     if moe:
         m = model.moe
         fe = m.expert_ffn_hidden_size

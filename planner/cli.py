@@ -1,0 +1,94 @@
+"""The `planner` command line: parse, call, print. Exit codes: 0 ok, 1 a check failed, 2 bad input,
+3 nothing fits, 4 the target framework cannot express the plan, 130 interrupted."""
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.console import Console
+
+from planner.errors import SpecError
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="Auto-parallel planner for distributed LLM training.")
+out = Console(soft_wrap=True)
+
+EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_NO_FIT, EXIT_UNSUPPORTED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+
+
+def _emit_json(doc: dict, out_path: Optional[Path] = None) -> None:
+    from planner.io import dumps_json, write_atomic
+
+    text = dumps_json(doc)
+    if out_path is not None:
+        write_atomic(out_path, text)
+    sys.stdout.write(text)
+
+
+@app.command()
+def estimate(
+    job: Path = typer.Argument(..., help="job YAML with a `layout` to evaluate"),
+    json_: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Predict iteration time, throughput and per-GPU memory of the job's layout."""
+    from planner.cost.estimate import estimate as run_estimate
+    from planner.spec import load_job
+
+    est = run_estimate(load_job(job))
+    if json_:
+        _emit_json(est.to_json())
+    else:
+        from planner.report.estimate import render_estimate
+
+        out.print(render_estimate(est, title=f"Estimate: {job}"))
+
+
+@app.command()
+def validate(
+    runs: Path = typer.Argument(..., help="measured runs YAML (format of measured-runs.yaml)"),
+    json_: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """Predict published or your own measured runs and report the error against what was measured."""
+    from planner.runs import load_runs
+    from planner.validate import run_validation, to_json
+
+    doc = to_json(run_validation(load_runs(runs)))
+    if json_:
+        _emit_json(doc)
+    else:
+        from planner.report.validate import render_validation
+
+        out.print(render_validation(doc))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point: map every failure to its exit code and one line on stderr, never a traceback."""
+    try:
+        app(args=argv, standalone_mode=False)
+    except SpecError as exc:
+        print(exc.line(), file=sys.stderr)
+        sys.exit(EXIT_BAD_INPUT)
+    except KeyboardInterrupt:
+        print("error: interrupted", file=sys.stderr)
+        sys.exit(EXIT_INTERRUPTED)
+    except SystemExit:
+        raise
+    except Exception as exc:  # click usage errors and anything unexpected
+        import click
+
+        if isinstance(exc, click.exceptions.Abort):
+            print("error: interrupted", file=sys.stderr)
+            sys.exit(EXIT_INTERRUPTED)
+        if isinstance(exc, click.ClickException):
+            exc.show()
+            sys.exit(EXIT_BAD_INPUT)
+        if os.environ.get("PLANNER_DEBUG"):
+            raise
+        print(f"error: internal: {type(exc).__name__}: {exc} (set PLANNER_DEBUG=1 for a traceback)", file=sys.stderr)
+        sys.exit(EXIT_CHECK_FAILED)
+
+
+if __name__ == "__main__":
+    main()

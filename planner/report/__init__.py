@@ -1,0 +1,1 @@
+"""Human-readable (rich) renderings of estimates and validation results."""
