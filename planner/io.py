@@ -39,15 +39,26 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
 _UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
 
 
+def path_exists(path: str | Path, field: str = "file") -> bool:
+    """``Path.exists`` that turns an unusable path (too long, NUL byte, no permission) into a SpecError."""
+    try:
+        return Path(path).exists()
+    except (OSError, ValueError) as exc:
+        raise SpecError(field, f"cannot use '{path}' as a path: {getattr(exc, 'strerror', None) or exc}")
+
+
 def read_text(path: str | Path, field: str = "file") -> str:
     p = Path(path)
-    if not p.exists():
+    if not path_exists(p, field):
         raise SpecError(field, f"no such file '{path}'")
-    if p.is_dir():
-        raise SpecError(field, f"'{path}' is a directory, expected a file")
-    if p.stat().st_size > MAX_INPUT_BYTES:
-        raise SpecError(field, f"'{path}' is larger than {MAX_INPUT_BYTES // (1024 * 1024)} MiB")
-    raw = p.read_bytes()
+    try:
+        if p.is_dir():
+            raise SpecError(field, f"'{path}' is a directory, expected a file")
+        if p.stat().st_size > MAX_INPUT_BYTES:
+            raise SpecError(field, f"'{path}' is larger than {MAX_INPUT_BYTES // (1024 * 1024)} MiB")
+        raw = p.read_bytes()
+    except OSError as exc:
+        raise SpecError(field, f"cannot read '{path}': {exc.strerror or exc}")
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
@@ -60,12 +71,27 @@ def load_yaml(path: str | Path, field: str = "file") -> Any:
     if not text.strip():
         raise SpecError(field, f"'{path}' is empty")
     try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
         raise SpecError(field, f"invalid YAML in '{path}'{where}: {problem}")
+    except (ValueError, RecursionError) as exc:  # a scalar the safe constructors reject, or absurd nesting
+        raise SpecError(field, f"invalid YAML in '{path}': {_decode_problem(exc)}")
+    if data is None:
+        raise SpecError(field, f"'{path}' is empty (no YAML content, only comments or null)")
+    return data
+
+
+def _decode_problem(exc: Exception) -> str:
+    """A short reason for a ValueError/RecursionError raised while decoding (not the parser's own error type)."""
+    if isinstance(exc, RecursionError):
+        return "nested too deeply"
+    text = str(exc).split(";")[0]  # int-digit limit: drop the sys.set_int_max_str_digits() advice
+    if "integer string conversion" in text:
+        return f"a number is too long ({text})"
+    return text
 
 
 def load_json(path: str | Path, field: str = "file") -> Any:
@@ -85,6 +111,8 @@ def load_json(path: str | Path, field: str = "file") -> Any:
         return json.loads(text, object_pairs_hook=no_dupes)
     except json.JSONDecodeError as exc:
         raise SpecError(field, f"invalid JSON in '{path}' at line {exc.lineno}: {exc.msg}")
+    except (ValueError, RecursionError) as exc:
+        raise SpecError(field, f"invalid JSON in '{path}': {_decode_problem(exc)}")
 
 
 def dumps_json(obj: Any) -> str:

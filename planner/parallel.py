@@ -32,6 +32,7 @@ class ParallelDims:
     sequence_parallel: bool
     zero_stage: int
     recompute: str
+    tp_comm_overlap: bool
     stage_layers: tuple[int, ...]
     world: int
     model: ModelSpec
@@ -64,7 +65,8 @@ class ParallelDims:
         return cls(
             tp=layout.tp, pp=layout.pp, dp=dp, cp=layout.cp, ep=layout.ep, vpp=layout.vpp,
             micro_batch_size=layout.micro_batch_size, sequence_parallel=bool(sp and layout.tp > 1),
-            zero_stage=layout.zero_stage, recompute=layout.recompute, stage_layers=stages,
+            zero_stage=layout.zero_stage, recompute=layout.recompute,
+            tp_comm_overlap=bool(layout.tp_comm_overlap and layout.tp > 1), stage_layers=stages,
             world=world, model=job.model, training=job.training,
         )
 
@@ -145,7 +147,7 @@ class ParallelDims:
         return {
             "tp": self.tp, "pp": self.pp, "dp": self.dp, "cp": self.cp, "ep": self.ep, "vpp": self.vpp,
             "micro_batch_size": self.micro_batch_size, "sequence_parallel": self.sequence_parallel,
-            "zero_stage": self.zero_stage, "recompute": self.recompute,
+            "zero_stage": self.zero_stage, "recompute": self.recompute, "tp_comm_overlap": self.tp_comm_overlap,
             "stages": [{"layers": n} for n in self.stage_layers],
             "num_microbatches": self.num_microbatches,
         }

@@ -182,7 +182,8 @@ def _read_run(run_id: str, e: dict[str, Any]) -> RunCase:
     else:
         zero = 0
     layout = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": int(par.get("ep") or 1), "vpp": int(vpp),
-              "micro_batch_size": int(mbs), "sequence_parallel": bool(sp), "zero_stage": zero}
+              "micro_batch_size": int(mbs), "sequence_parallel": bool(sp), "zero_stage": zero,
+              "tp_comm_overlap": "tp-comm-overlap" in _text(par.get("overlap"))}
     from planner.parallel import balanced_split
 
     partition = _text(par.get("pp_partition"))

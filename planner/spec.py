@@ -5,10 +5,11 @@ Every field is validated by pydantic; errors come out as ``error: <field.path>: 
 """
 from __future__ import annotations
 
+import functools
 from pathlib import Path
-from typing import Any, Literal, Optional
+from typing import Any, Literal, Optional, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from planner.errors import SpecError, did_you_mean
 
@@ -17,8 +18,30 @@ MAX_GPUS = 1_000_000
 MAX_LAYERS = 10_000
 
 
+@functools.lru_cache(maxsize=None)
+def _scalar_kind(annotation: Any) -> type | None:
+    """int, float or bool when a field holds exactly that scalar (or None), else None."""
+    kinds = [a for a in (get_args(annotation) or (annotation,)) if a is not type(None)]
+    return kinds[0] if len(kinds) == 1 and kinds[0] in (int, float, bool) else None
+
+
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_lax_scalars(cls, value: Any, info) -> Any:
+        """Refuse pydantic's lax conversions of YAML scalars: ``tp: yes`` -> 1, ``seq_length: '4k'``-like strings,
+        ``sequence_parallel: 'on'`` -> True. Numbers must be numbers and switches true/false."""
+        kind = _scalar_kind(cls.model_fields[info.field_name].annotation)
+        if kind is None or value is None:
+            return value
+        if kind is bool:
+            if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+                raise ValueError("expected true or false")
+        elif isinstance(value, (bool, str)):
+            raise ValueError("expected an integer" if kind is int else "expected a number")
+        return value
 
 
 class MoESpec(_Strict):
@@ -94,6 +117,9 @@ class GpuSpec(_Strict):
     matmul_tflops_bf16: Optional[float] = Field(
         None, gt=0, le=1_000_000, description="measured achievable dense GEMM rate (MAMF); defaults to 80% of peak"
     )
+    attention_tflops_bf16: Optional[float] = Field(
+        None, gt=0, le=1_000_000, description="measured fused-attention (flash) rate, forward+backward; defaults to the GEMM rate"
+    )
     hbm_tbps: float = Field(gt=0, le=10_000, description="HBM bandwidth, TB/s")
     intra_node_gbps: float = Field(gt=0, le=1_000_000, description="scale-up (NVLink) bandwidth per GPU per direction, GB/s")
     inter_node_gbps: float = Field(gt=0, le=1_000_000, description="scale-out NIC line rate per GPU, Gb/s")
@@ -146,15 +172,13 @@ class Layout(_Strict):
     sequence_parallel: Optional[bool] = Field(None, description="defaults to true when tp > 1")
     zero_stage: int = Field(1, ge=0, le=3, description="0 none, 1 optimizer (Megatron distributed optimizer), 2 +grads, 3 +weights (FSDP)")
     recompute: Literal["none", "selective", "full"] = "selective"
+    tp_comm_overlap: bool = Field(
+        False, description="overlap TP collectives with the GEMMs they feed (Megatron --tp-comm-overlap)"
+    )
     stages: Optional[tuple[StageSpec, ...]] = Field(
         None, description="per-pipeline-stage layer counts (uneven split); defaults to an even split"
     )
-
-    @model_validator(mode="after")
-    def _stages_match_pp(self):
-        if self.stages is not None and len(self.stages) != self.pp:
-            raise ValueError(f"{len(self.stages)} stages listed but pp = {self.pp}")
-        return self
+    # Rules between degrees (stages vs pp, products, divisibility) live in planner.parallel.ParallelDims.check.
 
 
 class Job(_Strict):
@@ -167,19 +191,47 @@ class Job(_Strict):
     def num_gpus(self) -> int:
         return sum(g.num_gpus for g in self.cluster)
 
-    @model_validator(mode="after")
-    def _cluster_size(self):
-        if self.num_gpus > MAX_GPUS:
-            raise ValueError(f"the cluster has {self.num_gpus} GPUs; at most {MAX_GPUS} are supported")
-        return self
+    @field_validator("cluster")
+    @classmethod
+    def _cluster_size(cls, groups: tuple[NodeGroup, ...]) -> tuple[NodeGroup, ...]:
+        total = sum(g.num_gpus for g in groups)
+        if total > MAX_GPUS:
+            raise ValueError(f"the cluster has {total} GPUs; at most {MAX_GPUS} are supported")
+        return groups
 
 
 # ----------------------------------------------------------------------------- loading
 
 
+# Names other tools use for our fields (Megatron-LM / DeepSpeed flags, Hugging Face config keys).
+_SYNONYMS = {
+    "tensor_parallel": "tp", "tensor_parallel_size": "tp", "tensor_model_parallel_size": "tp", "tp_size": "tp",
+    "pipeline_parallel": "pp", "pipeline_parallel_size": "pp", "pipeline_model_parallel_size": "pp", "pp_size": "pp",
+    "data_parallel": "dp", "data_parallel_size": "dp", "dp_size": "dp",
+    "context_parallel": "cp", "context_parallel_size": "cp", "cp_size": "cp",
+    "expert_parallel": "ep", "expert_parallel_size": "ep", "expert_model_parallel_size": "ep", "ep_size": "ep",
+    "virtual_pipeline": "vpp", "virtual_pipeline_model_parallel_size": "vpp", "interleave": "vpp",
+    "micro_batch": "micro_batch_size", "mbs": "micro_batch_size", "zero": "zero_stage",
+    "num_hidden_layers": "num_layers", "intermediate_size": "ffn_hidden_size",
+    "num_key_value_heads": "num_kv_heads", "seq_len": "seq_length", "global_batch": "global_batch_size",
+}
+
+
+def suggest_field(name: str, allowed) -> str:
+    """`` (did you mean 'x'?)`` for an unknown field: a known synonym first, else the closest spelling."""
+    alt = _SYNONYMS.get(name.strip().lower().replace("-", "_"))
+    if alt in allowed:
+        return f" (did you mean '{alt}'?)"
+    return did_you_mean(name, allowed)
+
+
 def format_validation_error(exc: ValidationError, prefix: str = "") -> SpecError:
-    """The first pydantic error as a SpecError naming the field path (``cluster[0].nodes``)."""
-    err = exc.errors()[0]
+    """The first pydantic error as a SpecError naming the field path (``cluster[0].nodes``).
+
+    An unknown field is reported before anything else: ``seq_lenght`` also makes ``seq_length`` missing, and the
+    typo is the thing to fix."""
+    errors = exc.errors()
+    err = next((e for e in errors if e["type"] == "extra_forbidden"), errors[0])
     parts: list[str] = []
     for item in err["loc"]:
         if isinstance(item, int):
@@ -194,12 +246,13 @@ def format_validation_error(exc: ValidationError, prefix: str = "") -> SpecError
         msg = msg[len("Value error, "):]
     if err["type"] == "extra_forbidden":
         model_fields = _fields_at(exc, err["loc"])
-        msg = "unknown field" + did_you_mean(str(err["loc"][-1]), model_fields)
+        msg = "unknown field" + suggest_field(str(err["loc"][-1]), model_fields)
         if model_fields:
             msg += f"; allowed: {', '.join(sorted(model_fields))}"
     elif err["type"] == "missing":
         msg = "required field is missing"
-    elif "input" in err and err["type"] not in ("model_type", "dict_type"):
+    elif "input" in err and isinstance(err["input"], (str, int, float, bool, type(None))) \
+            and err["type"] not in ("model_type", "dict_type"):  # a scalar is worth showing, a whole mapping is not
         shown = repr(err["input"])
         if len(shown) > 60:
             shown = shown[:57] + "..."
@@ -231,7 +284,12 @@ def parse_job(raw: Any, base_dir: Path | None = None) -> Job:
     allowed = {"version", "model", "cluster", "training", "layout"}
     for key in raw:
         if key not in allowed:
-            raise SpecError(str(key), "unknown field" + did_you_mean(str(key), allowed) + f"; allowed: {', '.join(sorted(allowed))}")
+            hint = did_you_mean(str(key), allowed)
+            for section, model in (("layout", Layout), ("training", Training)):
+                alt = _SYNONYMS.get(str(key).strip().lower().replace("-", "_"), str(key))
+                if not hint and alt in model.model_fields:  # e.g. `tp: 8` or `tensor_parallel: 8` at the top
+                    hint = f" (did you mean '{section}.{alt}'?)"
+            raise SpecError(str(key), "unknown field" + hint + f"; allowed: {', '.join(sorted(allowed))}")
     version = raw.get("version", 1)
     if version != 1:
         raise SpecError("version", f"unsupported spec version {version!r}; this planner reads version 1")

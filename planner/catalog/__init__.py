@@ -65,8 +65,9 @@ def resolve_gpu(value: Any, field: str = "gpu"):
     raise SpecError(field, f"expected a GPU name or a mapping of GPU fields, got {type(value).__name__}")
 
 
-def resolve_model(value: Any, base_dir: Path | None = None, field: str = "model"):
+def resolve_model(value: Any, base_dir: Path | None = None, field: str = "model", _files: tuple[Path, ...] = ()):
     """A preset name, a path to a Hugging Face config.json (or a model YAML), or an inline mapping."""
+    from planner.io import path_exists
     from planner.spec import ModelSpec, format_validation_error
 
     if isinstance(value, str):
@@ -76,8 +77,8 @@ def resolve_model(value: Any, base_dir: Path | None = None, field: str = "model"
         path = Path(value)
         if base_dir is not None and not path.is_absolute():
             path = base_dir / path
-        if value.endswith((".json", ".yaml", ".yml")) or path.exists():
-            if not path.exists():
+        if value.endswith((".json", ".yaml", ".yml")) or path_exists(path, field):
+            if not path_exists(path, field):
                 raise SpecError(field, f"no such model file '{value}'")
             if value.endswith(".json") or path.is_dir():
                 from planner.catalog.hf import load_hf_config
@@ -85,13 +86,17 @@ def resolve_model(value: Any, base_dir: Path | None = None, field: str = "model"
                 return load_hf_config(path / "config.json" if path.is_dir() else path, field=field)
             from planner.io import load_yaml
 
-            return resolve_model(load_yaml(path, field=field), base_dir=path.parent, field=field)
+            if path.resolve() in _files:  # a model YAML that names itself (directly or through others)
+                chain = " -> ".join(p.name for p in (*_files, path.resolve()))
+                raise SpecError(field, f"model files refer to each other in a cycle: {chain}")
+            return resolve_model(load_yaml(path, field=field), base_dir=path.parent, field=field,
+                                 _files=(*_files, path.resolve()))
         raise SpecError(field, f"unknown model '{value}'{did_you_mean(value, model_names())}; known presets: {', '.join(model_names())}, or a path to a config.json")
     if isinstance(value, dict):
         data = dict(value)
         base = data.pop("preset", None)
         if base is not None:
-            merged = resolve_model(base, base_dir, field=f"{field}.preset").model_dump(exclude_none=True)
+            merged = resolve_model(base, base_dir, field=f"{field}.preset", _files=_files).model_dump(exclude_none=True)
             merged.update(data)
             data = merged
         try:

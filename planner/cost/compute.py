@@ -50,8 +50,10 @@ class Roofline:
 
     def __init__(self, gpu: GpuSpec, precision: str, cal: Calibration):
         self.gemm_rate = matmul_tflops(gpu, precision) * 1e12 * cal.gemm_efficiency
-        # Attention kernels run in 16-bit even in FP8 recipes (Transformer Engine keeps DPA in bf16).
-        self.attn_rate = matmul_tflops(gpu, "bf16") * 1e12 * cal.attention_efficiency
+        # Attention kernels run in 16-bit even in FP8 recipes (Transformer Engine keeps DPA in bf16). Their
+        # achievable rate is the GPU's measured flash-attention rate where known, else its GEMM rate.
+        attn = gpu.attention_tflops_bf16 or matmul_tflops(gpu, "bf16")
+        self.attn_rate = attn * 1e12 * cal.attention_efficiency
         self.hbm = gpu.hbm_tbps * 1e12 * cal.hbm_efficiency
         self.overhead = cal.layer_overhead_s
 

@@ -172,6 +172,11 @@ def estimate_dims(job: Job, dims: ParallelDims, costs: AnalyticCosts, capacity_m
         # 2 more when the forward is recomputed (Narayanan et al. 2021, Sec. 3.3; Korthikanti et al. 2022).
         passes = 4 + (2 if dims.recompute == "full" else 0)
         comp["tp_comm"] = n_layers * (passes / 2) * tp_link.all_reduce(act_bytes_tok) if dims.tp > 1 else 0.0
+        if dims.tp_comm_overlap:
+            # Pipelined with the adjacent GEMMs (Transformer Engine userbuffers, Megatron --tp-comm-overlap):
+            # only the part longer than the layers' compute stays on the critical path.
+            busy = comp["forward"] + comp["backward"] + comp["recompute"]
+            comp["tp_comm"] = max(0.0, comp["tp_comm"] - busy)
         if dims.cp > 1:
             # Ring attention: each step passes this rank's K,V block on; overlapped with the attention kernel.
             kv_bytes = 2.0 * 2.0 * tokens * m.kv_heads * m.dim_head / dims.tp

@@ -11,6 +11,8 @@ def _layout_line(d: dict) -> str:
     parts = [f"tp={d['tp']}", f"pp={d['pp']}", f"dp={d['dp']}", f"cp={d['cp']}", f"ep={d['ep']}", f"vpp={d['vpp']}",
              f"mbs={d['micro_batch_size']}", f"sp={'on' if d['sequence_parallel'] else 'off'}",
              f"zero={d['zero_stage']}", f"recompute={d['recompute']}", f"micro-batches={d['num_microbatches']}"]
+    if d.get("tp_comm_overlap"):
+        parts.append("tp-overlap")
     return " ".join(parts)
 
 
