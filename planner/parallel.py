@@ -34,6 +34,7 @@ class ParallelDims:
     recompute: str
     tp_comm_overlap: bool
     stage_layers: tuple[int, ...]
+    stage_recompute: tuple[int, ...] | None  # fully recomputed layers per stage (partial recompute)
     world: int
     model: ModelSpec
     training: Training
@@ -52,8 +53,11 @@ class ParallelDims:
         else:
             dp = layout.dp
         sp = layout.sequence_parallel if layout.sequence_parallel is not None else layout.tp > 1
+        recompute_counts = None
         if layout.stages is not None:
             stages = tuple(s.layers for s in layout.stages)
+            if any(s.recompute_layers for s in layout.stages):
+                recompute_counts = tuple(s.recompute_layers or 0 for s in layout.stages)
         elif job.model.num_layers % (layout.pp * layout.vpp) == 0:
             stages = tuple([job.model.num_layers // layout.pp] * layout.pp)
         else:
@@ -67,6 +71,7 @@ class ParallelDims:
             micro_batch_size=layout.micro_batch_size, sequence_parallel=bool(sp and layout.tp > 1),
             zero_stage=layout.zero_stage, recompute=layout.recompute,
             tp_comm_overlap=bool(layout.tp_comm_overlap and layout.tp > 1), stage_layers=stages,
+            stage_recompute=recompute_counts,
             world=world, model=job.model, training=job.training,
         )
 
@@ -148,6 +153,9 @@ class ParallelDims:
             "tp": self.tp, "pp": self.pp, "dp": self.dp, "cp": self.cp, "ep": self.ep, "vpp": self.vpp,
             "micro_batch_size": self.micro_batch_size, "sequence_parallel": self.sequence_parallel,
             "zero_stage": self.zero_stage, "recompute": self.recompute, "tp_comm_overlap": self.tp_comm_overlap,
-            "stages": [{"layers": n} for n in self.stage_layers],
+            "stages": [
+                {"layers": n, **({"recompute_layers": self.stage_recompute[i]} if self.stage_recompute else {})}
+                for i, n in enumerate(self.stage_layers)
+            ],
             "num_microbatches": self.num_microbatches,
         }

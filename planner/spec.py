@@ -159,6 +159,15 @@ class Training(_Strict):
 
 class StageSpec(_Strict):
     layers: int = Field(ge=1, le=MAX_LAYERS)
+    recompute_layers: Optional[int] = Field(
+        None, ge=0, le=MAX_LAYERS, description="layers of this stage fully recomputed (the rest use layout.recompute)"
+    )
+
+    @model_validator(mode="after")
+    def _recompute_within_stage(self):
+        if self.recompute_layers is not None and self.recompute_layers > self.layers:
+            raise ValueError(f"recompute_layers ({self.recompute_layers}) exceeds the stage's layers ({self.layers})")
+        return self
 
 
 class Layout(_Strict):
@@ -285,8 +294,8 @@ def parse_job(raw: Any, base_dir: Path | None = None) -> Job:
     for key in raw:
         if key not in allowed:
             hint = did_you_mean(str(key), allowed)
+            alt = _SYNONYMS.get(str(key).strip().lower().replace("-", "_"), str(key))
             for section, model in (("layout", Layout), ("training", Training)):
-                alt = _SYNONYMS.get(str(key).strip().lower().replace("-", "_"), str(key))
                 if not hint and alt in model.model_fields:  # e.g. `tp: 8` or `tensor_parallel: 8` at the top
                     hint = f" (did you mean '{section}.{alt}'?)"
             raise SpecError(str(key), "unknown field" + hint + f"; allowed: {', '.join(sorted(allowed))}")
