@@ -63,12 +63,41 @@ def validate(
         out.print(render_validation(doc))
 
 
+def _one_line(text: str) -> str:
+    """Whitespace runs collapsed, other control characters escaped: stderr gets exactly one printable line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in " ".join(str(text).split()))
+
+
+def _usage_error_types() -> tuple[type, ...]:
+    """Command-line usage errors: click's, and the copy of click that newer typer versions vendor."""
+    import typer
+
+    types = [t for t in (getattr(typer, "TyperException", None),) if t is not None]
+    try:
+        import click
+
+        types.append(click.ClickException)
+    except ImportError:  # typer >= 0.2x vendors click
+        pass
+    return tuple(types)
+
+
+def _usage_error_line(exc: Exception) -> str:
+    """``error: <option or argument>: <click's message>`` for a bad command line."""
+    field = getattr(exc, "option_name", None)
+    param = getattr(exc, "param", None)
+    if not field and param is not None:
+        hint = param.get_error_hint() if hasattr(param, "get_error_hint") else param.name
+        field = str(hint).split(" / ")[0].strip("'\"")
+    return f"error: {field or 'command line'}: {_one_line(exc.format_message())}"
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point: map every failure to its exit code and one line on stderr, never a traceback."""
     try:
         app(args=argv, standalone_mode=False)
     except SpecError as exc:
-        print(exc.line(), file=sys.stderr)
+        print(_one_line(exc.line()), file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
@@ -76,17 +105,18 @@ def main(argv: list[str] | None = None) -> None:
     except SystemExit:
         raise
     except Exception as exc:  # click usage errors and anything unexpected
-        import click
-
-        if isinstance(exc, click.exceptions.Abort):
+        name = type(exc).__name__
+        if name == "Abort":  # click/typer turn Ctrl-C into Abort
             print("error: interrupted", file=sys.stderr)
             sys.exit(EXIT_INTERRUPTED)
-        if isinstance(exc, click.ClickException):
-            exc.show()
+        if name == "NoArgsIsHelpError":  # bare `planner`: the help has been printed, as for --help
+            sys.exit(EXIT_OK)
+        if isinstance(exc, _usage_error_types()):
+            print(_usage_error_line(exc), file=sys.stderr)
             sys.exit(EXIT_BAD_INPUT)
         if os.environ.get("PLANNER_DEBUG"):
             raise
-        print(f"error: internal: {type(exc).__name__}: {exc} (set PLANNER_DEBUG=1 for a traceback)", file=sys.stderr)
+        print(f"error: internal: {name}: {_one_line(exc)} (set PLANNER_DEBUG=1 for a traceback)", file=sys.stderr)
         sys.exit(EXIT_CHECK_FAILED)
 
 

@@ -76,6 +76,9 @@ def load_yaml(path: str | Path, field: str = "file") -> Any:
         mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
         where = f" at line {mark.line + 1}" if mark is not None else ""
         problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        if problem.startswith("could not determine a constructor for the tag"):  # !!python/object and friends
+            tag = problem.split("'")[1].replace("tag:yaml.org,2002:", "!!") if "'" in problem else "?"
+            problem = f"the tag {tag} is not allowed; only plain mappings, lists and scalars are read"
         raise SpecError(field, f"invalid YAML in '{path}'{where}: {problem}")
     except (ValueError, RecursionError) as exc:  # a scalar the safe constructors reject, or absurd nesting
         raise SpecError(field, f"invalid YAML in '{path}': {_decode_problem(exc)}")

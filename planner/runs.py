@@ -1,6 +1,8 @@
 """Measured training runs (the format of shared/reference/measured-runs.yaml) -> jobs to predict + what was measured.
 
 A run the planner cannot express becomes a ``Skipped`` with the reason; nothing is dropped silently.
+A malformed file is bad input instead (SpecError, exit 2, naming ``runs[i].<section>.<key>``): a section that is
+not a mapping, or a value of the wrong type (``hidden: big``, ``tp: 0``, ``sp: 'false'``, ``iteration_time_s: -1``).
 Where a source leaves a setting unstated, the reader fills the framework's documented default and records it in
 ``assumed`` so the report can show it:
 - ffn_hidden -> 4*hidden (GPT/Megatron default); kv_heads -> heads (MHA); cp, ep, vpp -> 1; micro_batch -> 1;
@@ -50,6 +52,8 @@ def load_runs(path: str | Path) -> list[RunCase | Skipped]:
     raw = load_yaml(path, field="runs")
     if not isinstance(raw, list):
         raise SpecError("runs", f"expected a YAML list of runs, got {type(raw).__name__}")
+    if not raw:
+        raise SpecError("runs", f"'{path}' lists no runs")
     out: list[RunCase | Skipped] = []
     seen: set[str] = set()
     for i, entry in enumerate(raw):
@@ -60,7 +64,7 @@ def load_runs(path: str | Path) -> list[RunCase | Skipped]:
             raise SpecError(f"runs[{i}].id", f"duplicated run id '{run_id}'")
         seen.add(run_id)
         try:
-            out.append(_read_run(run_id, entry))
+            out.append(_read_run(run_id, entry, where=f"runs[{i}]"))
         except _Skip as skip:
             out.append(Skipped(run_id, str(skip)))
     return out
@@ -70,60 +74,100 @@ class _Skip(Exception):
     pass
 
 
-def _need(section: dict, key: str, where: str):
-    value = section.get(key)
-    if value is None:
-        raise _Skip(f"{where}.{key} is not stated")
-    return value
+class _Section:
+    """One mapping of a run entry (model, hardware, parallel, measured) with typed reads.
+
+    A value that is absent or null is "not stated": the default, or a skip when the run needs it. A value of the
+    wrong type is bad input: SpecError naming ``runs[i].<section>.<key>``."""
+
+    def __init__(self, entry: dict, name: str, where: str):
+        raw = entry.get(name)
+        if raw is None:
+            raw = {}
+        if not isinstance(raw, dict):
+            raise SpecError(f"{where}.{name}", f"expected a mapping, got {type(raw).__name__}")
+        self.raw, self.name, self.where = raw, name, f"{where}.{name}"
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Untyped (free text such as arch, framework, recompute)."""
+        return self.raw.get(key, default)
+
+    def need(self, key: str) -> Any:
+        value = self.raw.get(key)
+        if value is None:
+            raise _Skip(f"{self.name}.{key} is not stated")
+        return value
+
+    def int(self, key: str, default: Any = None, required: bool = False, minimum: int = 1) -> Any:
+        value = self.need(key) if required else self.raw.get(key)
+        if value is None:
+            return default
+        if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+            raise SpecError(f"{self.where}.{key}", f"expected an integer >= {minimum}, got {value!r}")
+        return value
+
+    def num(self, key: str) -> float | None:
+        """A positive finite number, or None when not stated."""
+        value = self.raw.get(key)
+        if value is None:
+            return None
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value < float("inf"):
+            raise SpecError(f"{self.where}.{key}", f"expected a positive number, got {value!r}")
+        return float(value)
+
+    def bool(self, key: str, default: Any = None) -> Any:
+        value = self.raw.get(key)
+        if value is None:
+            return default
+        if not isinstance(value, bool):
+            raise SpecError(f"{self.where}.{key}", f"expected true or false, got {value!r}")
+        return value
 
 
 def _text(*values) -> str:
     return " ".join(str(v) for v in values if v is not None).lower()
 
 
-def _read_run(run_id: str, e: dict[str, Any]) -> RunCase:
+def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
     from planner.catalog import resolve_gpu
     from planner.spec import parse_job
 
-    model_s = e.get("model") or {}
-    hw = e.get("hardware") or {}
-    par = e.get("parallel") or {}
-    meas = e.get("measured") or {}
-    for name, sec in (("model", model_s), ("hardware", hw), ("parallel", par), ("measured", meas)):
-        if not isinstance(sec, dict):
-            raise _Skip(f"{name} is not a mapping")
+    model_s = _Section(e, "model", where)
+    hw = _Section(e, "hardware", where)
+    par = _Section(e, "parallel", where)
+    meas = _Section(e, "measured", where)
     assumed: list[str] = []
 
     # ---- model
-    hidden = int(_need(model_s, "hidden", "model"))
-    heads = int(_need(model_s, "heads", "model"))
+    hidden = model_s.int("hidden", required=True)
+    heads = model_s.int("heads", required=True)
     arch = _text(model_s.get("arch"), par.get("framework"))
-    ffn = model_s.get("ffn_hidden")
+    ffn = model_s.int("ffn_hidden")
     if ffn is None:
         ffn = 4 * hidden
         assumed.append("ffn_hidden=4*hidden")
-    kv = model_s.get("kv_heads")
+    kv = model_s.int("kv_heads")
     if kv is None:
         kv = heads
         assumed.append("kv_heads=heads")
     mlp = "swiglu" if ("swiglu" in arch or "geglu" in arch) else ("relu" if "relu" in arch else "gelu")
     model = {
         "name": str(model_s.get("name") or run_id),
-        "num_layers": int(_need(model_s, "layers", "model")), "hidden_size": hidden,
-        "ffn_hidden_size": int(ffn), "num_attention_heads": heads, "num_kv_heads": int(kv),
-        "vocab_size": int(_need(model_s, "vocab", "model")), "mlp": mlp,
+        "num_layers": model_s.int("layers", required=True), "hidden_size": hidden,
+        "ffn_hidden_size": ffn, "num_attention_heads": heads, "num_kv_heads": kv,
+        "vocab_size": model_s.int("vocab", required=True), "mlp": mlp,
         "tie_embeddings": "untied" not in arch,
         "dropout": "gpt" in arch and "mpt" not in arch,  # Megatron GPT defaults: hidden/attention dropout 0.1
     }
-    if model_s.get("num_experts"):
+    if model_s.int("num_experts", minimum=0):
         model["moe"] = {
-            "num_experts": int(model_s["num_experts"]), "top_k": int(_need(model_s, "top_k", "model")),
-            "expert_ffn_hidden_size": int(model_s.get("expert_ffn_hidden") or ffn),
-            "shared_experts": int(model_s.get("shared_experts") or 0),
+            "num_experts": model_s.int("num_experts"), "top_k": model_s.int("top_k", required=True),
+            "expert_ffn_hidden_size": model_s.int("expert_ffn_hidden") or ffn,
+            "shared_experts": model_s.int("shared_experts", 0, minimum=0),
         }
 
     # ---- hardware: catalog name, else the catalog GPU with the same memory and 16-bit peak
-    gpu_name = str(_need(hw, "gpu", "hardware"))
+    gpu_name = str(hw.need("gpu"))
     try:
         gpu = resolve_gpu(gpu_name)
     except SpecError:
@@ -131,8 +175,8 @@ def _read_run(run_id: str, e: dict[str, Any]) -> RunCase:
         if gpu is None:
             raise _Skip(f"GPU '{gpu_name}' is not in the catalog and no catalog GPU has its memory and peak")
         assumed.append(f"gpu={gpu.name}")
-    n_gpus = int(_need(hw, "n_gpus", "hardware"))
-    gpn = int(hw.get("gpus_per_node") or gpu.gpus_per_node)
+    n_gpus = hw.int("n_gpus", required=True)
+    gpn = hw.int("gpus_per_node") or gpu.gpus_per_node
     if n_gpus % gpn:
         gpn = 1 if n_gpus < gpn else gpn
     group = {"gpu": gpu.model_dump(), "nodes": max(1, n_gpus // gpn), "gpus_per_node": min(gpn, n_gpus)}
@@ -143,32 +187,30 @@ def _read_run(run_id: str, e: dict[str, Any]) -> RunCase:
     # ---- training
     prec_text = _text(par.get("precision"))
     precision = "fp8" if "fp8" in prec_text else ("fp16" if "fp16" in prec_text or "mixed 16" in prec_text else "bf16")
-    seq = int(_need(model_s, "seq_len", "model"))
-    gbs = int(_need(par, "global_batch", "parallel"))
-    flash = "flash" in arch or "megatron-core" in arch or bool(par.get("flash_attention"))
+    seq = model_s.int("seq_len", required=True)
+    gbs = par.int("global_batch", required=True)
+    flash = "flash" in arch or "megatron-core" in arch or par.bool("flash_attention", False)
     training = {"seq_length": seq, "global_batch_size": gbs, "precision": precision,
                 "attention": "flash" if flash else "eager"}
     if "fp32 grad accumulation" in prec_text and "bf16" in prec_text:
         training["grad_dtype"] = "bf16+fp32"  # DeepSpeed BF16_Optimizer
 
     # ---- layout
-    tp = par.get("tp")
-    pp = par.get("pp")
+    tp = par.int("tp")
+    pp = par.int("pp")
     if tp is None or pp is None:
         raise _Skip("parallel.tp/pp are not stated")
-    tp, pp = int(tp), int(pp)
-    cp = int(par.get("cp") or 1)
-    dp = par.get("dp")
-    dp = int(dp) if dp is not None else n_gpus // (tp * pp * cp)
-    vpp = par.get("vpp")
+    cp = par.int("cp", 1)
+    dp = par.int("dp", n_gpus // (tp * pp * cp))
+    vpp = par.int("vpp")
     if vpp is None:
         vpp = 1
         assumed.append("vpp=1")
-    mbs = par.get("micro_batch")
+    mbs = par.int("micro_batch")
     if mbs is None:
         mbs = 1
         assumed.append("micro_batch=1")
-    sp = par.get("sp")
+    sp = par.bool("sp")
     if sp is None:
         sp = tp > 1
         assumed.append(f"sp={str(sp).lower()}")
@@ -177,12 +219,13 @@ def _read_run(run_id: str, e: dict[str, Any]) -> RunCase:
         zero = 3
     elif "shard_grad_op" in zero_text or zero_text.strip() == "2":
         zero = 2
-    elif zero_text.strip() == "1" or par.get("distributed_optimizer") or "overlap-param-gather" in _text(par.get("overlap")):
+    elif zero_text.strip() == "1" or par.bool("distributed_optimizer", False) \
+            or "overlap-param-gather" in _text(par.get("overlap")):
         zero = 1  # --overlap-param-gather only exists with Megatron's distributed optimizer
     else:
         zero = 0
-    layout = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": int(par.get("ep") or 1), "vpp": int(vpp),
-              "micro_batch_size": int(mbs), "sequence_parallel": bool(sp), "zero_stage": zero,
+    layout = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": par.int("ep", 1), "vpp": vpp,
+              "micro_batch_size": mbs, "sequence_parallel": sp, "zero_stage": zero,
               "tp_comm_overlap": "tp-comm-overlap" in _text(par.get("overlap"))}
     from planner.parallel import balanced_split
 
@@ -221,18 +264,18 @@ def _read_run(run_id: str, e: dict[str, Any]) -> RunCase:
     except SpecError as exc:
         raise _Skip(f"cannot express the run: {exc.field}: {exc.message}")
     layouts = [Layout.model_validate({**layout, "recompute": c}) for c in choices]
-    return RunCase(run_id, job, layouts, _measured(e, job, meas, par), assumed)
+    return RunCase(run_id, job, layouts, _measured(e, job, meas, hw), assumed)
 
 
-def _match_gpu(hw: dict):
+def _match_gpu(hw: _Section):
     from planner.catalog import _catalog, resolve_gpu
 
-    mem, peak = hw.get("mem_gb"), hw.get("peak_tflops_16bit")
+    mem, peak = hw.num("mem_gb"), hw.num("peak_tflops_16bit")
     if mem is None or peak is None:
         return None
     for name in sorted({e["name"] for e in _catalog("gpus").values()}):
         g = resolve_gpu(name)
-        if abs(g.memory_gib - float(mem)) < 1 and abs(g.peak_tflops_bf16 - float(peak)) < 0.01 * float(peak):
+        if abs(g.memory_gib - mem) < 1 and abs(g.peak_tflops_bf16 - peak) < 0.01 * peak:
             return g
     return None
 
@@ -247,28 +290,27 @@ def _nic_gbps(interconnect: Any, gpus_per_node: int) -> float | None:
     return None
 
 
-def _measured(e: dict, job: Job, meas: dict, par: dict) -> Measured:
+def _measured(e: dict, job: Job, meas: _Section, hw: _Section) -> Measured:
     """Iteration time from what the source measured, converting with the source's own FLOP convention."""
     t, m = job.training, job.model
     n = job.num_gpus
     tokens = t.global_batch_size * t.seq_length
     time, src = None, ""
     defn = _text(meas.get("tflops_definition"), meas.get("mfu_definition"))
-    if meas.get("iteration_time_s"):
-        time, src = float(meas["iteration_time_s"]), "iteration_time_s"
-    elif meas.get("tokens_per_s"):
-        time, src = tokens / float(meas["tokens_per_s"]), "tokens_per_s"
-    elif meas.get("tokens_per_s_per_gpu"):
-        time, src = tokens / (float(meas["tokens_per_s_per_gpu"]) * n), "tokens_per_s_per_gpu"
-    elif meas.get("tflops_per_gpu") and "not stated" not in defn:
-        x = float(meas["tflops_per_gpu"]) * 1e12 * n
+    if meas.num("iteration_time_s"):
+        time, src = meas.num("iteration_time_s"), "iteration_time_s"
+    elif meas.num("tokens_per_s"):
+        time, src = tokens / meas.num("tokens_per_s"), "tokens_per_s"
+    elif meas.num("tokens_per_s_per_gpu"):
+        time, src = tokens / (meas.num("tokens_per_s_per_gpu") * n), "tokens_per_s_per_gpu"
+    elif meas.num("tflops_per_gpu") and "not stated" not in defn:
+        x = meas.num("tflops_per_gpu") * 1e12 * n
         if "eq.3" in defn or "hardware" in defn or "4*2" in defn:
             time, src = F.narayanan_hardware_flops(m, t.seq_length, t.global_batch_size) / x, "tflops_per_gpu (Narayanan Eq. 3)"
         elif e.get("source_group") == "megatron-lm-h100" or "megatron" in defn:
             time, src = F.model_flops_per_iteration(m, t.seq_length, t.global_batch_size) / x, "tflops_per_gpu (Megatron model FLOPs)"
-    elif meas.get("mfu") and "palm" in defn:
-        peak = float((e.get("hardware") or {}).get("peak_tflops_16bit") or job.cluster[0].gpu.peak_tflops_bf16)
-        time = F.palm_flops_per_token(m, t.seq_length) * tokens / (float(meas["mfu"]) * peak * 1e12 * n)
+    elif meas.num("mfu") and "palm" in defn:
+        peak = hw.num("peak_tflops_16bit") or job.cluster[0].gpu.peak_tflops_bf16
+        time = F.palm_flops_per_token(m, t.seq_length) * tokens / (meas.num("mfu") * peak * 1e12 * n)
         src = "mfu (PaLM)"
-    mem = meas.get("memory_gb")
-    return Measured(time, src, float(mem) if mem is not None else None, bool(meas.get("oom")))
+    return Measured(time, src, meas.num("memory_gb"), meas.bool("oom", False))

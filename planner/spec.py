@@ -26,7 +26,7 @@ def _scalar_kind(annotation: Any) -> type | None:
 
 
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     @field_validator("*", mode="before")
     @classmethod
@@ -260,8 +260,9 @@ def format_validation_error(exc: ValidationError, prefix: str = "") -> SpecError
             msg += f"; allowed: {', '.join(sorted(model_fields))}"
     elif err["type"] == "missing":
         msg = "required field is missing"
-    elif "input" in err and isinstance(err["input"], (str, int, float, bool, type(None))) \
-            and err["type"] not in ("model_type", "dict_type"):  # a scalar is worth showing, a whole mapping is not
+    elif err["type"] in ("model_type", "dict_type"):
+        msg = f"expected a mapping, got {type(err.get('input')).__name__}"
+    elif "input" in err and isinstance(err["input"], (str, int, float, bool, type(None))):  # not a whole mapping
         shown = repr(err["input"])
         if len(shown) > 60:
             shown = shown[:57] + "..."
@@ -300,7 +301,7 @@ def parse_job(raw: Any, base_dir: Path | None = None) -> Job:
                     hint = f" (did you mean '{section}.{alt}'?)"
             raise SpecError(str(key), "unknown field" + hint + f"; allowed: {', '.join(sorted(allowed))}")
     version = raw.get("version", 1)
-    if version != 1:
+    if isinstance(version, bool) or version != 1:
         raise SpecError("version", f"unsupported spec version {version!r}; this planner reads version 1")
     for key in ("model", "cluster", "training"):
         if key not in raw or raw[key] is None:
