@@ -1,0 +1,267 @@
+"""CP-SAT model of the combinatorial core: how many layers each pipeline stage holds and how many of them are
+fully recomputed, for one choice of parallel degrees.
+
+The model is built from the same StageModel coefficients the estimator evaluates (planner/cost/stage.py):
+every stage quantity is affine in the stage's layer counts, and every overlap term is max(0, affine), which CP-SAT
+represents exactly with AddMaxEquality. Times are integer microseconds, memory integer KiB; the solution is then
+re-evaluated in floating point by the estimator, so rounding only matters between plans within a microsecond.
+
+    minimize  v*m*T + sum_i t_i - T + v*(D + O)        (= v * iteration time, Narayanan's schedule)
+    s.t.      t_i <= T, dp_i <= D, opt_i <= O, memory_i <= capacity, sum_i n_i = L, n_i = v*k_i
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from planner.cost import memory as M
+from planner.cost.stage import StageModel, StagePlan, moe_layers_before
+
+US = 1e6  # time unit: microseconds
+KIB = 1024.0
+
+
+@dataclass
+class PartitionResult:
+    plans: list[StagePlan] | None  # None: infeasible (or nothing found in time)
+    status: str                    # "optimal" | "feasible" | "infeasible" | "unknown"
+    objective_s: float             # CP-SAT objective as iteration seconds (integer-rounded model)
+    bound_s: float                 # proven lower bound, seconds
+
+
+def _affine(fn, x1: float, x2: float) -> tuple[float, float]:
+    """(slope, intercept) of a function that is affine for positive arguments (collective cost vs bytes)."""
+    y1, y2 = fn(x1), fn(x2)
+    slope = (y2 - y1) / (x2 - x1)
+    return slope, y1 - slope * x1
+
+
+def _moe_prefix(model: cp_model.CpModel, sm: StageModel, prefix, name: str):
+    """MoE layers among the first ``prefix`` layers: max(0, ceil((x - first_dense) / freq))."""
+    job = sm.job
+    moe = job.model.moe
+    L = job.model.num_layers
+    hi = moe_layers_before(job, L)
+    out = model.NewIntVar(0, hi, name)
+    shifted = model.NewIntVar(-L, L + moe.moe_layer_freq, f"{name}_s")
+    model.Add(shifted == prefix - moe.first_dense_layers + moe.moe_layer_freq - 1)
+    pos = model.NewIntVar(0, L + moe.moe_layer_freq, f"{name}_p")
+    model.AddMaxEquality(pos, [shifted, 0])
+    model.AddDivisionEquality(out, pos, moe.moe_layer_freq)
+    return out
+
+
+def solve_partition(sm: StageModel, capacity_gib: float, *, partial_recompute: bool, time_limit_s: float,
+                    workers: int = 1, seed: int = 0, canonical: bool = False,
+                    objective_cap_s: float | None = None) -> PartitionResult:
+    """Best layer partition and recompute placement for the degrees in ``sm``. With ``canonical``, a second solve
+    fixes the optimal objective and picks the lexicographically smallest tie (same answer for any worker count).
+    ``objective_cap_s`` lets the caller prune: only solutions faster than it are of interest."""
+    d = sm.dims
+    job = sm.job
+    L, p, v, mb = job.model.num_layers, d.pp, d.vpp, sm.mb
+    kinds = sm.kinds
+    has_moe = "moe" in kinds
+    cal = sm.cal
+    full_only = d.recompute == "full"
+    m = cp_model.CpModel()
+    big_t = int(1e13)
+
+    def ti(x: float) -> int:
+        return int(round(x * US))
+
+    n, k_v, r, rm, rd, nm, nd, b, hm = [], [], [], [], [], [], [], [], []
+    prev_prefix, prev_moe = None, None
+    for i in range(p):
+        kv = m.NewIntVar(1, L // v, f"k{i}")
+        ni = m.NewIntVar(v, L, f"n{i}")
+        m.Add(ni == v * kv)
+        n.append(ni)
+        k_v.append(kv)
+        prefix = m.NewIntVar(0, L, f"S{i}")
+        m.Add(prefix == (prev_prefix if prev_prefix is not None else 0) + ni)
+        if has_moe:
+            moe_prefix = _moe_prefix(m, sm, prefix, f"M{i}")
+            nmi = m.NewIntVar(0, L, f"nm{i}")
+            m.Add(nmi == moe_prefix - (prev_moe if prev_moe is not None else 0))
+            prev_moe = moe_prefix
+            hmi = m.NewBoolVar(f"hm{i}")
+            m.Add(nmi >= 1).OnlyEnforceIf(hmi)
+            m.Add(nmi == 0).OnlyEnforceIf(hmi.Not())
+        else:
+            nmi, hmi = m.NewConstant(0), m.NewConstant(0)
+        nm.append(nmi)
+        hm.append(hmi)
+        ndi = m.NewIntVar(0, L, f"nd{i}")
+        m.Add(ndi == ni - nmi)
+        nd.append(ndi)
+        prev_prefix = prefix
+        if full_only:
+            ri = ni
+        elif partial_recompute:
+            ri = m.NewIntVar(0, L, f"r{i}")
+            m.Add(ri <= ni)
+        else:
+            ri = m.NewConstant(0)
+        r.append(ri)
+        rmi = m.NewIntVar(0, L, f"rm{i}")
+        m.AddMinEquality(rmi, [ri, nmi])
+        rdi = m.NewIntVar(0, L, f"rd{i}")
+        m.Add(rdi == ri - rmi)
+        rm.append(rmi)
+        rd.append(rdi)
+        bi = m.NewBoolVar(f"b{i}")
+        m.Add(ri >= 1).OnlyEnforceIf(bi)
+        m.Add(ri == 0).OnlyEnforceIf(bi.Not())
+        b.append(bi)
+    m.Add(prev_prefix == L)
+
+    kd = kinds["dense"]
+    km = kinds.get("moe", kd)
+
+    # Collective costs are affine in bytes (bus-bandwidth model + latency); read their slopes off the links.
+    g = sm.grad_wire
+    z = d.zero_stage
+    ref = 1e9
+    sh = sm.shard_link
+    ex = sm.exp_link
+    rs_d = _affine(lambda x: sh.reduce_scatter(g * x), ref, 2 * ref)
+    ag_d = _affine(lambda x: sh.all_gather(2.0 * x), ref, 2 * ref)
+    ar_d = _affine(lambda x: sh.all_reduce(g * x), ref, 2 * ref)
+    rs_e = _affine(lambda x: ex.reduce_scatter(g * x), ref, 2 * ref)
+    ag_e = _affine(lambda x: ex.all_gather(2.0 * x), ref, 2 * ref)
+    ar_e = _affine(lambda x: ex.all_reduce(g * x), ref, 2 * ref)
+    hbm_opt = sm.costs.optimizer_step(1.0)
+    shard_div = sm.shard if z >= 1 else 1
+    exp_div = sm.exp_shard if z >= 1 else 1
+
+    T = m.NewIntVar(0, big_t, "T")
+    D = m.NewIntVar(0, big_t, "D")
+    O = m.NewIntVar(0, big_t, "O")
+    t_all = []
+    frag = 1.0 + cal.memory_fragmentation
+    cap_kib = int((capacity_gib * M.GIB - cal.memory_fixed_gib * M.GIB) / frag / KIB)
+    for i in range(p):
+        pos_params = sm.position_params(i)
+        comp_const = (sm.emb_time if i == 0 else 0.0) + (sm.logits_time if i == p - 1 else 0.0)
+        fwd_const = (sm.emb_fwd if i == 0 else 0.0) + (sm.logits_fwd if i == p - 1 else 0.0)
+        comp = m.NewIntVar(0, big_t, f"comp{i}")
+        m.Add(comp == ti(kd.compute) * nd[i] + ti(km.compute) * nm[i] + ti(kd.recompute_extra) * rd[i]
+              + ti(km.recompute_extra) * rm[i] + ti(comp_const))
+        fwd = ti(kd.forward) * nd[i] + ti(km.forward) * nm[i] + ti(fwd_const)
+        tp_raw = (ti(kd.tp) * nd[i] + ti(km.tp) * nm[i] + ti(kd.tp_recompute) * rd[i] + ti(km.tp_recompute) * rm[i])
+        if d.tp_comm_overlap:
+            tp = m.NewIntVar(0, big_t, f"tp{i}")
+            m.AddMaxEquality(tp, [tp_raw - comp, 0])
+        else:
+            tp = tp_raw
+        other = ti(kd.cp) * nd[i] + ti(km.cp) * nm[i] + ti(kd.ep) * nd[i] + ti(km.ep) * nm[i] \
+            + ti(kd.ep_recompute) * rd[i] + ti(km.ep_recompute) * rm[i] + ti(sm.pp_time)
+        # params on this GPU: dense part (replicated over DP*CP) and expert part (over expert-DP)
+        dense_p = (kd.params_dense, km.params_dense, pos_params)
+        exp_p = km.params_expert if has_moe else 0.0
+        zero_t = 0
+        if z >= 2:
+            sharded = (ti(rs_d[0] * dense_p[0]) * nd[i] + ti(rs_d[0] * dense_p[1]) * nm[i] + ti(rs_d[0] * dense_p[2] + rs_d[1]))
+            if has_moe:
+                sharded += ti(rs_e[0] * exp_p) * nm[i] + ti(rs_e[1]) * hm[i]
+            if z >= 3:
+                sharded += 2 * (ti(ag_d[0] * dense_p[0]) * nd[i] + ti(ag_d[0] * dense_p[1]) * nm[i]
+                                + ti(ag_d[0] * dense_p[2] + ag_d[1]))
+                if has_moe:
+                    sharded += 2 * (ti(ag_e[0] * exp_p) * nm[i] + ti(ag_e[1]) * hm[i])
+            zero_t = m.NewIntVar(0, big_t, f"z{i}")
+            hidden = int(round(cal.fsdp_overlap * 1000))
+            # max(0, sharded - overlap*comp) with the overlap share in thousandths
+            scaled = m.NewIntVar(-big_t * 1000, big_t * 1000, f"zs{i}")
+            m.Add(scaled == 1000 * sharded - hidden * comp)
+            zpos = m.NewIntVar(0, big_t * 1000, f"zp{i}")
+            m.AddMaxEquality(zpos, [scaled, 0])
+            m.AddDivisionEquality(zero_t, zpos, 1000)
+        t_i = m.NewIntVar(0, big_t, f"t{i}")
+        m.Add(t_i == comp + tp + other + zero_t)
+        m.Add(t_i <= T)
+        t_all.append(t_i)
+
+        # end-of-iteration DP communication and optimizer step
+        if z < 3:
+            ov = int(round(cal.dp_overlap * 1000))
+            if z == 0:
+                red = (ti(ar_d[0] * dense_p[0]) * nd[i] + ti(ar_d[0] * dense_p[1]) * nm[i] + ti(ar_d[0] * dense_p[2] + ar_d[1]))
+                if has_moe:
+                    red += ti(ar_e[0] * exp_p) * nm[i] + ti(ar_e[1]) * hm[i]
+                gather = 0
+            else:
+                red = 0
+                if z == 1:
+                    red = (ti(rs_d[0] * dense_p[0]) * nd[i] + ti(rs_d[0] * dense_p[1]) * nm[i] + ti(rs_d[0] * dense_p[2] + rs_d[1]))
+                    if has_moe:
+                        red += ti(rs_e[0] * exp_p) * nm[i] + ti(rs_e[1]) * hm[i]
+                gather = (ti(ag_d[0] * dense_p[0]) * nd[i] + ti(ag_d[0] * dense_p[1]) * nm[i] + ti(ag_d[0] * dense_p[2] + ag_d[1]))
+                if has_moe:
+                    gather += ti(ag_e[0] * exp_p) * nm[i] + ti(ag_e[1]) * hm[i]
+            parts = []
+            for j, (comm, window) in enumerate(((red, comp - fwd), (gather, fwd))):
+                s = m.NewIntVar(-big_t * 1000, big_t * 1000, f"dps{i}_{j}")
+                m.Add(s == 1000 * comm - ov * window)
+                pos = m.NewIntVar(0, big_t * 1000, f"dpp{i}_{j}")
+                m.AddMaxEquality(pos, [s, 0])
+                q = m.NewIntVar(0, big_t, f"dpq{i}_{j}")
+                m.AddDivisionEquality(q, pos, 1000)
+                parts.append(q)
+            m.Add(sum(parts) <= D)
+        local_d = 1.0 / shard_div
+        local_e = 1.0 / exp_div
+        opt = (ti(hbm_opt * dense_p[0] * local_d) * nd[i] + ti(hbm_opt * (dense_p[1] * local_d + exp_p * local_e)) * nm[i]
+               + ti(hbm_opt * dense_p[2] * local_d))
+        m.Add(opt <= O)
+
+        # memory (KiB), before the allocator allowance
+        spp = sm.states_per_param
+        per_d = sum(spp["dense"].values())
+        per_e = sum(spp["expert"].values())
+        inflight = sm.inflight(i)
+        kib = lambda x: int(round(x / KIB))  # noqa: E731
+        const = pos_params * per_d + (2 * 2.0 * sm.largest_layer if z >= 3 else 0.0)
+        const += (inflight * sm.emb_act if i == 0 else 0.0) + (sm.logits_act if i == p - 1 else 0.0)
+        mem = (kib(kd.params_dense * per_d + inflight * kd.act) * nd[i]
+               + kib(km.params_dense * per_d + exp_p * per_e + inflight * km.act) * nm[i]
+               + kib(inflight * (kd.act_recomputed - kd.act)) * rd[i]
+               + kib(inflight * (km.act_recomputed - km.act)) * rm[i]
+               + kib(sm.working) * b[i] + kib(const))
+        m.Add(mem <= cap_kib)
+
+    obj = v * mb * T + sum(t_all) - T + v * (D + O)
+    if objective_cap_s is not None:
+        m.Add(obj <= int(objective_cap_s * US * v))
+    m.Minimize(obj)
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
+    solver.parameters.num_workers = max(1, workers)
+    solver.parameters.random_seed = seed
+    solver.parameters.interleave_search = workers > 1
+    status = solver.Solve(m)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        st = "infeasible" if status == cp_model.INFEASIBLE else "unknown"
+        return PartitionResult(None, st, float("inf"), float("inf") if st == "infeasible" else 0.0)
+    best = solver.ObjectiveValue()
+    bound = solver.BestObjectiveBound()
+    optimal = status == cp_model.OPTIMAL
+    if canonical and optimal:
+        # Among equal-objective solutions prefer fewer layers, then less recompute, on earlier stages: one
+        # secondary solve with the objective fixed, so the answer does not depend on worker count or search order.
+        m.Add(obj == int(round(best)))
+        m.Minimize(sum((p - i) * ((L + 1) * n[i] + r[i]) for i in range(p)))
+        second = cp_model.CpSolver()
+        second.parameters.max_time_in_seconds = max(0.01, time_limit_s)
+        second.parameters.num_workers = 1
+        second.parameters.random_seed = seed
+        if second.Solve(m) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            solver = second
+    plans = []
+    for i in range(p):
+        plans.append(StagePlan(dense=int(solver.Value(nd[i])), moe=int(solver.Value(nm[i])),
+                               r_dense=int(solver.Value(rd[i])), r_moe=int(solver.Value(rm[i]))))
+    return PartitionResult(plans, "optimal" if optimal else "feasible", best / US / v, bound / US / v)

@@ -1,0 +1,172 @@
+"""Branch and bound over the search space with CP-SAT at each node.
+
+Candidates (degrees, micro-batch, interleaving, ZeRO) are visited in order of their lower bound. Each visited
+candidate gets its best layer partition and recompute placement from CP-SAT (planner/search/partition.py); the
+search stops when the next lower bound cannot beat the K-th best plan found, which proves the top K (one plan per
+candidate) optimal within the modeled space. A time limit returns the best so far with the remaining gap.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Callable
+
+from planner.cost import memory as M
+from planner.cost.estimate import Estimate, evaluate_plans
+from planner.cost.provider import AnalyticCosts
+from planner.cost.stage import StageModel
+from planner.parallel import ParallelDims
+from planner.search import quick
+from planner.search.partition import solve_partition
+from planner.search.space import Candidate, SearchOptions, check_searchable, dims_for, enumerate_candidates
+from planner.spec import Job
+
+
+@dataclass
+class Plan:
+    candidate: Candidate
+    estimate: Estimate
+    status: str  # "optimal" | "feasible"
+
+    @property
+    def time(self) -> float:
+        return self.estimate.iteration_time_s
+
+
+@dataclass
+class SearchResult:
+    plans: list[Plan]
+    candidates: int
+    pruned: int
+    solved: int
+    seconds: float
+    complete: bool       # every candidate solved or pruned by its bound
+    gap: float           # relative gap of the best plan to the best unexplored lower bound (0 when complete)
+    infeasible_reasons: dict = field(default_factory=dict)
+
+
+def _stage_tuple(plans) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+    layers = tuple(p.layers for p in plans)
+    rec = tuple(p.recomputed for p in plans)
+    return layers, (rec if any(rec) else None)
+
+
+def _finalize_dims(job: Job, c: Candidate, plans) -> ParallelDims:
+    layers, rec = _stage_tuple(plans)
+    full = rec is not None and all(r == n for r, n in zip(rec, layers))
+    base = "full" if full else c.recompute
+    d = dims_for(job, c, layers, None if full else rec)
+    return ParallelDims(**{**d.__dict__, "recompute": base})
+
+
+def search(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers: int = 1,
+           options: SearchOptions | None = None,
+           progress: Callable[[int, int], None] | None = None) -> SearchResult:
+    check_searchable(job)
+    opts = options or SearchOptions()
+    start = time.monotonic()
+    deadline = start + time_limit_s
+    costs = AnalyticCosts(job.cluster[0], job.training.precision)
+    cands, pruned = enumerate_candidates(job, costs, opts)
+    capacity = job.cluster[0].gpu.memory_gib * (1 - opts.memory_margin)
+    best: list[Plan] = []
+    solved = 0
+    complete = True
+    stopped_at = len(cands)
+    infeasible = 0
+    for idx, c in enumerate(cands):
+        if progress is not None and idx % 64 == 0:
+            progress(idx, len(cands))
+        kth = best[top - 1].time if len(best) >= top else float("inf")
+        if c.lower_bound_s >= kth:
+            stopped_at = idx
+            break
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            complete = False
+            stopped_at = idx
+            break
+        sm = StageModel(job, dims_for(job, c), costs)
+        if sm.lower_bound() >= kth:
+            continue
+        lb = quick.lower_bound(sm)
+        if lb >= kth:
+            continue
+        if not _may_fit(sm, capacity):
+            infeasible += 1
+            continue
+        greedy = quick.greedy_partition(sm, capacity)
+        incumbent = None
+        if greedy is not None:
+            est = evaluate_plans(job, _finalize_dims(job, c, greedy), sm, greedy, opts.memory_margin)
+            if est.iteration_time_s <= lb * (1 + quick.RESOLUTION):
+                _keep(best, Plan(c, est, "optimal"), top)  # the greedy split meets the bound: optimal
+                continue
+            incumbent = Plan(c, est, "feasible")
+        cap = min(kth, incumbent.time) if incumbent else kth
+        res = solve_partition(sm, capacity, partial_recompute=opts.partial_recompute, time_limit_s=remaining,
+                              workers=workers, objective_cap_s=cap if cap < float("inf") else None)
+        solved += 1
+        if res.plans is None:
+            if res.status == "unknown":
+                complete = False
+            if incumbent is not None:
+                # nothing beats the greedy split (proven when CP-SAT reports the capped model infeasible)
+                incumbent.status = "optimal" if res.status == "infeasible" else "feasible"
+                _keep(best, incumbent, top)
+            continue
+        if res.status != "optimal":
+            complete = False
+        est = evaluate_plans(job, _finalize_dims(job, c, res.plans), sm, res.plans, opts.memory_margin)
+        plan = Plan(c, est, res.status)
+        if incumbent is not None and incumbent.time < plan.time:
+            plan = incumbent
+        _keep(best, plan, top)
+    else:
+        stopped_at = len(cands)
+    if progress is not None:
+        progress(len(cands), len(cands))
+    # Re-solve the winners canonically so ties resolve the same way for any worker count.
+    final: list[Plan] = []
+    for plan in best:
+        c = plan.candidate
+        sm = StageModel(job, dims_for(job, c), costs)
+        res = solve_partition(sm, capacity, partial_recompute=opts.partial_recompute,
+                              time_limit_s=max(1.0, deadline - time.monotonic()), workers=workers, canonical=True)
+        if res.plans is None:
+            final.append(plan)
+            continue
+        dims = _finalize_dims(job, c, res.plans)
+        est = evaluate_plans(job, dims, sm, res.plans, opts.memory_margin)
+        final.append(Plan(c, est, res.status if complete else "feasible"))
+    final.sort(key=lambda p: (p.time, p.candidate.sort_key()))
+    unexplored = cands[stopped_at].lower_bound_s if stopped_at < len(cands) else float("inf")
+    gap = 0.0
+    if not complete and final:
+        gap = max(0.0, (final[0].time - min(unexplored, final[0].time)) / final[0].time)
+    return SearchResult(final, len(cands), pruned + (len(cands) - stopped_at), solved,
+                        time.monotonic() - start, complete, gap, {"infeasible_candidates": infeasible})
+
+
+def _keep(best: list[Plan], plan: Plan, top: int) -> None:
+    best.append(plan)
+    best.sort(key=lambda p: (p.time, p.candidate.sort_key()))
+    del best[top:]
+
+
+def _may_fit(sm: StageModel, capacity_gib: float) -> bool:
+    """Necessary condition: the average stage, with every layer fully recomputed, fits. Model states and
+    recomputed activations summed over stages cannot be smaller than with that split."""
+    d = sm.dims
+    L = sm.job.model.num_layers
+    n_moe = sm.job.model.num_moe_layers
+    per = sum(sm.states_per_param["dense"].values())
+    per_e = sum(sm.states_per_param["expert"].values())
+    total = 0.0
+    for kind, count in (("dense", L - n_moe), ("moe", n_moe)):
+        if count:
+            k = sm.kinds[kind]
+            total += count * (k.params_dense * per + k.params_expert * per_e + k.act_recomputed)
+    total += (sm.position_params(0) + sm.position_params(d.pp - 1)) * per
+    avg = total / d.pp * (1 + sm.cal.memory_fragmentation) + sm.cal.memory_fixed_gib * M.GIB
+    return avg <= capacity_gib * M.GIB

@@ -1,0 +1,131 @@
+"""The search space: every combination of parallel degrees, micro-batch, interleaving and ZeRO stage that the
+degree rules (planner/parallel.py) accept, each with a lower bound on its iteration time.
+
+Dominated options are pruned by rule and counted: with TP > 1 sequence parallelism is always on (same
+communication volume, strictly less activation memory: Korthikanti et al. 2022); with flash attention selective
+recompute is the same as none (the kernel already recomputes scores), so only none + per-layer full recompute
+are searched.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from planner.cost.provider import AnalyticCosts
+from planner.errors import SpecError
+from planner.parallel import ParallelDims
+from planner.spec import Job
+
+
+def divisors(n: int) -> list[int]:
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    tp: int
+    cp: int
+    pp: int
+    dp: int
+    ep: int
+    mbs: int
+    vpp: int
+    zero: int
+    recompute: str  # baseline mode for layers not chosen for full recompute
+    lower_bound_s: float
+
+    def sort_key(self):
+        return (self.lower_bound_s, self.tp, self.cp, self.pp, self.ep, self.mbs, self.vpp, self.zero, self.recompute)
+
+
+@dataclass
+class SearchOptions:
+    allow_cross_node_tp: bool = False
+    memory_margin: float = 0.05
+    max_micro_batch: int = 64
+    zero_stages: tuple[int, ...] = (0, 1, 2, 3)
+    partial_recompute: bool = True
+
+
+def dims_for(job: Job, c: Candidate, stage_layers: tuple[int, ...] | None = None, stage_recompute=None) -> ParallelDims:
+    """ParallelDims of a candidate (even split unless ``stage_layers`` is given)."""
+    L = job.model.num_layers
+    stages = stage_layers or tuple([L // c.pp] * c.pp)
+    return ParallelDims(
+        tp=c.tp, pp=c.pp, dp=c.dp, cp=c.cp, ep=c.ep, vpp=c.vpp, micro_batch_size=c.mbs,
+        sequence_parallel=c.tp > 1, zero_stage=c.zero, recompute=c.recompute, tp_comm_overlap=False,
+        stage_layers=stages, stage_recompute=stage_recompute, world=job.num_gpus,
+        model=job.model, training=job.training,
+    )
+
+
+def enumerate_candidates(job: Job, costs: AnalyticCosts, opts: SearchOptions) -> tuple[list[Candidate], int]:
+    """All valid candidates sorted by lower bound, and the number pruned by dominance rules."""
+    m, t = job.model, job.training
+    world = job.num_gpus
+    gpn = job.cluster[0].gpus_per_node
+    L = m.num_layers
+    flash = t.attention == "flash"
+    pruned = 0
+    tps = [d for d in divisors(world) if (d <= gpn or opts.allow_cross_node_tp)
+           and m.num_attention_heads % d == 0 and (m.kv_heads % d == 0 or d % m.kv_heads == 0)]
+    cps = [d for d in divisors(world) if t.seq_length % (2 * d) == 0 or d == 1]
+    bases = ["none"] if flash else ["none", "selective"]
+    out: list[Candidate] = []
+    for tp in tps:
+        for cp in cps:
+            if world % (tp * cp):
+                continue
+            if tp > 1 and (t.seq_length // cp) % tp:
+                continue
+            rest = world // (tp * cp)
+            for pp in divisors(rest):
+                if pp > L:
+                    continue
+                dp = rest // pp
+                if t.global_batch_size % dp:
+                    continue
+                eps = [1]
+                if m.moe is not None:
+                    eps = [e for e in divisors(dp * cp) if m.moe.num_experts % e == 0]
+                per_replica = t.global_batch_size // dp
+                for ep in eps:
+                    for mbs in divisors(per_replica):
+                        if mbs > opts.max_micro_batch:
+                            continue
+                        nmb = per_replica // mbs
+                        vpps = [1] if pp == 1 else [v for v in divisors(L) if L >= pp * v and (v == 1 or nmb % pp == 0)]
+                        for base in bases:
+                            lb_stage = _compute_lower_bound(job, costs, tp, cp, ep, mbs, base)
+                            for vpp in vpps:
+                                lb = lb_stage / pp * (nmb + (pp - 1) / vpp)
+                                for zero in opts.zero_stages:
+                                    out.append(Candidate(tp, cp, pp, dp, ep, mbs, vpp, zero, base, lb))
+                        pruned += len(vpps) * len(opts.zero_stages) * (1 if flash else 0)  # selective == none
+                        if tp > 1:
+                            pruned += len(vpps) * len(opts.zero_stages) * len(bases)  # SP off dominated
+    out.sort(key=Candidate.sort_key)
+    return out, pruned
+
+
+def _compute_lower_bound(job: Job, costs: AnalyticCosts, tp, cp, ep, mbs, base) -> float:
+    """Compute seconds of one micro-batch through all layers + embedding + logits (no communication, no extra
+    recompute): spread over p stages this bounds the iteration time from below, since with stage times t_i the
+    schedule takes m*max(t) + (sum(t) - max(t))/v >= sum(t)/p * (m + (p-1)/v)."""
+    m, t = job.model, job.training
+    tokens = mbs * t.seq_length // cp
+    flash = t.attention == "flash"
+    n_moe = m.num_moe_layers
+    total = 0.0
+    for moe, count in ((False, m.num_layers - n_moe), (True, n_moe)):
+        if count:
+            lt = costs.layer(m, tokens, t.seq_length, tp, tp > 1, cp, ep, moe, flash, base)
+            total += count * (lt.forward + lt.backward + lt.recompute)
+    e = costs.embedding(m, tokens, tp, tp > 1)
+    lg = costs.logits(m, tokens, tp)
+    return total + e.forward + e.backward + lg.forward + lg.backward
+
+
+def check_searchable(job: Job) -> None:
+    if len(job.cluster) != 1:
+        raise SpecError("cluster", "planning across several node groups is not supported yet; use one group")
