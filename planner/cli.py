@@ -13,7 +13,7 @@ from rich.console import Console
 from planner.errors import SpecError
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="Auto-parallel planner for distributed LLM training.")
-out = Console(soft_wrap=True)
+out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 150)
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_NO_FIT, EXIT_UNSUPPORTED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
 
@@ -90,6 +90,77 @@ def _usage_error_line(exc: Exception) -> str:
         hint = param.get_error_hint() if hasattr(param, "get_error_hint") else param.name
         field = str(hint).split(" / ")[0].strip("'\"")
     return f"error: {field or 'command line'}: {_one_line(exc.format_message())}"
+
+
+@app.command()
+def plan(
+    job: Path = typer.Argument(..., help="job YAML (a `layout`, if present, is reported as the current one)"),
+    top: int = typer.Option(5, "--top", min=1, max=100, help="how many plans to show"),
+    time_limit: float = typer.Option(60.0, "--time-limit", min=0.1, max=86400.0, help="search budget in seconds"),
+    memory_margin: float = typer.Option(0.05, "--memory-margin", min=0.0, max=0.9, help="share of GPU memory kept free"),
+    allow_cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp", help="let TP groups span nodes"),
+    workers: int = typer.Option(1, "--workers", min=1, max=64, help="CP-SAT worker threads (same answer for any count)"),
+    json_: bool = typer.Option(False, "--json", help="print one JSON object"),
+    out_path: Optional[Path] = typer.Option(None, "--out", help="also write the JSON object to this file (atomically)"),
+    no_timing: bool = typer.Option(False, "--no-timing", help="write search.seconds as null: byte-identical output"),
+) -> None:
+    """Search for the fastest layout that fits: degrees, micro-batch, interleaving, ZeRO, recompute, layer split."""
+    from planner.cost.estimate import estimate as run_estimate
+    from planner.report.plan_json import plan_document
+    from planner.search.planner import search
+    from planner.search.space import SearchOptions
+    from planner.spec import load_job
+
+    spec = load_job(job)
+    opts = SearchOptions(allow_cross_node_tp=allow_cross_node_tp, memory_margin=memory_margin)
+    current = run_estimate(spec, capacity_margin=memory_margin) if spec.layout is not None else None
+    result = _with_progress(lambda progress: search(spec, top=top, time_limit_s=time_limit, workers=workers,
+                                                    options=opts, progress=progress), quiet=json_)
+    if not result.plans:
+        from planner.search.advice import suggestions
+
+        reasons = "; ".join(suggestions(spec, opts))
+        print(f"error: nothing fits: no layout of {spec.model.name} on {spec.num_gpus} GPUs fits in "
+              f"{spec.cluster[0].gpu.memory_gib * (1 - memory_margin):.1f} GiB per GPU. To make it fit: {reasons}",
+              file=sys.stderr)
+        sys.exit(EXIT_NO_FIT)
+    doc = plan_document(spec, result, current, timing=not no_timing)
+    if json_:
+        _emit_json(doc, out_path)
+        return
+    if out_path is not None:
+        from planner.io import dumps_json, write_atomic
+
+        write_atomic(out_path, dumps_json(doc))
+    from planner.report.plan import render_plan
+
+    out.print(render_plan(doc))
+
+
+@app.command()
+def schema(kind: str = typer.Argument("plan", help="which output: plan")) -> None:
+    """Print the JSON Schema of a versioned output."""
+    from planner.report.plan_json import plan_schema
+
+    if kind != "plan":
+        raise SpecError("kind", f"unknown schema '{kind}'; available: plan")
+    _emit_json(plan_schema())
+
+
+def _with_progress(run, quiet: bool):
+    """Run a search with a progress bar on stderr when it is a terminal."""
+    if quiet or not sys.stderr.isatty():
+        return run(None)
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+    with Progress(TextColumn("searching"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} candidates"),
+                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+        task = bar.add_task("search", total=1)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total)
+
+        return run(progress)
 
 
 def main(argv: list[str] | None = None) -> None:

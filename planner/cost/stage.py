@@ -135,6 +135,23 @@ class StageModel:
             "expert": M.model_state_bytes(1.0, self.exp_shard, dims.zero_stage, t.grad_dtype, t.optimizer),
         }
 
+    def lower_bound(self) -> float:
+        """Iteration seconds no partition can beat: every layer's compute and unavoidable communication (TP
+        unless overlapped, CP, EP), embedding, logits and pipeline sends, spread evenly over the stages, in the
+        schedule m*max(t) + (sum(t) - max(t))/v >= sum(t)/p * (m + (p-1)/v); plus the smallest optimizer step."""
+        d, m = self.dims, self.job.model
+        n_moe = m.num_moe_layers
+        total = self.emb_time + self.logits_time + d.pp * self.pp_time
+        params = self.position_params(0) + (self.position_params(d.pp - 1) if d.pp > 1 else 0.0)
+        for kind, count in (("dense", m.num_layers - n_moe), ("moe", n_moe)):
+            if count:
+                k = self.kinds[kind]
+                total += count * (k.compute + (0.0 if d.tp_comm_overlap else k.tp) + k.cp + k.ep)
+                params += count * (k.params_dense + k.params_expert)
+        sched = total / d.pp * (self.mb + (d.pp - 1) / d.vpp)
+        sharded = d.zero_stage >= 1
+        return sched + self.costs.optimizer_step(params / d.pp / (self.shard if sharded else 1))
+
     # ------------------------------------------------------------------ per stage
     def position_params(self, stage: int) -> float:
         """Embedding (first stage) and output-layer (last stage) parameters, replicated like dense weights."""

@@ -1,0 +1,64 @@
+"""Rich rendering of `planner plan`: the top plans and why the winner wins."""
+from __future__ import annotations
+
+from rich.console import Group
+from rich.table import Table
+
+from planner.report.estimate import _layout_line
+
+
+def _stages(layout: dict) -> str:
+    layers = [s["layers"] for s in layout["stages"]]
+    rec = [s.get("recompute_layers") or 0 for s in layout["stages"]]
+    text = "even" if len(set(layers)) == 1 else "/".join(map(str, layers))
+    if any(rec):
+        text += " (recompute " + "/".join(map(str, rec)) + ")"
+    return text
+
+
+def render_plan(doc: dict) -> Group:
+    top = Table(title="Best plans", title_justify="left")
+    for col, just in (("#", "right"), ("layout", "left"), ("layers per stage", "left"), ("iter s", "right"),
+                      ("tok/s/GPU", "right"), ("MFU", "right"), ("peak GiB", "right"), ("optimality", "left")):
+        top.add_column(col, justify=just)
+    for p in doc["plans"]:
+        lay, est, opt = p["layout"], p["estimate"], p["optimality"]
+        degrees = " ".join(f"{k}{lay[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "vpp") if k in ("tp", "pp", "dp") or lay[k] > 1)
+        degrees += f" mbs{lay['micro_batch_size']} zero{lay['zero_stage']} {lay['recompute']}"
+        top.add_row(str(p["rank"]), degrees, _stages(lay), f"{est['iteration_time_s']:.3f}",
+                    f"{est['tokens_per_s_per_gpu']:,.0f}", f"{est['mfu'] * 100:.1f}%", f"{est['peak_memory_gib']:.1f}",
+                    "optimal" if opt["status"] == "optimal" else f"gap {opt['gap'] * 100:.2f}%")
+    parts = [top]
+    if doc["plans"]:
+        parts.append(render_why(doc))
+    s = doc["search"]
+    secs = "" if s["seconds"] is None else f" in {s['seconds']:.2f} s"
+    parts.append(f"searched {s['candidates']:,} candidates ({s['pruned']:,} pruned, {s['solved']:,} CP-SAT solves)"
+                 f"{secs}; {'complete' if s['complete'] else 'stopped by the time limit'}")
+    return Group(*parts)
+
+
+def render_why(doc: dict) -> Table:
+    """Time breakdown of the winner against the runner-up and the job's current layout."""
+    win = doc["plans"][0]["estimate"]
+    cols = [("#1", win)]
+    if len(doc["plans"]) > 1:
+        cols.append(("#2", doc["plans"][1]["estimate"]))
+    if doc.get("current"):
+        cols.append(("current", doc["current"]))
+    t = Table(title="Why #1 wins (seconds per iteration)", title_justify="left")
+    t.add_column("component")
+    for name, _ in cols:
+        t.add_column(name, justify="right")
+    for name, _ in cols[1:]:
+        t.add_column(f"#1 - {name}", justify="right")
+    keys = [k for k in win["time_breakdown_s"] if any(c["time_breakdown_s"].get(k, 0) > 0 for _, c in cols)]
+    for k in keys + ["iteration_time_s"]:
+        vals = [(c["iteration_time_s"] if k == "iteration_time_s" else c["time_breakdown_s"].get(k, 0.0)) for _, c in cols]
+        row = [k.replace("_", " ")] + [f"{v:.3f}" for v in vals] + [f"{vals[0] - v:+.3f}" for v in vals[1:]]
+        t.add_row(*row)
+    t.add_row("peak memory GiB", *[f"{c['peak_memory_gib']:.1f}" for _, c in cols],
+              *[f"{win['peak_memory_gib'] - c['peak_memory_gib']:+.1f}" for _, c in cols[1:]])
+    if doc.get("current"):
+        t.caption = "current: " + _layout_line(doc["current"]["layout"])
+    return t

@@ -1,0 +1,59 @@
+"""When nothing fits: find what would (more nodes of the same GPU, or a GPU with more memory)."""
+from __future__ import annotations
+
+import time
+
+from planner.cost.provider import AnalyticCosts
+from planner.cost.stage import StageModel
+from planner.search import quick
+from planner.search.partition import solve_partition
+from planner.search.space import SearchOptions, dims_for, enumerate_candidates
+from planner.spec import Job
+
+
+def any_fits(job: Job, opts: SearchOptions, budget_s: float) -> bool:
+    """True when some candidate of the job has a partition that fits (feasibility only)."""
+    from planner.search.planner import _may_fit
+
+    deadline = time.monotonic() + budget_s
+    costs = AnalyticCosts(job.cluster[0], job.training.precision)
+    capacity = job.cluster[0].gpu.memory_gib * (1 - opts.memory_margin)
+    cands, _ = enumerate_candidates(job, costs, opts)
+    for c in cands:
+        if time.monotonic() > deadline:
+            return False
+        sm = StageModel(job, dims_for(job, c), costs)
+        if not _may_fit(sm, capacity):
+            continue
+        if quick.greedy_partition(sm, capacity) is not None:
+            return True
+        res = solve_partition(sm, capacity, partial_recompute=opts.partial_recompute,
+                              time_limit_s=max(0.05, min(0.5, deadline - time.monotonic())))
+        if res.plans is not None:
+            return True
+    return False
+
+
+def suggestions(job: Job, opts: SearchOptions, budget_s: float = 10.0) -> list[str]:
+    from planner.catalog import gpu_names, resolve_gpu
+
+    group = job.cluster[0]
+    out = []
+    for factor in (2, 4, 8, 16, 32):
+        bigger = job.model_copy(update={"cluster": (group.model_copy(update={"nodes": group.nodes * factor}),)})
+        if bigger.num_gpus <= 1_000_000 and any_fits(bigger, opts, budget_s / 10):
+            out.append(f"use at least {group.nodes * factor} nodes of {group.gpu.name} "
+                       f"({bigger.num_gpus} GPUs) instead of {group.nodes}")
+            break
+    roomier = sorted((resolve_gpu(n) for n in gpu_names()), key=lambda g: g.memory_gib)
+    for gpu in roomier:
+        if gpu.memory_gib <= group.gpu.memory_gib:
+            continue
+        other = job.model_copy(update={"cluster": (group.model_copy(update={"gpu": gpu}),)})
+        if any_fits(other, opts, budget_s / 10):
+            out.append(f"or the same {group.num_gpus} GPUs as {gpu.name} ({gpu.memory_gib:g} GiB each)")
+            break
+    out.append("the search already tried every micro-batch size, recompute placement and ZeRO stage up to 3")
+    if opts.memory_margin > 0:
+        out.append(f"a smaller --memory-margin (now {opts.memory_margin:.0%}) leaves more room, at the risk of OOM")
+    return out
