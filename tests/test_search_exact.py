@@ -1,0 +1,90 @@
+"""`plan` against brute-force enumeration of the same space on small jobs: same best predicted time."""
+import itertools
+
+import pytest
+
+from planner.cost.estimate import evaluate_plans
+from planner.cost.provider import AnalyticCosts
+from planner.cost.stage import StageModel, StagePlan, moe_layers_before
+from planner.search.planner import _finalize_dims, search
+from planner.search.quick import RESOLUTION
+from planner.search.space import SearchOptions, dims_for, enumerate_candidates
+from planner.spec import parse_job
+
+
+def job(model, gpus_per_node=4, nodes=2, gpu="a100-40gb", seq=2048, gbs=16, attention="flash"):
+    return parse_job({"model": model, "cluster": [{"gpu": gpu, "nodes": nodes, "gpus_per_node": gpus_per_node}],
+                      "training": {"seq_length": seq, "global_batch_size": gbs, "attention": attention}})
+
+
+def compositions(total, parts, step):
+    """All (n_0..n_{p-1}) with n_i >= step, multiples of step, summing to total."""
+    if parts == 1:
+        if total >= step and total % step == 0:
+            yield (total,)
+        return
+    for first in range(step, total - step * (parts - 1) + 1, step):
+        for rest in compositions(total - first, parts - 1, step):
+            yield (first,) + rest
+
+
+def brute_force_best(j, opts):
+    costs = AnalyticCosts(j.cluster[0], j.training.precision)
+    cands, _ = enumerate_candidates(j, costs, opts)
+    cap = j.cluster[0].gpu.memory_gib * (1 - opts.memory_margin)
+    best = float("inf")
+    for c in cands:
+        sm = StageModel(j, dims_for(j, c), costs)
+        for split in compositions(j.model.num_layers, c.pp, c.vpp):
+            first = 0
+            kinds = []
+            for n in split:
+                moe = moe_layers_before(j, first + n) - moe_layers_before(j, first)
+                kinds.append((n, moe))
+                first += n
+            for rec in itertools.product(*[range(n + 1) for n in split]):
+                plans = []
+                for (n, moe), r in zip(kinds, rec):
+                    rm = min(r, moe)
+                    plans.append(StagePlan(dense=n - moe, moe=moe, r_dense=r - rm, r_moe=rm))
+                est = evaluate_plans(j, _finalize_dims(j, c, plans), sm, plans, opts.memory_margin)
+                if est.fits and est.iteration_time_s < best:
+                    best = est.iteration_time_s
+    return best
+
+
+SMALL_GPT = {"name": "gpt-small", "num_layers": 8, "hidden_size": 1024, "ffn_hidden_size": 4096,
+             "num_attention_heads": 16, "vocab_size": 32000, "mlp": "gelu"}
+SMALL_MOE = {"name": "moe-small", "num_layers": 6, "hidden_size": 1024, "ffn_hidden_size": 2816,
+             "num_attention_heads": 16, "num_kv_heads": 4, "vocab_size": 32000, "mlp": "swiglu",
+             "moe": {"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 1408, "first_dense_layers": 1}}
+TIGHT_GPU = {"memory_gib": 5.5, "peak_tflops_bf16": 312, "hbm_tbps": 2.0, "intra_node_gbps": 300, "inter_node_gbps": 200}
+
+
+@pytest.mark.parametrize("case", [
+    dict(model=SMALL_GPT, gbs=8),
+    # memory-bound: the optimum recomputes 4 of 6 layers
+    dict(model={**SMALL_GPT, "num_layers": 6}, gpu=TIGHT_GPU, gbs=4, seq=8192, attention="eager"),
+    dict(model=SMALL_MOE, gbs=8, nodes=1),
+])
+def test_plan_matches_brute_force(case):
+    j = job(**case)
+    opts = SearchOptions(zero_stages=(0, 1, 3), max_micro_batch=2)
+    result = search(j, top=1, time_limit_s=120, options=opts)
+    expected = brute_force_best(j, opts)
+    assert result.plans, "brute force found a plan the search missed" if expected < float("inf") else "no plan"
+    assert result.complete and result.plans[0].status == "optimal"
+    got = result.plans[0].time
+    assert got == pytest.approx(expected, rel=RESOLUTION)
+
+
+def test_memory_bound_case_uses_partial_recompute():
+    j = job(model={**SMALL_GPT, "num_layers": 6}, gpu=TIGHT_GPU, gbs=4, seq=8192, attention="eager")
+    best = search(j, top=1, time_limit_s=60, options=SearchOptions(zero_stages=(0, 1, 3), max_micro_batch=2)).plans[0]
+    rec = best.estimate.dims.stage_recompute
+    assert rec is not None and 0 < sum(rec) < j.model.num_layers
+
+
+def test_nothing_fits_is_reported_empty():
+    j = job(SMALL_GPT, gpu={**TIGHT_GPU, "memory_gib": 0.5}, gbs=8)
+    assert search(j, top=3, time_limit_s=30).plans == []
