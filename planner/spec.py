@@ -101,9 +101,16 @@ class ModelSpec(_Strict):
         m = self.moe
         return m is not None and index >= m.first_dense_layers and (index - m.first_dense_layers) % m.moe_layer_freq == 0
 
+    def moe_layers_before(self, x: int) -> int:
+        """Number of MoE layers among the first ``x`` layers (closed form of is_moe_layer)."""
+        m = self.moe
+        if m is None:
+            return 0
+        return max(0, (x - m.first_dense_layers + m.moe_layer_freq - 1) // m.moe_layer_freq)
+
     @property
     def num_moe_layers(self) -> int:
-        return sum(self.is_moe_layer(i) for i in range(self.num_layers))
+        return self.moe_layers_before(self.num_layers)
 
 
 class GpuSpec(_Strict):

@@ -6,8 +6,6 @@ and the search only ever call these methods.
 """
 from __future__ import annotations
 
-import functools
-
 from planner.cost import comm, compute
 from planner.cost.calibration import Calibration, default_calibration
 from planner.spec import ModelSpec, NodeGroup
@@ -19,12 +17,25 @@ class AnalyticCosts:
         self.cal = cal or default_calibration()
         self.precision = precision
         self.roof = compute.Roofline(group.gpu, precision, self.cal)
+        self._layers: dict = {}
+        self._models: list = []
+        self.memo: dict = {}  # derived per-layer coefficients, keyed by callers (StageModel)
 
-    @functools.lru_cache(maxsize=4096)
     def layer(self, model: ModelSpec, tokens: int, seq: int, tp: int, sp: bool, cp: int, ep: int,
               moe: bool, flash: bool, recompute: str) -> compute.PassTime:
-        return compute.layer_time(model, self.roof, tokens=tokens, seq=seq, tp=tp, sp=sp, cp=cp, ep=ep,
-                                  moe=moe, flash=flash, recompute=recompute)
+        # cached by the model's identity: hashing a pydantic model on every call costs more than the formula
+        key = (id(model), tokens, seq, tp, sp, cp, ep, moe, flash, recompute)
+        hit = self._layers.get(key)
+        if hit is None:
+            hit = self._layers[key] = compute.layer_time(model, self.roof, tokens=tokens, seq=seq, tp=tp, sp=sp,
+                                                         cp=cp, ep=ep, moe=moe, flash=flash, recompute=recompute)
+            self.keep(model)
+        return hit
+
+    def keep(self, model: ModelSpec) -> None:
+        """Hold a model referenced by id() in a cache key, so its id cannot be reused."""
+        if not any(x is model for x in self._models):
+            self._models.append(model)
 
     def embedding(self, model: ModelSpec, tokens: int, tp: int, sp: bool) -> compute.PassTime:
         return compute.embedding_time(model, self.roof, tokens, tp, sp)

@@ -74,9 +74,6 @@ class StageModel:
         self.mb = dims.num_microbatches
         self.grad_wire = 2.0 if t.grad_dtype == "bf16" else 4.0  # bytes per gradient element on the wire
 
-        tp_link = costs.link(*dims.group_span("tp", gpn))
-        cp_link = costs.link(*dims.group_span("cp", gpn))
-        ep_link = costs.link(*dims.group_span("ep", gpn))
         _, dp_per_node = dims.group_span("dp", gpn)
         self.shard = dims.dp * dims.cp
         self.shard_link = costs.link(self.shard, min(self.shard, dp_per_node * dims.group_span("cp", gpn)[1]))
@@ -85,7 +82,37 @@ class StageModel:
         p2p = costs.p2p(dims.tp * dims.cp * dims.dp >= gpn)
 
         act_tok = 2.0 * tokens * m.hidden_size  # one 16-bit activation of the micro-batch
-        self.kinds: dict[str, KindCoeffs] = {}
+        key = (id(m), tokens, seq, dims.tp, dims.cp, dims.ep, dims.sequence_parallel, self.flash, base_rc)
+        kinds = costs.memo.get(key)
+        if kinds is None:
+            kinds = costs.memo[key] = self._kind_coeffs(tokens, seq, base_rc)
+            costs.keep(m)
+        self.kinds: dict[str, KindCoeffs] = kinds
+        # Per-position constants: embedding on the first stage, logits on the last, pipeline sends in between.
+        emb = costs.embedding(m, tokens, dims.tp, dims.sequence_parallel)
+        lg = costs.logits(m, tokens, dims.tp)
+        self.emb_time, self.emb_fwd = emb.forward + emb.backward, emb.forward
+        self.logits_time, self.logits_fwd = lg.forward + lg.backward, lg.forward
+        self.emb_params = F.embedding_params(m) / dims.tp
+        self.pp_time = 2 * dims.vpp * p2p.p2p(act_tok / dims.tp) if dims.pp > 1 else 0.0
+        self.emb_act = act_tok / (dims.tp if dims.sequence_parallel else 1)
+        self.logits_act = M.logits_bytes(m, tokens, dims.tp)
+        self.largest_layer = max(k.params_dense + k.params_expert for k in self.kinds.values())
+        self.working = max(k.act_working for k in self.kinds.values())
+        self.states_per_param = {
+            "dense": M.model_state_bytes(1.0, self.shard, dims.zero_stage, t.grad_dtype, t.optimizer),
+            "expert": M.model_state_bytes(1.0, self.exp_shard, dims.zero_stage, t.grad_dtype, t.optimizer),
+        }
+
+    def _kind_coeffs(self, tokens: int, seq: int, base_rc: str) -> dict[str, KindCoeffs]:
+        """Per-layer coefficients of each kind; they depend only on TP, CP, EP, the micro-batch and the model."""
+        m, dims, costs = self.job.model, self.dims, self.costs
+        gpn = costs.group.gpus_per_node
+        tp_link = costs.link(*dims.group_span("tp", gpn))
+        cp_link = costs.link(*dims.group_span("cp", gpn))
+        ep_link = costs.link(*dims.group_span("ep", gpn))
+        act_tok = 2.0 * tokens * m.hidden_size
+        kinds: dict[str, KindCoeffs] = {}
         for kind in KINDS:
             moe = kind == "moe"
             if moe and m.moe is None:
@@ -110,7 +137,7 @@ class StageModel:
             else:
                 pd, pe = (F.attention_params(m) + F.dense_mlp_params(m)) / dims.tp, 0.0
             act_kw = dict(tokens=tokens, seq=seq, tp=dims.tp, sp=dims.sequence_parallel, flash=self.flash, moe=moe)
-            self.kinds[kind] = KindCoeffs(
+            kinds[kind] = KindCoeffs(
                 compute=lt.forward + lt.backward + lt.recompute, forward=lt.forward,
                 recompute_extra=full.recompute - lt.recompute,
                 tp=2 * ar, tp_recompute=ar, cp=cp, ep=4 * a2a, ep_recompute=2 * a2a,
@@ -119,21 +146,7 @@ class StageModel:
                 act_recomputed=M.activation_bytes_per_layer(m, recompute="full", **act_kw),
                 act_working=M.working_bytes_full_recompute(m, **act_kw),
             )
-        # Per-position constants: embedding on the first stage, logits on the last, pipeline sends in between.
-        emb = costs.embedding(m, tokens, dims.tp, dims.sequence_parallel)
-        lg = costs.logits(m, tokens, dims.tp)
-        self.emb_time, self.emb_fwd = emb.forward + emb.backward, emb.forward
-        self.logits_time, self.logits_fwd = lg.forward + lg.backward, lg.forward
-        self.emb_params = F.embedding_params(m) / dims.tp
-        self.pp_time = 2 * dims.vpp * p2p.p2p(act_tok / dims.tp) if dims.pp > 1 else 0.0
-        self.emb_act = act_tok / (dims.tp if dims.sequence_parallel else 1)
-        self.logits_act = M.logits_bytes(m, tokens, dims.tp)
-        self.largest_layer = max(k.params_dense + k.params_expert for k in self.kinds.values())
-        self.working = max(k.act_working for k in self.kinds.values())
-        self.states_per_param = {
-            "dense": M.model_state_bytes(1.0, self.shard, dims.zero_stage, t.grad_dtype, t.optimizer),
-            "expert": M.model_state_bytes(1.0, self.exp_shard, dims.zero_stage, t.grad_dtype, t.optimizer),
-        }
+        return kinds
 
     def lower_bound(self) -> float:
         """Iteration seconds no partition can beat: every layer's compute and unavoidable communication (TP
@@ -286,7 +299,4 @@ def split_kinds(job: Job, stage_layers: tuple[int, ...], recompute_layers: tuple
 
 def moe_layers_before(job: Job, x: int) -> int:
     """Number of MoE layers among the first ``x`` layers (closed form used by the CP-SAT model)."""
-    m = job.model.moe
-    if m is None:
-        return 0
-    return max(0, (x - m.first_dense_layers + m.moe_layer_freq - 1) // m.moe_layer_freq)
+    return job.model.moe_layers_before(x)

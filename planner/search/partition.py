@@ -38,17 +38,12 @@ def _affine(fn, x1: float, x2: float) -> tuple[float, float]:
 
 
 def _moe_prefix(model: cp_model.CpModel, sm: StageModel, prefix, name: str):
-    """MoE layers among the first ``prefix`` layers: max(0, ceil((x - first_dense) / freq))."""
+    """MoE layers among the first ``prefix`` layers, as a table lookup (AddElement)."""
     job = sm.job
-    moe = job.model.moe
     L = job.model.num_layers
-    hi = moe_layers_before(job, L)
-    out = model.NewIntVar(0, hi, name)
-    shifted = model.NewIntVar(-L, L + moe.moe_layer_freq, f"{name}_s")
-    model.Add(shifted == prefix - moe.first_dense_layers + moe.moe_layer_freq - 1)
-    pos = model.NewIntVar(0, L + moe.moe_layer_freq, f"{name}_p")
-    model.AddMaxEquality(pos, [shifted, 0])
-    model.AddDivisionEquality(out, pos, moe.moe_layer_freq)
+    table = [moe_layers_before(job, x) for x in range(L + 1)]
+    out = model.NewIntVar(0, table[-1], name)
+    model.AddElement(prefix, table, out)
     return out
 
 

@@ -89,11 +89,11 @@ def search(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers: int =
         sm = StageModel(job, dims_for(job, c), costs)
         if sm.lower_bound() >= kth:
             continue
-        lb = quick.lower_bound(sm)
-        if lb >= kth:
-            continue
-        if not _may_fit(sm, capacity):
+        lb = quick.lower_bound(sm, capacity)
+        if lb == float("inf"):
             infeasible += 1
+            continue
+        if lb >= kth:
             continue
         greedy = quick.greedy_partition(sm, capacity)
         incumbent = None

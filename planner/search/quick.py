@@ -34,23 +34,159 @@ def integer_bottleneck(sm: StageModel) -> float:
     d = sm.dims
     L, p, v = sm.job.model.num_layers, d.pp, d.vpp
     a = _per_layer(sm)
-    consts = [_stage_const(sm, i) for i in range(p)]
-    lo = max(c + v * a for c in consts) * (1 - 1e-12)
-    hi = max(consts) + L * a
-    if sum(_capacity(lo, a, c, v) for c in consts) >= L:
+    groups: dict[float, int] = {}
+    for i in range(p):
+        c = _stage_const(sm, i)
+        groups[c] = groups.get(c, 0) + 1
+
+    def holds(T: float) -> int:
+        return sum(k * _capacity(T, a, c, v) for c, k in groups.items())
+
+    # holds(T) >= (p*T - sum c)/a - p*v, so the answer lies in [T0, T0 + a*v] with T0 the fractional balance;
+    # it is a breakpoint c_g + j*a*v of some group, and each group has at most two in that interval.
+    floor_t = max(c + v * a for c in groups)
+    t0 = max(floor_t, (L * a + sum(c * k for c, k in groups.items())) / p)
+    points = {floor_t}
+    for c in groups:
+        j = max(0, int((t0 - c) / (a * v)))
+        points.update(c + (j + step) * a * v for step in range(3))
+    for T in sorted(x for x in points if x >= floor_t * (1 - 1e-12)):
+        if holds(T) >= L:
+            return T * (1 - 1e-12)
+    return floor_t + L * a  # unreachable: L layers always fit one per v-chunk at T = max c + L*a
+
+
+def _effective_layers(sm: StageModel) -> float:
+    """Layers counted in units of the heaviest kind: a dense layer of an MoE model counts as the largest
+    fraction of an MoE layer's memory it can be on any stage (with or without recompute)."""
+    m = sm.job.model
+    L = m.num_layers
+    n_dense = L - m.num_moe_layers
+    if "moe" not in sm.kinds or not n_dense:
+        return float(L)
+    per_d = sum(sm.states_per_param["dense"].values())
+    per_e = sum(sm.states_per_param["expert"].values())
+
+    def mem(kind: str, inflight: float, recomputed: bool) -> float:
+        k = sm.kinds[kind]
+        return k.params_dense * per_d + k.params_expert * per_e + inflight * (k.act_recomputed if recomputed else k.act)
+
+    ratio = max(mem("dense", sm.inflight(i), rc) / mem("moe", sm.inflight(i), rc)
+                for i in range(sm.dims.pp) for rc in (False, True))
+    return L - n_dense * (1 - min(1.0, ratio))
+
+
+def forced_recompute(sm: StageModel, capacity_gib: float) -> float | None:
+    """Fewest layers that must be fully recomputed for L layers to fit in memory (fractional, a lower bound), or
+    None when even full recompute everywhere cannot fit them. Per stage, memory is base_i + n*alpha_i - r*beta_i;
+    taking the lightest layer kind for alpha and the largest saving for beta keeps the bound valid for MoE."""
+    d = sm.dims
+    L, p = sm.job.model.num_layers, d.pp
+    cal = sm.cal
+    cap = (capacity_gib * M.GIB - cal.memory_fixed_gib * M.GIB) / (1 + cal.memory_fragmentation)
+    per_d = sum(sm.states_per_param["dense"].values())
+    per_e = sum(sm.states_per_param["expert"].values())
+    states = {n: k.params_dense * per_d + k.params_expert * per_e for n, k in sm.kinds.items()}
+    free_total, extra = 0, []
+    full_total = 0
+    for i in range(p):
+        inflight = sm.inflight(i)
+        base = sm.position_params(i) * per_d + (4.0 * sm.largest_layer if d.zero_stage >= 3 else 0.0)
+        base += (inflight * sm.emb_act if i == 0 else 0.0) + (sm.logits_act if i == p - 1 else 0.0)
+        heavy = "moe" if "moe" in sm.kinds else "dense"
+        alpha = states[heavy] + inflight * sm.kinds[heavy].act
+        lean = states[heavy] + inflight * sm.kinds[heavy].act_recomputed
+        beta = max(inflight * (k.act - k.act_recomputed) for k in sm.kinds.values())
+        room = cap - base
+        if room < min(states[n] + inflight * k.act_recomputed for n, k in sm.kinds.items()) * d.vpp:
+            return None
+        free = max(0, int(room / alpha)) if alpha > 0 else L
+        full = int(room / lean) if lean > 0 else L
+        free_total += free
+        full_total += full
+        if full > free and beta > 0:
+            extra.append((alpha / beta, full - free))
+    effective = _effective_layers(sm)
+    if full_total < effective:
+        return None
+    need = effective - free_total
+    forced = 0.0
+    for ratio, room in sorted(extra):
+        if need <= 0:
+            break
+        take = min(room, need)
+        forced += take * ratio
+        need -= take
+    return forced
+
+
+def _stage_memory_terms(sm: StageModel, capacity_gib: float):
+    """Per stage (room, alpha, beta): allocatable bytes left after the stage's fixed items, bytes per layer of the
+    heaviest kind, and bytes saved per fully recomputed layer."""
+    d, cal = sm.dims, sm.cal
+    p = d.pp
+    cap = (capacity_gib * M.GIB - cal.memory_fixed_gib * M.GIB) / (1 + cal.memory_fragmentation)
+    per_d = sum(sm.states_per_param["dense"].values())
+    per_e = sum(sm.states_per_param["expert"].values())
+    heavy = "moe" if "moe" in sm.kinds else "dense"
+    k = sm.kinds[heavy]
+    states = k.params_dense * per_d + k.params_expert * per_e
+    out = []
+    for i in range(p):
+        inflight = sm.inflight(i)
+        base = sm.position_params(i) * per_d + (4.0 * sm.largest_layer if d.zero_stage >= 3 else 0.0)
+        base += (inflight * sm.emb_act if i == 0 else 0.0) + (sm.logits_act if i == p - 1 else 0.0)
+        out.append((cap - base, states + inflight * k.act, inflight * (k.act - k.act_recomputed)))
+    return out
+
+
+def memory_bottleneck(sm: StageModel, capacity_gib: float, effective_layers: float) -> float:
+    """Smallest bottleneck T at which the stages can hold ``effective_layers`` layers of the heaviest kind (the
+    other layers only add time and memory) when each stage recomputes just enough
+    layers (whole layers) to fit in memory: stage i holds n layers in n*a + r_i(n)*rc + c_i seconds with
+    r_i(n) = ceil((n*alpha_i - room_i)/beta_i). A lower bound on max_i t_i for every feasible plan."""
+    d = sm.dims
+    v = d.vpp
+    heavy = sm.kinds["moe" if "moe" in sm.kinds else "dense"]
+    a = heavy.compute + (0.0 if d.tp_comm_overlap else heavy.tp) + heavy.cp + heavy.ep
+    rc = heavy.recompute_extra + heavy.tp_recompute + heavy.ep_recompute
+    terms = _stage_memory_terms(sm, capacity_gib)
+    consts = [_stage_const(sm, i) for i in range(d.pp)]
+
+    def capacity(i: int, T: float) -> float:
+        """Most layers stage i holds within T, relaxing r_i(n) to (n*alpha - room)/beta (no ceiling)."""
+        room, alpha, beta = terms[i]
+        slack = T - consts[i]
+        if slack <= 0 or room <= 0:
+            return 0.0
+        n = min(slack / a, room / alpha)  # no recompute
+        if beta > 0 and rc > 0:
+            with_rc = (slack + room * rc / beta) / (a + alpha * rc / beta)
+            lean = alpha - beta
+            full = room / lean if lean > 0 else float("inf")
+            if with_rc > room / alpha:
+                n = max(n, min(with_rc, full))
+        return n
+
+    def holds(T: float) -> int:
+        return sum(int(capacity(i, T) / v + 1e-9) * v for i in range(d.pp))
+
+    lo = max(consts) if consts else 0.0
+    hi = max(consts) + sm.job.model.num_layers * (a + rc)
+    if holds(hi) < effective_layers - 1e-9:
+        return float("inf")
+    if holds(lo) >= effective_layers - 1e-9:
         return lo
-    for _ in range(100):
+    while hi - lo > 1e-7 * hi:
         mid = (lo + hi) / 2
-        if sum(_capacity(mid, a, c, v) for c in consts) >= L:
+        if holds(mid) >= effective_layers - 1e-9:
             hi = mid
         else:
             lo = mid
-        if hi - lo <= 1e-12 * hi:
-            break
     return lo
 
 
-def lower_bound(sm: StageModel) -> float:
+def lower_bound(sm: StageModel, capacity_gib: float | None = None) -> float:
     """Valid for every partition and recompute placement of these degrees. Beyond the integer bottleneck it
     keeps the convex overlap terms in aggregate: sum_i max(0, x_i) >= max(0, sum_i x_i), and collective costs are
     affine with non-negative latency, so f(a) + f(b) >= f(a + b)."""
@@ -69,10 +205,21 @@ def lower_bound(sm: StageModel) -> float:
             expert += count * k.params_expert
             comp += count * k.compute
             fwd += count * k.forward
+    T_mem = 0.0
+    if capacity_gib is not None:
+        forced = forced_recompute(sm, capacity_gib)
+        if forced is None:
+            return float("inf")
+        if forced > 0:
+            per_recompute = min(k.recompute_extra + k.tp_recompute + k.ep_recompute for k in sm.kinds.values())
+            total += forced * per_recompute
+            comp += forced * min(k.recompute_extra for k in sm.kinds.values())
+        # the heaviest kind alone must fit: all layers of a dense model, the MoE layers of an MoE model
+        T_mem = memory_bottleneck(sm, capacity_gib, m.num_moe_layers if "moe" in sm.kinds else m.num_layers)
     sharded = sm.sharded_comm(dense, expert)
     if sharded:
         total += max(0.0, sharded - sm.cal.fsdp_overlap * comp)
-    T = max(integer_bottleneck(sm), total / p)
+    T = max(integer_bottleneck(sm), total / p, T_mem)
     tail = 0.0
     if d.zero_stage < 3:
         g = sm.grad_wire
