@@ -141,6 +141,14 @@ class ParallelDims:
         """Data-parallel size of the expert parameters: DP*CP ranks not used by EP."""
         return self.dp * self.cp // self.ep
 
+    @staticmethod
+    def spans(tp: int, cp: int, ep: int, gpus_per_node: int) -> dict[str, tuple[int, int]]:
+        """(group size, members per node) of the TP, CP and EP groups, which do not depend on DP or PP."""
+        out = {}
+        for dim, size, stride in (("tp", tp, 1), ("cp", cp, tp), ("ep", ep, tp * cp)):
+            out[dim] = (size, max(1, min(size, gpus_per_node // stride)) if stride < gpus_per_node else 1)
+        return out
+
     def group_span(self, dim: str, gpus_per_node: int) -> tuple[int, int]:
         """(group size, GPUs of the group that share one node) for a parallel dimension under RANK_ORDER."""
         size = {"tp": self.tp, "cp": self.cp, "dp": self.dp, "ep": self.ep, "pp": self.pp}[dim]

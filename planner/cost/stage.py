@@ -58,6 +58,59 @@ class StagePlan:
         return self.r_dense + self.r_moe
 
 
+def kind_coeffs(job: Job, costs: AnalyticCosts, tokens: int, tp: int, cp: int, ep: int, sp: bool,
+                base_rc: str) -> dict[str, KindCoeffs]:
+    """Per-layer coefficients of each layer kind. They depend only on TP, CP, EP, the micro-batch and the model,
+    so they are memoized on the costs object and shared by every pipeline/DP/ZeRO choice."""
+    m, t = job.model, job.training
+    seq = t.seq_length
+    flash = t.attention == "flash"
+    key = (id(m), tokens, seq, tp, cp, ep, sp, flash, base_rc)
+    hit = costs.memo.get(key)
+    if hit is not None:
+        return hit
+    costs.keep(m)
+    spans = ParallelDims.spans(tp, cp, ep, costs.group.gpus_per_node)
+    tp_link, cp_link, ep_link = (costs.link(*spans[k]) for k in ("tp", "cp", "ep"))
+    act_tok = 2.0 * tokens * m.hidden_size  # one 16-bit activation of the micro-batch
+    kinds: dict[str, KindCoeffs] = {}
+    for kind in KINDS:
+        moe = kind == "moe"
+        if moe and m.moe is None:
+            continue
+        lt = costs.layer(m, tokens, seq, tp, sp, cp, ep, moe, flash, base_rc)
+        full = costs.layer(m, tokens, seq, tp, sp, cp, ep, moe, flash, "full")
+        # TP: 2 all-reduces (or AG + RS with SP, same bytes) per layer forward and 2 backward, 2 more when the
+        # forward is recomputed (Narayanan et al. 2021, Sec. 3.3; Korthikanti et al. 2022, Sec. 4.2.2).
+        ar = tp_link.all_reduce(act_tok) if tp > 1 else 0.0
+        ring_exposed = 0.0
+        if cp > 1:
+            # Ring attention passes this rank's K,V block around the CP ring, overlapped with the attention
+            # kernel; forward once, backward K,V and their gradients (3x the forward traffic).
+            kv_bytes = 2.0 * 2.0 * tokens * m.kv_heads * m.dim_head / tp
+            ring = cp_link.all_gather(kv_bytes * cp)
+            attn = F.attention_core_flops(m, tokens, seq, tp, causal=flash) / costs.roof.attn_rate
+            ring_exposed = 3 * max(0.0, ring - attn)
+        a2a = ep_link.all_to_all(act_tok * m.moe.top_k) if (moe and ep > 1) else 0.0
+        if moe:
+            pd = (F.attention_params(m) + F.moe_shared_params(m)) / tp
+            pe = m.moe.num_experts / ep * F.expert_params(m) / tp
+        else:
+            pd, pe = (F.attention_params(m) + F.dense_mlp_params(m)) / tp, 0.0
+        act_kw = dict(tokens=tokens, seq=seq, tp=tp, sp=sp, flash=flash, moe=moe)
+        kinds[kind] = KindCoeffs(
+            compute=lt.forward + lt.backward + lt.recompute, forward=lt.forward,
+            recompute_extra=full.recompute - lt.recompute,
+            tp=2 * ar, tp_recompute=ar, cp=ring_exposed, ep=4 * a2a, ep_recompute=2 * a2a,
+            params_dense=pd, params_expert=pe,
+            act=M.activation_bytes_per_layer(m, recompute=base_rc, **act_kw),
+            act_recomputed=M.activation_bytes_per_layer(m, recompute="full", **act_kw),
+            act_working=M.working_bytes_full_recompute(m, **act_kw),
+        )
+    costs.memo[key] = kinds
+    return kinds
+
+
 class StageModel:
     """Linear cost coefficients of every stage for one choice of parallel degrees (the partition left open)."""
 
@@ -82,12 +135,7 @@ class StageModel:
         p2p = costs.p2p(dims.tp * dims.cp * dims.dp >= gpn)
 
         act_tok = 2.0 * tokens * m.hidden_size  # one 16-bit activation of the micro-batch
-        key = (id(m), tokens, seq, dims.tp, dims.cp, dims.ep, dims.sequence_parallel, self.flash, base_rc)
-        kinds = costs.memo.get(key)
-        if kinds is None:
-            kinds = costs.memo[key] = self._kind_coeffs(tokens, seq, base_rc)
-            costs.keep(m)
-        self.kinds: dict[str, KindCoeffs] = kinds
+        self.kinds = kind_coeffs(job, costs, tokens, dims.tp, dims.cp, dims.ep, dims.sequence_parallel, base_rc)
         # Per-position constants: embedding on the first stage, logits on the last, pipeline sends in between.
         emb = costs.embedding(m, tokens, dims.tp, dims.sequence_parallel)
         lg = costs.logits(m, tokens, dims.tp)
@@ -103,50 +151,6 @@ class StageModel:
             "dense": M.model_state_bytes(1.0, self.shard, dims.zero_stage, t.grad_dtype, t.optimizer),
             "expert": M.model_state_bytes(1.0, self.exp_shard, dims.zero_stage, t.grad_dtype, t.optimizer),
         }
-
-    def _kind_coeffs(self, tokens: int, seq: int, base_rc: str) -> dict[str, KindCoeffs]:
-        """Per-layer coefficients of each kind; they depend only on TP, CP, EP, the micro-batch and the model."""
-        m, dims, costs = self.job.model, self.dims, self.costs
-        gpn = costs.group.gpus_per_node
-        tp_link = costs.link(*dims.group_span("tp", gpn))
-        cp_link = costs.link(*dims.group_span("cp", gpn))
-        ep_link = costs.link(*dims.group_span("ep", gpn))
-        act_tok = 2.0 * tokens * m.hidden_size
-        kinds: dict[str, KindCoeffs] = {}
-        for kind in KINDS:
-            moe = kind == "moe"
-            if moe and m.moe is None:
-                continue
-            lt = costs.layer(m, tokens, seq, dims.tp, dims.sequence_parallel, dims.cp, dims.ep, moe, self.flash, base_rc)
-            full = costs.layer(m, tokens, seq, dims.tp, dims.sequence_parallel, dims.cp, dims.ep, moe, self.flash, "full")
-            # TP: 2 all-reduces (or AG + RS with SP, same bytes) per layer forward and 2 backward, 2 more when the
-            # forward is recomputed (Narayanan et al. 2021, Sec. 3.3; Korthikanti et al. 2022, Sec. 4.2.2).
-            ar = tp_link.all_reduce(act_tok) if dims.tp > 1 else 0.0
-            cp = 0.0
-            if dims.cp > 1:
-                # Ring attention passes this rank's K,V block around the CP ring, overlapped with the attention
-                # kernel; forward once, backward K,V and their gradients (3x the forward traffic).
-                kv_bytes = 2.0 * 2.0 * tokens * m.kv_heads * m.dim_head / dims.tp
-                ring = cp_link.all_gather(kv_bytes * dims.cp)
-                attn = F.attention_core_flops(m, tokens, seq, dims.tp, causal=self.flash) / costs.roof.attn_rate
-                cp = 3 * max(0.0, ring - attn)
-            a2a = ep_link.all_to_all(act_tok * m.moe.top_k) if (moe and dims.ep > 1) else 0.0
-            if moe:
-                pd = (F.attention_params(m) + F.moe_shared_params(m)) / dims.tp
-                pe = m.moe.num_experts / dims.ep * F.expert_params(m) / dims.tp
-            else:
-                pd, pe = (F.attention_params(m) + F.dense_mlp_params(m)) / dims.tp, 0.0
-            act_kw = dict(tokens=tokens, seq=seq, tp=dims.tp, sp=dims.sequence_parallel, flash=self.flash, moe=moe)
-            kinds[kind] = KindCoeffs(
-                compute=lt.forward + lt.backward + lt.recompute, forward=lt.forward,
-                recompute_extra=full.recompute - lt.recompute,
-                tp=2 * ar, tp_recompute=ar, cp=cp, ep=4 * a2a, ep_recompute=2 * a2a,
-                params_dense=pd, params_expert=pe,
-                act=M.activation_bytes_per_layer(m, recompute=base_rc, **act_kw),
-                act_recomputed=M.activation_bytes_per_layer(m, recompute="full", **act_kw),
-                act_working=M.working_bytes_full_recompute(m, **act_kw),
-            )
-        return kinds
 
     def lower_bound(self) -> float:
         """Iteration seconds no partition can beat: every layer's compute and unavoidable communication (TP

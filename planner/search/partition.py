@@ -48,10 +48,9 @@ def _moe_prefix(model: cp_model.CpModel, sm: StageModel, prefix, name: str):
 
 
 def solve_partition(sm: StageModel, capacity_gib: float, *, partial_recompute: bool, time_limit_s: float,
-                    workers: int = 1, seed: int = 0, canonical: bool = False,
+                    workers: int = 1, seed: int = 0,
                     objective_cap_s: float | None = None) -> PartitionResult:
-    """Best layer partition and recompute placement for the degrees in ``sm``. With ``canonical``, a second solve
-    fixes the optimal objective and picks the lexicographically smallest tie (same answer for any worker count).
+    """Best layer partition and recompute placement for the degrees in ``sm``.
     ``objective_cap_s`` lets the caller prune: only solutions faster than it are of interest."""
     d = sm.dims
     job = sm.job
@@ -61,7 +60,15 @@ def solve_partition(sm: StageModel, capacity_gib: float, *, partial_recompute: b
     cal = sm.cal
     full_only = d.recompute == "full"
     m = cp_model.CpModel()
-    big_t = int(1e13)
+    # Upper bound of any stage or tail time (µs): every layer on one stage, fully recomputed, plus all extras.
+    worst_layer = max(k.compute + k.recompute_extra + k.tp + k.tp_recompute + k.cp + k.ep + k.ep_recompute
+                      for k in kinds.values())
+    worst_params = (sm.position_params(0) + sm.position_params(p - 1)
+                    + L * max(k.params_dense + k.params_expert for k in kinds.values()))
+    worst = (L * worst_layer + sm.emb_time + sm.logits_time + sm.pp_time
+             + sm.sharded_comm(worst_params, worst_params) + sm.shard_link.all_reduce(8.0 * worst_params)
+             + sm.exp_link.all_reduce(8.0 * worst_params) + sm.costs.optimizer_step(worst_params))
+    big_t = int(2 * worst * US) + 1000
 
     def ti(x: float) -> int:
         return int(round(x * US))
@@ -230,31 +237,24 @@ def solve_partition(sm: StageModel, capacity_gib: float, *, partial_recompute: b
     obj = v * mb * T + sum(t_all) - T + v * (D + O)
     if objective_cap_s is not None:
         m.Add(obj <= int(objective_cap_s * US * v))
-    m.Minimize(obj)
+    # Ties in time are broken inside the objective (fewer layers, then less recompute, on earlier stages) so the
+    # optimum is the same for any worker count or search order; the tie-break weighs less than one time unit.
+    tiebreak = sum((p - i) * ((L + 1) * n[i] + r[i]) for i in range(p))
+    weight = p * (p + 1) // 2 * (L + 1) * (L + 1) + 1
+    horizon = (v * mb + p + 2 * v) * big_t  # bound of obj from the variables' domains
+    m.Minimize(obj * weight + tiebreak if horizon * weight < 2**62 else obj)
 
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
     solver.parameters.num_workers = max(1, workers)
     solver.parameters.random_seed = seed
-    solver.parameters.interleave_search = workers > 1
     status = solver.Solve(m)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         st = "infeasible" if status == cp_model.INFEASIBLE else "unknown"
         return PartitionResult(None, st, float("inf"), float("inf") if st == "infeasible" else 0.0)
-    best = solver.ObjectiveValue()
-    bound = solver.BestObjectiveBound()
+    best = solver.Value(obj)
+    bound = solver.BestObjectiveBound() / (weight if horizon * weight < 2**62 else 1)
     optimal = status == cp_model.OPTIMAL
-    if canonical and optimal:
-        # Among equal-objective solutions prefer fewer layers, then less recompute, on earlier stages: one
-        # secondary solve with the objective fixed, so the answer does not depend on worker count or search order.
-        m.Add(obj == int(round(best)))
-        m.Minimize(sum((p - i) * ((L + 1) * n[i] + r[i]) for i in range(p)))
-        second = cp_model.CpSolver()
-        second.parameters.max_time_in_seconds = max(0.01, time_limit_s)
-        second.parameters.num_workers = 1
-        second.parameters.random_seed = seed
-        if second.Solve(m) in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            solver = second
     plans = []
     for i in range(p):
         plans.append(StagePlan(dense=int(solver.Value(nd[i])), moe=int(solver.Value(nm[i])),

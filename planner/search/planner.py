@@ -126,20 +126,7 @@ def search(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers: int =
         stopped_at = len(cands)
     if progress is not None:
         progress(len(cands), len(cands))
-    # Re-solve the winners canonically so ties resolve the same way for any worker count.
-    final: list[Plan] = []
-    for plan in best:
-        c = plan.candidate
-        sm = StageModel(job, dims_for(job, c), costs)
-        res = solve_partition(sm, capacity, partial_recompute=opts.partial_recompute,
-                              time_limit_s=max(1.0, deadline - time.monotonic()), workers=workers, canonical=True)
-        if res.plans is None:
-            final.append(plan)
-            continue
-        dims = _finalize_dims(job, c, res.plans)
-        est = evaluate_plans(job, dims, sm, res.plans, opts.memory_margin)
-        final.append(Plan(c, est, res.status if complete else "feasible"))
-    final.sort(key=lambda p: (p.time, p.candidate.sort_key()))
+    final = [p if complete else Plan(p.candidate, p.estimate, "feasible") for p in best]
     unexplored = cands[stopped_at].lower_bound_s if stopped_at < len(cands) else float("inf")
     gap = 0.0
     if not complete and final:

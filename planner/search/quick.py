@@ -168,8 +168,27 @@ def memory_bottleneck(sm: StageModel, capacity_gib: float, effective_layers: flo
                 n = max(n, min(with_rc, full))
         return n
 
+    def stage_time(i: int, n: int) -> float:
+        """Exact time of n heavy layers on stage i with the fewest whole recomputed layers that fit."""
+        room, alpha, beta = terms[i]
+        over = n * alpha - room
+        r = 0
+        if over > 0:
+            if beta <= 0:
+                return float("inf")
+            r = -(-over // beta)
+            if r > n:
+                return float("inf")
+        return n * a + r * rc + consts[i]
+
     def holds(T: float) -> int:
-        return sum(int(capacity(i, T) / v + 1e-9) * v for i in range(d.pp))
+        total = 0
+        for i in range(d.pp):
+            k = int(capacity(i, T) / v + 1e-9)  # relaxed capacity, then whole recomputed layers
+            while k > 0 and stage_time(i, k * v) > T * (1 + 1e-12):
+                k -= 1
+            total += k * v
+        return total
 
     lo = max(consts) if consts else 0.0
     hi = max(consts) + sm.job.model.num_layers * (a + rc)

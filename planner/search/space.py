@@ -109,18 +109,21 @@ def enumerate_candidates(job: Job, costs: AnalyticCosts, opts: SearchOptions) ->
 
 
 def _compute_lower_bound(job: Job, costs: AnalyticCosts, tp, cp, ep, mbs, base) -> float:
-    """Compute seconds of one micro-batch through all layers + embedding + logits (no communication, no extra
-    recompute): spread over p stages this bounds the iteration time from below, since with stage times t_i the
-    schedule takes m*max(t) + (sum(t) - max(t))/v >= sum(t)/p * (m + (p-1)/v)."""
+    """Seconds of one micro-batch through all layers (compute and the TP, CP and EP communication every layer
+    needs), embedding and logits, without pipeline sends or extra recompute. Spread over p stages this bounds the
+    iteration from below, since with stage times t_i the schedule takes
+    m*max(t) + (sum(t) - max(t))/v >= sum(t)/p * (m + (p-1)/v)."""
+    from planner.cost.stage import kind_coeffs
+
     m, t = job.model, job.training
     tokens = mbs * t.seq_length // cp
-    flash = t.attention == "flash"
     n_moe = m.num_moe_layers
+    kinds = kind_coeffs(job, costs, tokens, tp, cp, ep, tp > 1, base)
     total = 0.0
-    for moe, count in ((False, m.num_layers - n_moe), (True, n_moe)):
+    for kind, count in (("dense", m.num_layers - n_moe), ("moe", n_moe)):
         if count:
-            lt = costs.layer(m, tokens, t.seq_length, tp, tp > 1, cp, ep, moe, flash, base)
-            total += count * (lt.forward + lt.backward + lt.recompute)
+            k = kinds[kind]
+            total += count * (k.compute + k.tp + k.cp + k.ep)
     e = costs.embedding(m, tokens, tp, tp > 1)
     lg = costs.logits(m, tokens, tp)
     return total + e.forward + e.backward + lg.forward + lg.backward
