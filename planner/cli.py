@@ -99,6 +99,8 @@ def plan(
     time_limit: float = typer.Option(60.0, "--time-limit", min=0.1, max=86400.0, help="search budget in seconds"),
     memory_margin: float = typer.Option(0.05, "--memory-margin", min=0.0, max=0.9, help="share of GPU memory kept free"),
     allow_cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp", help="let TP groups span nodes"),
+    tp_comm_overlap: bool = typer.Option(False, "--tp-comm-overlap",
+                                         help="the framework overlaps TP collectives with GEMMs (Megatron + TE)"),
     workers: int = typer.Option(1, "--workers", min=1, max=64, help="CP-SAT worker threads (same answer for any count)"),
     json_: bool = typer.Option(False, "--json", help="print one JSON object"),
     out_path: Optional[Path] = typer.Option(None, "--out", help="also write the JSON object to this file (atomically)"),
@@ -112,7 +114,8 @@ def plan(
     from planner.spec import load_job
 
     spec = load_job(job)
-    opts = SearchOptions(allow_cross_node_tp=allow_cross_node_tp, memory_margin=memory_margin)
+    opts = SearchOptions(allow_cross_node_tp=allow_cross_node_tp, memory_margin=memory_margin,
+                         tp_comm_overlap=tp_comm_overlap)
     current = run_estimate(spec, capacity_margin=memory_margin) if spec.layout is not None else None
     result = _with_progress(lambda progress: search(spec, top=top, time_limit_s=time_limit, workers=workers,
                                                     options=opts, progress=progress), quiet=json_)

@@ -5,6 +5,8 @@ planner.search or planner.cost: a bug in the rules there cannot hide a bug in th
 parsed Job (planner.spec; only its plain fields are read) and the plan JSON document produced by
 ``planner plan --json`` / ``planner.report.plan_json.plan_document``.
 
+GPUs used: all of the job's, or (when the placement reports ``idle_gpus``) all but whole idle nodes.
+
 ``check_plan(job, doc, memory_margin)`` returns a list of human-readable violations (empty = all good).
 ``check_result(job, result, memory_margin)`` checks the in-memory SearchResult (unrounded numbers) by attribute
 access only.
@@ -35,12 +37,32 @@ def capacity_gib(job, memory_margin: float) -> float:
     return job.cluster[0].gpu.memory_gib * (1 - memory_margin)
 
 
-def check_layout(job, lay: dict, allow_cross_node_tp: bool | None = None) -> list[str]:
-    """Every degree rule, re-derived from the job. ``lay`` is a plan's ``layout`` mapping."""
+def job_gpus(job) -> int:
+    return sum(g.nodes * g.gpus_per_node for g in job.cluster)
+
+
+def gpus_used(job, place: dict | None) -> tuple[int, list[str]]:
+    """GPUs a plan uses, and violations of the idle-node accounting.
+
+    A plan uses every GPU of the job unless its placement reports ``idle_gpus`` (whole nodes left idle when an
+    awkward node count has no usable degrees); then ``world_size + idle_gpus`` must be the job's GPUs."""
+    total = job_gpus(job)
+    if not place or "idle_gpus" not in place:
+        return total, []
+    idle, gpn = place["idle_gpus"], job.cluster[0].gpus_per_node
+    if not isinstance(idle, int) or isinstance(idle, bool) or not 0 <= idle < total:
+        return total, [f"placement.idle_gpus = {idle!r} not in 0..{total - 1}"]
+    v = [] if idle % gpn == 0 else [f"idle_gpus {idle} is not a whole number of {gpn}-GPU nodes"]
+    return total - idle, v
+
+
+def check_layout(job, lay: dict, allow_cross_node_tp: bool | None = None, world: int | None = None) -> list[str]:
+    """Every degree rule, re-derived from the job. ``lay`` is a plan's ``layout`` mapping; ``world`` the GPUs the
+    plan uses (default: all of the job's)."""
     v: list[str] = []
     m, t = job.model, job.training
     group = job.cluster[0]
-    world = sum(g.nodes * g.gpus_per_node for g in job.cluster)
+    world = job_gpus(job) if world is None else world
     L = m.num_layers
     kv = m.num_kv_heads or m.num_attention_heads
 
@@ -188,12 +210,12 @@ def check_estimate(job, est: dict, lay: dict, memory_margin: float) -> list[str]
 
 
 def check_placement(job, place: dict, lay: dict) -> list[str]:
-    v: list[str] = []
     group = job.cluster[0]
-    world = sum(g.nodes * g.gpus_per_node for g in job.cluster)
+    world, v = gpus_used(job, place)
     gpn = group.gpus_per_node
     if place.get("world_size") != world:
-        v.append(f"placement.world_size = {place.get('world_size')!r}, the job has {world} GPUs")
+        v.append(f"placement.world_size = {place.get('world_size')!r}, the plan uses {world} of the job's "
+                 f"{job_gpus(job)} GPUs")
     if place.get("rank_order") != RANK_ORDER:
         v.append(f"placement.rank_order = {place.get('rank_order')!r}")
     if place.get("gpus_per_node") != gpn:
@@ -221,7 +243,7 @@ def check_placement(job, place: dict, lay: dict) -> list[str]:
             v.append(f"placement stage {i}: gpu/group {s.get('gpu')!r}/{s.get('group')!r}")
         nxt = b + 1
     if stages and nxt != world:
-        v.append(f"placement covers ranks 0..{nxt - 1}, the job has {world} GPUs")
+        v.append(f"placement covers ranks 0..{nxt - 1}, the plan uses {world} GPUs")
     return v
 
 
@@ -254,7 +276,8 @@ def _check_one(job, p: dict, memory_margin: float, allow_cross_node_tp: bool | N
     lay = p.get("layout")
     if not isinstance(lay, dict):
         return ["no layout"]
-    v = check_layout(job, lay, allow_cross_node_tp)
+    world, _ = gpus_used(job, p.get("placement"))
+    v = check_layout(job, lay, allow_cross_node_tp, world)
     v += check_estimate(job, p.get("estimate") or {}, lay, memory_margin)
     v += check_placement(job, p.get("placement") or {}, lay)
     opt = p.get("optimality") or {}
@@ -289,6 +312,8 @@ def check_result(job, result, memory_margin: float, *, top: int | None = None) -
             v.append(f"plan {k}: estimate.fits is False")
         if abs(est.capacity_gib - cap) > EPS:
             v.append(f"plan {k}: capacity_gib {est.capacity_gib} != {cap}")
+        if est.dims.world > job_gpus(job) or (job_gpus(job) - est.dims.world) % job.cluster[0].gpus_per_node:
+            v.append(f"plan {k}: uses {est.dims.world} of {job_gpus(job)} GPUs (not whole nodes)")
         if len(est.stages) != est.dims.pp:
             v.append(f"plan {k}: {len(est.stages)} stage estimates, pp = {est.dims.pp}")
         for s in est.stages:

@@ -25,6 +25,8 @@ def render_plan(doc: dict) -> Group:
         lay, est, opt = p["layout"], p["estimate"], p["optimality"]
         degrees = " ".join(f"{k}{lay[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "vpp") if k in ("tp", "pp", "dp") or lay[k] > 1)
         degrees += f" mbs{lay['micro_batch_size']} zero{lay['zero_stage']} {lay['recompute']}"
+        if p["placement"]["idle_gpus"]:
+            degrees += f" ({p['placement']['idle_gpus']} GPUs idle)"
         top.add_row(str(p["rank"]), degrees, _stages(lay), f"{est['iteration_time_s']:.3f}",
                     f"{est['tokens_per_s_per_gpu']:,.0f}", f"{est['mfu'] * 100:.1f}%", f"{est['peak_memory_gib']:.1f}",
                     "optimal" if opt["status"] == "optimal" else f"gap {opt['gap'] * 100:.2f}%")

@@ -82,6 +82,7 @@ class StagePlacement(_Out):
 class Placement(_Out):
     rank_order: str
     world_size: int
+    idle_gpus: int
     gpus_per_node: int
     stages: list[StagePlacement]
 
@@ -120,7 +121,8 @@ def placement(job: Job, est: Estimate) -> dict:
         first, last = s * per_stage, (s + 1) * per_stage - 1
         stages.append({"stage": s, "group": 0, "gpu": group.gpu.name, "first_rank": first, "last_rank": last,
                        "first_node": first // gpn, "last_node": last // gpn})
-    return {"rank_order": RANK_ORDER, "world_size": d.world, "gpus_per_node": gpn, "stages": stages}
+    return {"rank_order": RANK_ORDER, "world_size": d.world, "idle_gpus": job.num_gpus - d.world,
+            "gpus_per_node": gpn, "stages": stages}
 
 
 def plan_document(job: Job, result: SearchResult, current: Estimate | None, timing: bool = True) -> dict:

@@ -12,18 +12,18 @@ from planner.spec import Job
 
 
 def any_fits(job: Job, opts: SearchOptions, budget_s: float) -> bool:
-    """True when some candidate of the job has a partition that fits (feasibility only)."""
-    from planner.search.planner import _may_fit
-
+    """True when some candidate of the job has a partition that fits (feasibility only). Memory-lean candidates
+    (ZeRO-3, small micro-batches, deep pipelines) are tried first."""
     deadline = time.monotonic() + budget_s
     costs = AnalyticCosts(job.cluster[0], job.training.precision)
     capacity = job.cluster[0].gpu.memory_gib * (1 - opts.memory_margin)
     cands, _ = enumerate_candidates(job, costs, opts)
+    cands.sort(key=lambda c: (-c.zero, c.mbs, -c.pp, -c.tp, c.sort_key()))
     for c in cands:
         if time.monotonic() > deadline:
             return False
         sm = StageModel(job, dims_for(job, c), costs)
-        if not _may_fit(sm, capacity):
+        if quick.forced_recompute(sm, capacity) is None:
             continue
         if quick.greedy_partition(sm, capacity) is not None:
             return True
@@ -41,7 +41,7 @@ def suggestions(job: Job, opts: SearchOptions, budget_s: float = 10.0) -> list[s
     out = []
     for factor in (2, 4, 8, 16, 32):
         bigger = job.model_copy(update={"cluster": (group.model_copy(update={"nodes": group.nodes * factor}),)})
-        if bigger.num_gpus <= 1_000_000 and any_fits(bigger, opts, budget_s / 10):
+        if bigger.num_gpus <= 1_000_000 and any_fits(bigger, opts, budget_s / 6):
             out.append(f"use at least {group.nodes * factor} nodes of {group.gpu.name} "
                        f"({bigger.num_gpus} GPUs) instead of {group.nodes}")
             break

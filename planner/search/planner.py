@@ -51,11 +51,11 @@ def _stage_tuple(plans) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
     return layers, (rec if any(rec) else None)
 
 
-def _finalize_dims(job: Job, c: Candidate, plans) -> ParallelDims:
+def _finalize_dims(job: Job, c: Candidate, plans, tp_overlap: bool = False) -> ParallelDims:
     layers, rec = _stage_tuple(plans)
     full = rec is not None and all(r == n for r, n in zip(rec, layers))
     base = "full" if full else c.recompute
-    d = dims_for(job, c, layers, None if full else rec)
+    d = dims_for(job, c, layers, None if full else rec, tp_overlap)
     return ParallelDims(**{**d.__dict__, "recompute": base})
 
 
@@ -86,7 +86,7 @@ def search(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers: int =
             complete = False
             stopped_at = idx
             break
-        sm = StageModel(job, dims_for(job, c), costs)
+        sm = StageModel(job, dims_for(job, c, tp_overlap=opts.tp_comm_overlap), costs)
         if sm.lower_bound() >= kth:
             continue
         lb = quick.lower_bound(sm, capacity)
@@ -98,7 +98,7 @@ def search(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers: int =
         greedy = quick.greedy_partition(sm, capacity)
         incumbent = None
         if greedy is not None:
-            est = evaluate_plans(job, _finalize_dims(job, c, greedy), sm, greedy, opts.memory_margin)
+            est = evaluate_plans(job, _finalize_dims(job, c, greedy, opts.tp_comm_overlap), sm, greedy, opts.memory_margin)
             if est.iteration_time_s <= lb * (1 + quick.RESOLUTION):
                 _keep(best, Plan(c, est, "optimal"), top)  # the greedy split meets the bound: optimal
                 continue
@@ -117,7 +117,7 @@ def search(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers: int =
             continue
         if res.status != "optimal":
             complete = False
-        est = evaluate_plans(job, _finalize_dims(job, c, res.plans), sm, res.plans, opts.memory_margin)
+        est = evaluate_plans(job, _finalize_dims(job, c, res.plans, opts.tp_comm_overlap), sm, res.plans, opts.memory_margin)
         plan = Plan(c, est, res.status)
         if incumbent is not None and incumbent.time < plan.time:
             plan = incumbent

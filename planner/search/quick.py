@@ -196,7 +196,7 @@ def memory_bottleneck(sm: StageModel, capacity_gib: float, effective_layers: flo
         return float("inf")
     if holds(lo) >= effective_layers - 1e-9:
         return lo
-    while hi - lo > 1e-7 * hi:
+    while hi - lo > 1e-6 * hi:
         mid = (lo + hi) / 2
         if holds(mid) >= effective_layers - 1e-9:
             hi = mid

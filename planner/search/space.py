@@ -33,9 +33,11 @@ class Candidate:
     zero: int
     recompute: str  # baseline mode for layers not chosen for full recompute
     lower_bound_s: float
+    world: int = 0  # GPUs used (whole nodes); the rest of the cluster stays idle
 
     def sort_key(self):
-        return (self.lower_bound_s, self.tp, self.cp, self.pp, self.ep, self.mbs, self.vpp, self.zero, self.recompute)
+        return (self.lower_bound_s, -self.world, self.tp, self.cp, self.pp, self.ep, self.mbs, self.vpp, self.zero,
+                self.recompute)
 
 
 @dataclass
@@ -45,24 +47,47 @@ class SearchOptions:
     max_micro_batch: int = 64
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     partial_recompute: bool = True
+    allow_idle_nodes: bool = True
+    tp_comm_overlap: bool = False  # the framework overlaps TP collectives with GEMMs (Megatron + Transformer Engine)
 
 
-def dims_for(job: Job, c: Candidate, stage_layers: tuple[int, ...] | None = None, stage_recompute=None) -> ParallelDims:
+def dims_for(job: Job, c: Candidate, stage_layers: tuple[int, ...] | None = None, stage_recompute=None,
+             tp_overlap: bool = False) -> ParallelDims:
     """ParallelDims of a candidate (even split unless ``stage_layers`` is given)."""
     L = job.model.num_layers
     stages = stage_layers or tuple([L // c.pp] * c.pp)
     return ParallelDims(
         tp=c.tp, pp=c.pp, dp=c.dp, cp=c.cp, ep=c.ep, vpp=c.vpp, micro_batch_size=c.mbs,
-        sequence_parallel=c.tp > 1, zero_stage=c.zero, recompute=c.recompute, tp_comm_overlap=False,
-        stage_layers=stages, stage_recompute=stage_recompute, world=job.num_gpus,
+        sequence_parallel=c.tp > 1, zero_stage=c.zero, recompute=c.recompute, tp_comm_overlap=tp_overlap and c.tp > 1,
+        stage_layers=stages, stage_recompute=stage_recompute, world=c.world or job.num_gpus,
         model=job.model, training=job.training,
     )
 
 
 def enumerate_candidates(job: Job, costs: AnalyticCosts, opts: SearchOptions) -> tuple[list[Candidate], int]:
     """All valid candidates sorted by lower bound, and the number pruned by dominance rules."""
+    gpn = job.cluster[0].gpus_per_node
+    worlds = [job.num_gpus]
+    if opts.allow_idle_nodes:
+        worlds = sorted({n * gpn for n in usable_node_counts(job.cluster[0].nodes)}, reverse=True)
+    out: list[Candidate] = []
+    pruned = 0
+    for world in worlds:
+        cands, p = _enumerate_world(job, costs, opts, world)
+        out += cands
+        pruned += p
+    out.sort(key=Candidate.sort_key)
+    return out, pruned
+
+
+def usable_node_counts(nodes: int) -> list[int]:
+    """All nodes, plus the node count rounded down to multiples of 2, 4, ... 64: an awkward count (a prime like
+    641) leaves no degree that divides it, and idling a node or two beats no plan."""
+    return sorted({nodes} | {nodes // 2**k * 2**k for k in range(1, 7) if nodes // 2**k * 2**k >= nodes * 3 // 4 and nodes >= 2**k})
+
+
+def _enumerate_world(job: Job, costs: AnalyticCosts, opts: SearchOptions, world: int) -> tuple[list[Candidate], int]:
     m, t = job.model, job.training
-    world = job.num_gpus
     gpn = job.cluster[0].gpus_per_node
     L = m.num_layers
     flash = t.attention == "flash"
@@ -100,11 +125,10 @@ def enumerate_candidates(job: Job, costs: AnalyticCosts, opts: SearchOptions) ->
                             for vpp in vpps:
                                 lb = lb_stage / pp * (nmb + (pp - 1) / vpp)
                                 for zero in opts.zero_stages:
-                                    out.append(Candidate(tp, cp, pp, dp, ep, mbs, vpp, zero, base, lb))
+                                    out.append(Candidate(tp, cp, pp, dp, ep, mbs, vpp, zero, base, lb, world))
                         pruned += len(vpps) * len(opts.zero_stages) * (1 if flash else 0)  # selective == none
                         if tp > 1:
                             pruned += len(vpps) * len(opts.zero_stages) * len(bases)  # SP off dominated
-    out.sort(key=Candidate.sort_key)
     return out, pruned
 
 
