@@ -113,12 +113,21 @@ def plan(
     from planner.search.space import SearchOptions
     from planner.spec import load_job
 
+    import time
+
+    started = time.monotonic()
     spec = load_job(job)
     opts = SearchOptions(allow_cross_node_tp=allow_cross_node_tp, memory_margin=memory_margin,
                          tp_comm_overlap=tp_comm_overlap)
     current = run_estimate(spec, capacity_margin=memory_margin) if spec.layout is not None else None
-    result = _with_progress(lambda progress: search(spec, top=top, time_limit_s=time_limit, workers=workers,
+    # The budget counts from the command's start (after Python's imports), keeping a little for the output.
+    budget = time_limit - (time.monotonic() - started) - min(0.05, 0.05 * time_limit)
+    result = _with_progress(lambda progress: search(spec, top=top, time_limit_s=max(0.0, budget), workers=workers,
                                                     options=opts, progress=progress), quiet=json_)
+    if not result.plans and not result.complete:
+        print(f"error: time-limit: no plan found within --time-limit {time_limit:g} s (nothing was proven not to "
+              f"fit); raise the limit", file=sys.stderr)
+        sys.exit(EXIT_CHECK_FAILED)
     if not result.plans:
         from planner.search.advice import suggestions
 
@@ -169,7 +178,10 @@ def _with_progress(run, quiet: bool):
 def main(argv: list[str] | None = None) -> None:
     """Entry point: map every failure to its exit code and one line on stderr, never a traceback."""
     try:
-        app(args=argv, standalone_mode=False)
+        code = app(args=argv, standalone_mode=False)
+        # typer >= 0.2x turns Ctrl-C into Exit(130) and, outside standalone mode, *returns* the code
+        if code == EXIT_INTERRUPTED:
+            raise KeyboardInterrupt
     except SpecError as exc:
         print(_one_line(exc.line()), file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)

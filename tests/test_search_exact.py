@@ -30,7 +30,7 @@ def compositions(total, parts, step):
 
 def brute_force_best(j, opts):
     costs = AnalyticCosts(j.cluster[0], j.training.precision)
-    cands, _ = enumerate_candidates(j, costs, opts)
+    cands, _, _ = enumerate_candidates(j, costs, opts)
     cap = j.cluster[0].gpu.memory_gib * (1 - opts.memory_margin)
     best = float("inf")
     for c in cands:

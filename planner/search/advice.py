@@ -17,7 +17,7 @@ def any_fits(job: Job, opts: SearchOptions, budget_s: float) -> bool:
     deadline = time.monotonic() + budget_s
     costs = AnalyticCosts(job.cluster[0], job.training.precision)
     capacity = job.cluster[0].gpu.memory_gib * (1 - opts.memory_margin)
-    cands, _ = enumerate_candidates(job, costs, opts)
+    cands, _, _ = enumerate_candidates(job, costs, opts)
     cands.sort(key=lambda c: (-c.zero, c.mbs, -c.pp, -c.tp, c.sort_key()))
     for c in cands:
         if time.monotonic() > deadline:

@@ -67,11 +67,12 @@ def search(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers: int =
     start = time.monotonic()
     deadline = start + time_limit_s
     costs = AnalyticCosts(job.cluster[0], job.training.precision)
-    cands, pruned = enumerate_candidates(job, costs, opts)
+    # Enumeration may take at most half the budget, so that a short limit still leaves time to find plans.
+    cands, pruned, enumerated = enumerate_candidates(job, costs, opts, start + time_limit_s / 2)
     capacity = job.cluster[0].gpu.memory_gib * (1 - opts.memory_margin)
     best: list[Plan] = []
     solved = 0
-    complete = True
+    complete = enumerated
     stopped_at = len(cands)
     infeasible = 0
     for idx, c in enumerate(cands):
@@ -128,11 +129,25 @@ def search(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers: int =
         progress(len(cands), len(cands))
     final = [p if complete else Plan(p.candidate, p.estimate, "feasible") for p in best]
     unexplored = cands[stopped_at].lower_bound_s if stopped_at < len(cands) else float("inf")
+    if not enumerated:
+        unexplored = min(unexplored, global_lower_bound(job, costs))
     gap = 0.0
     if not complete and final:
         gap = max(0.0, (final[0].time - min(unexplored, final[0].time)) / final[0].time)
     return SearchResult(final, len(cands), pruned + (len(cands) - stopped_at), solved,
                         time.monotonic() - start, complete, gap, {"infeasible_candidates": infeasible})
+
+
+def global_lower_bound(job: Job, costs: AnalyticCosts) -> float:
+    """Iteration seconds no layout can beat: the model's FLOPs (attention halved by the causal mask) over all GPUs
+    at the better of the GPU's achievable GEMM and attention rates."""
+    from planner.cost import flops as F
+
+    m, t = job.model, job.training
+    total = F.model_flops_per_iteration(m, t.seq_length, t.global_batch_size)
+    attn = 3.0 * m.num_layers * F.attention_core_flops(m, t.seq_length * t.global_batch_size, t.seq_length, 1, causal=True)
+    rate = max(costs.roof.gemm_rate, costs.roof.attn_rate)
+    return (total - attn) / rate / job.num_gpus
 
 
 def _keep(best: list[Plan], plan: Plan, top: int) -> None:

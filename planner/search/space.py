@@ -8,6 +8,7 @@ are searched.
 """
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 from planner.cost.provider import AnalyticCosts
@@ -64,20 +65,26 @@ def dims_for(job: Job, c: Candidate, stage_layers: tuple[int, ...] | None = None
     )
 
 
-def enumerate_candidates(job: Job, costs: AnalyticCosts, opts: SearchOptions) -> tuple[list[Candidate], int]:
-    """All valid candidates sorted by lower bound, and the number pruned by dominance rules."""
+def enumerate_candidates(job: Job, costs: AnalyticCosts, opts: SearchOptions,
+                         deadline: float | None = None) -> tuple[list[Candidate], int, bool]:
+    """All valid candidates sorted by lower bound, the number pruned by dominance rules, and whether the
+    enumeration finished (past ``deadline``, a time.monotonic value, it stops early)."""
     gpn = job.cluster[0].gpus_per_node
     worlds = [job.num_gpus]
     if opts.allow_idle_nodes:
         worlds = sorted({n * gpn for n in usable_node_counts(job.cluster[0].nodes)}, reverse=True)
     out: list[Candidate] = []
     pruned = 0
+    complete = True
     for world in worlds:
-        cands, p = _enumerate_world(job, costs, opts, world)
+        cands, p, done = _enumerate_world(job, costs, opts, world, deadline)
         out += cands
         pruned += p
+        complete = complete and done
+        if not done:
+            break
     out.sort(key=Candidate.sort_key)
-    return out, pruned
+    return out, pruned, complete
 
 
 def usable_node_counts(nodes: int) -> list[int]:
@@ -86,7 +93,8 @@ def usable_node_counts(nodes: int) -> list[int]:
     return sorted({nodes} | {nodes // 2**k * 2**k for k in range(1, 7) if nodes // 2**k * 2**k >= nodes * 3 // 4 and nodes >= 2**k})
 
 
-def _enumerate_world(job: Job, costs: AnalyticCosts, opts: SearchOptions, world: int) -> tuple[list[Candidate], int]:
+def _enumerate_world(job: Job, costs: AnalyticCosts, opts: SearchOptions, world: int,
+                     deadline: float | None) -> tuple[list[Candidate], int, bool]:
     m, t = job.model, job.training
     gpn = job.cluster[0].gpus_per_node
     L = m.num_layers
@@ -107,6 +115,8 @@ def _enumerate_world(job: Job, costs: AnalyticCosts, opts: SearchOptions, world:
             for pp in divisors(rest):
                 if pp > L:
                     continue
+                if deadline is not None and time.monotonic() > deadline:
+                    return out, pruned, False
                 dp = rest // pp
                 if t.global_batch_size % dp:
                     continue
@@ -129,7 +139,7 @@ def _enumerate_world(job: Job, costs: AnalyticCosts, opts: SearchOptions, world:
                         pruned += len(vpps) * len(opts.zero_stages) * (1 if flash else 0)  # selective == none
                         if tp > 1:
                             pruned += len(vpps) * len(opts.zero_stages) * len(bases)  # SP off dominated
-    return out, pruned
+    return out, pruned, True
 
 
 def _compute_lower_bound(job: Job, costs: AnalyticCosts, tp, cp, ep, mbs, base) -> float:

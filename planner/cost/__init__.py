@@ -1,0 +1,1 @@
+"""The cost model: compute, communication, memory and pipeline schedule of a layout."""
