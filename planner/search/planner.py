@@ -97,6 +97,8 @@ def search(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers: int =
         if lb >= kth:
             continue
         greedy = quick.greedy_partition(sm, capacity)
+        if greedy is None and not full_only(c):
+            greedy = quick.greedy_recompute_partition(sm, capacity)
         incumbent = None
         if greedy is not None:
             est = evaluate_plans(job, _finalize_dims(job, c, greedy, opts.tp_comm_overlap), sm, greedy, opts.memory_margin)
@@ -148,6 +150,10 @@ def global_lower_bound(job: Job, costs: AnalyticCosts) -> float:
     attn = 3.0 * m.num_layers * F.attention_core_flops(m, t.seq_length * t.global_batch_size, t.seq_length, 1, causal=True)
     rate = max(costs.roof.gemm_rate, costs.roof.attn_rate)
     return (total - attn) / rate / job.num_gpus
+
+
+def full_only(c: Candidate) -> bool:
+    return c.recompute == "full"
 
 
 def _keep(best: list[Plan], plan: Plan, top: int) -> None:

@@ -181,15 +181,19 @@ def memory_bottleneck(sm: StageModel, capacity_gib: float, effective_layers: flo
                 return float("inf")
         return n * a + r * rc + consts[i]
 
-    def holds(T: float) -> int:
-        total = 0
+    def counts(T: float) -> list[int]:
+        out = []
         for i in range(d.pp):
             k = int(capacity(i, T) / v + 1e-9)  # relaxed capacity, then whole recomputed layers
             while k > 0 and stage_time(i, k * v) > T * (1 + 1e-12):
                 k -= 1
-            total += k * v
-        return total
+            out.append(k * v)
+        return out
 
+    def holds(T: float) -> int:
+        return sum(counts(T))
+
+    memory_bottleneck.last_counts = counts  # for greedy_recompute_partition
     lo = max(consts) if consts else 0.0
     hi = max(consts) + sm.job.model.num_layers * (a + rc)
     if holds(hi) < effective_layers - 1e-9:
@@ -291,3 +295,44 @@ def greedy_partition(sm: StageModel, capacity_gib: float) -> list[StagePlan] | N
     if any(sum(sm.memory(i, pl).values()) > cap for i, pl in enumerate(plans)):
         return None
     return plans
+
+
+def greedy_recompute_partition(sm: StageModel, capacity_gib: float) -> list[StagePlan] | None:
+    """A feasible plan when memory forces recompute: stage capacities at the memory bottleneck (heaviest kind),
+    the surplus trimmed from the slowest stages, then on each stage the fewest recomputed layers that fit."""
+    d = sm.dims
+    m = sm.job.model
+    L, p, v = m.num_layers, d.pp, d.vpp
+    T = memory_bottleneck(sm, capacity_gib, m.num_moe_layers if "moe" in sm.kinds else L)
+    if T == float("inf"):
+        return None
+    counts = memory_bottleneck.last_counts(T * (1 + 1e-9))
+    if sum(counts) < L or min(counts) < v:
+        bump = 1.0
+        while (sum(counts) < L or min(counts) < v) and bump < 4:
+            bump *= 1.05
+            counts = memory_bottleneck.last_counts(T * bump)
+        if sum(counts) < L or min(counts) < v:
+            return None
+    a = _per_layer(sm)
+    surplus = sum(counts) - L
+    while surplus > 0:
+        order = sorted(range(p), key=lambda i: (-(counts[i] * a + _stage_const(sm, i)), -i))
+        for i in order:
+            if counts[i] > v:
+                counts[i] -= v
+                surplus -= v
+                break
+        else:
+            return None
+    cap = capacity_gib * M.GIB
+    recompute = [0] * p
+    for i in range(p):
+        while True:
+            plan = split_kinds(sm.job, tuple(counts), tuple(recompute), False)[i]
+            if sum(sm.memory(i, plan).values()) <= cap:
+                break
+            if recompute[i] >= counts[i]:
+                return None
+            recompute[i] += 1
+    return split_kinds(sm.job, tuple(counts), tuple(recompute), False)
