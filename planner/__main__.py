@@ -1,3 +1,3 @@
-from planner.cli import main
+from planner.console import run
 
-main()
+run()

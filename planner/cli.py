@@ -188,6 +188,12 @@ def main(argv: list[str] | None = None) -> None:
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)
+    except BrokenPipeError:
+        # the reader closed the pipe (`planner plan --json | head`): stop quietly, like other Unix tools
+        import os
+
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(EXIT_CHECK_FAILED)
     except SystemExit:
         raise
     except Exception as exc:  # click usage errors and anything unexpected

@@ -10,7 +10,7 @@ import os
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
 
-from invariants import check_layout, check_plan
+from invariants import check_layout, check_plan, gpus_used
 from planner.errors import SpecError
 from planner.spec import parse_job
 from strategies import cases, raw_jobs, run_case
@@ -108,3 +108,21 @@ def test_checker_rules_by_hand():
     assert check_layout(job, {**good, "tp": 16, "dp": 1}, allow_cross_node_tp=False)
     assert check_layout(job, {**good, "stages": [{"layers": 8}]})
     assert check_layout(job, {**good, "stages": [{"layers": 0}, {"layers": 8}]})
+
+
+def test_checker_idle_gpu_accounting():
+    job = parse_job({
+        "model": {"num_layers": 4, "hidden_size": 512, "ffn_hidden_size": 2048, "num_attention_heads": 8,
+                  "vocab_size": 32000},
+        "cluster": [{"gpu": "a100-80gb", "nodes": 7, "gpus_per_node": 4}],
+        "training": {"seq_length": 1024, "global_batch_size": 24},
+    })
+    assert gpus_used(job, {"world_size": 28}) == (28, [])
+    assert gpus_used(job, {"world_size": 24, "idle_gpus": 4}) == (24, [])
+    assert gpus_used(job, {"world_size": 26, "idle_gpus": 2})[1]  # not a whole node
+    assert gpus_used(job, {"world_size": 0, "idle_gpus": 28})[1]  # everything idle
+    lay = {"tp": 4, "pp": 1, "dp": 6, "cp": 1, "ep": 1, "vpp": 1, "micro_batch_size": 1, "num_microbatches": 4,
+           "sequence_parallel": True, "zero_stage": 1, "recompute": "none", "tp_comm_overlap": False,
+           "stages": [{"layers": 4}]}
+    assert check_layout(job, lay, world=24) == []
+    assert check_layout(job, lay)  # 24 != 28 when no GPU is reported idle

@@ -248,6 +248,7 @@ def solve_partition(sm: StageModel, capacity_gib: float, *, partial_recompute: b
     solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
     solver.parameters.num_workers = max(1, workers)
     solver.parameters.random_seed = seed
+    solver.parameters.catch_sigint_signal = False  # Ctrl-C must reach Python (exit 130), not end one solve
     status = solver.Solve(m)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         st = "infeasible" if status == cp_model.INFEASIBLE else "unknown"

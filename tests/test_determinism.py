@@ -1,0 +1,57 @@
+"""`planner plan --json --no-timing` is byte-identical across runs, processes and CP-SAT worker counts.
+
+Four runs go through the CLI entry point in this process (planner.cli.main, the same code path as the console
+script), one through a fresh interpreter with a different hash seed (so set/dict iteration order and the
+in-process caches cannot make runs agree by accident), and one with --workers 2.
+"""
+import contextlib
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from planner.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB = ROOT / "examples" / "gpt-13b-a100-small.yaml"
+ARGS = ["plan", str(JOB), "--json", "--no-timing"]
+
+
+def plan_in_process(*extra: str) -> str:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        try:
+            main([*ARGS, *extra])
+        except SystemExit as exc:  # main() only exits on failure
+            pytest.fail(f"planner plan exited with {exc.code}")
+    return buf.getvalue()
+
+
+def plan_subprocess(*extra: str, hash_seed: str) -> str:
+    env = {**os.environ, "PYTHONHASHSEED": hash_seed}
+    proc = subprocess.run([sys.executable, "-m", "planner", *ARGS, *extra], capture_output=True, text=True,
+                          cwd=ROOT, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+@pytest.fixture(scope="module")
+def first() -> str:
+    text = plan_in_process()
+    assert text.startswith("{") and '"plans"' in text and '"seconds": null' in text
+    return text
+
+
+def test_five_runs_byte_identical(first):
+    runs = [first] + [plan_in_process() for _ in range(3)] + [plan_subprocess(hash_seed="12345")]
+    assert len(runs) == 5
+    for i, text in enumerate(runs[1:], start=2):
+        assert text == first, f"run {i} differs from run 1"
+
+
+def test_workers_1_and_2_byte_identical(first):
+    assert plan_in_process("--workers", "1") == first
+    assert plan_in_process("--workers", "2") == first
