@@ -259,6 +259,24 @@ def lower_bound(sm: StageModel, capacity_gib: float | None = None) -> float:
     return (sm.mb - 1 / v) * T + total / v + tail + opt
 
 
+def _trim_surplus(sm: StageModel, counts: list[int], L: int) -> bool:
+    """Remove layers (v at a time) from the slowest stages, last stages first on ties, until the counts add up
+    to L. False when that would leave a stage empty."""
+    v = sm.dims.vpp
+    a = _per_layer(sm)
+    surplus = sum(counts) - L
+    while surplus > 0:
+        order = sorted(range(len(counts)), key=lambda i: (-(counts[i] * a + _stage_const(sm, i)), -i))
+        for i in order:
+            if counts[i] > v:
+                counts[i] -= v
+                surplus -= v
+                break
+        else:
+            return False
+    return True
+
+
 def greedy_partition(sm: StageModel, capacity_gib: float) -> list[StagePlan] | None:
     """Balanced partition at the integer bottleneck, without recompute beyond the baseline; None when memory
     forces recompute or the layers do not fit."""
@@ -277,20 +295,8 @@ def greedy_partition(sm: StageModel, capacity_gib: float) -> list[StagePlan] | N
             counts[i] -= v
         if counts[i] < v:
             return None
-    surplus = sum(counts) - L
-    if surplus < 0:
+    if sum(counts) < L or not _trim_surplus(sm, counts, L):
         return None
-    # trim the surplus from the stages with the largest time, last stages first on ties
-    while surplus > 0:
-        times = [counts[i] * a + _stage_const(sm, i) for i in range(p)]
-        order = sorted(range(p), key=lambda i: (-times[i], -i))
-        for i in order:
-            if counts[i] > v:
-                counts[i] -= v
-                surplus -= v
-                break
-        else:
-            return None
     plans = split_kinds(sm.job, tuple(counts), None, d.recompute == "full")
     if any(sum(sm.memory(i, pl).values()) > cap for i, pl in enumerate(plans)):
         return None
@@ -314,17 +320,8 @@ def greedy_recompute_partition(sm: StageModel, capacity_gib: float) -> list[Stag
             counts = memory_bottleneck.last_counts(T * bump)
         if sum(counts) < L or min(counts) < v:
             return None
-    a = _per_layer(sm)
-    surplus = sum(counts) - L
-    while surplus > 0:
-        order = sorted(range(p), key=lambda i: (-(counts[i] * a + _stage_const(sm, i)), -i))
-        for i in order:
-            if counts[i] > v:
-                counts[i] -= v
-                surplus -= v
-                break
-        else:
-            return None
+    if not _trim_surplus(sm, counts, L):
+        return None
     cap = capacity_gib * M.GIB
     recompute = [0] * p
     for i in range(p):
