@@ -105,6 +105,8 @@ def plan(
     json_: bool = typer.Option(False, "--json", help="print one JSON object"),
     out_path: Optional[Path] = typer.Option(None, "--out", help="also write the JSON object to this file (atomically)"),
     no_timing: bool = typer.Option(False, "--no-timing", help="write search.seconds as null: byte-identical output"),
+    framework: Optional[str] = typer.Option(None, "--framework",
+                                            help="megatron|deepspeed|torchtitan: only plans that framework runs"),
 ) -> None:
     """Search for the fastest layout that fits: degrees, micro-batch, interleaving, ZeRO, recompute, layer split."""
     from planner.cost.estimate import estimate as run_estimate
@@ -115,15 +117,29 @@ def plan(
 
     import time
 
+    from planner.frameworks import get_framework
+    from planner.search.hetero import search_hetero
+
     started = time.monotonic()
+    fw = get_framework(framework)
     spec = load_job(job)
     opts = SearchOptions(allow_cross_node_tp=allow_cross_node_tp, memory_margin=memory_margin,
-                         tp_comm_overlap=tp_comm_overlap)
+                         tp_comm_overlap=tp_comm_overlap, framework=fw)
     current = run_estimate(spec, capacity_margin=memory_margin) if spec.layout is not None else None
     # The budget counts from the command's start (after Python's imports), keeping a little for the output.
     budget = time_limit - (time.monotonic() - started) - min(0.05, 0.05 * time_limit)
-    result = _with_progress(lambda progress: search(spec, top=top, time_limit_s=max(0.0, budget), workers=workers,
-                                                    options=opts, progress=progress), quiet=json_)
+    share = 0.5 if fw is not None else 1.0  # with --framework, half of it prices the unrestricted search
+
+    def run_search(options, limit, progress=None):
+        if len(spec.cluster) > 1:
+            return search_hetero(spec, top=top, time_limit_s=max(0.0, limit), workers=workers, options=options)
+        return search(spec, top=top, time_limit_s=max(0.0, limit), workers=workers, options=options, progress=progress)
+
+    result = _with_progress(lambda progress: run_search(opts, budget * share, progress), quiet=json_)
+    if fw is not None:
+        free = run_search(SearchOptions(**{**opts.__dict__, "framework": None}),
+                          time_limit - (time.monotonic() - started) - min(0.05, 0.05 * time_limit))
+        result.unrestricted_best_s = free.plans[0].time if free.plans else None
     if not result.plans and not result.complete:
         print(f"error: time-limit: no plan found within --time-limit {time_limit:g} s (nothing was proven not to "
               f"fit); raise the limit", file=sys.stderr)
@@ -131,12 +147,16 @@ def plan(
     if not result.plans:
         from planner.search.advice import suggestions
 
+        if len(spec.cluster) > 1:
+            print(f"error: nothing fits: no heterogeneous layout of {spec.model.name} on these node groups fits "
+                  f"with --memory-margin {memory_margin:g}; add nodes or GPUs with more memory", file=sys.stderr)
+            sys.exit(EXIT_NO_FIT)
         reasons = "; ".join(suggestions(spec, opts))
         print(f"error: nothing fits: no layout of {spec.model.name} on {spec.num_gpus} GPUs fits in "
               f"{spec.cluster[0].gpu.memory_gib * (1 - memory_margin):.1f} GiB per GPU. To make it fit: {reasons}",
               file=sys.stderr)
         sys.exit(EXIT_NO_FIT)
-    doc = plan_document(spec, result, current, timing=not no_timing)
+    doc = plan_document(spec, result, current, timing=not no_timing, framework=fw.name if fw else None)
     if json_:
         _emit_json(doc, out_path)
         return

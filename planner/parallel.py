@@ -20,6 +20,39 @@ def balanced_split(total: int, parts: int) -> list[int]:
     return [base + (1 if i >= parts - extra else 0) for i in range(parts)]
 
 
+def tp_heads_error(model: ModelSpec, tp: int) -> str | None:
+    """Why ``tp`` cannot shard the attention heads (None when it can): heads split evenly over TP ranks, and
+    kv-heads either split evenly or are replicated (tp a multiple of kv-heads)."""
+    if model.num_attention_heads % tp:
+        return f"num_attention_heads ({model.num_attention_heads}) is not divisible by tp ({tp})"
+    if model.kv_heads % tp and tp % model.kv_heads:
+        return f"num_kv_heads ({model.kv_heads}) and tp ({tp}) must divide one another"
+    return None
+
+
+def check_tp_heads(model: ModelSpec, tp: int, field: str) -> None:
+    err = tp_heads_error(model, tp)
+    if err:
+        raise SpecError(field, err)
+
+
+def check_batch(training: Training, micro_batch_size: int, dp: int) -> None:
+    """The global batch splits into micro-batches over the DP replicas."""
+    if training.global_batch_size % (micro_batch_size * dp):
+        raise SpecError(
+            "layout.micro_batch_size",
+            f"global_batch_size ({training.global_batch_size}) is not divisible by micro_batch_size*dp "
+            f"({micro_batch_size}*{dp})",
+        )
+
+
+def dims_from_layout(layout: Layout, job: Job):
+    """HeteroDims when the layout places stages on node groups (``stages[].group``), else ParallelDims."""
+    if layout.stages and any(s.placed for s in layout.stages):
+        return HeteroDims.from_layout(layout, job)
+    return ParallelDims.from_layout(layout, job)
+
+
 @dataclass(frozen=True)
 class ParallelDims:
     tp: int
@@ -85,10 +118,7 @@ class ParallelDims:
                 "layout",
                 f"tp*pp*dp*cp = {self.tp}*{self.pp}*{self.dp}*{self.cp} = {used} but the cluster has {self.world} GPUs",
             )
-        if m.num_attention_heads % self.tp:
-            raise SpecError("layout.tp", f"num_attention_heads ({m.num_attention_heads}) is not divisible by tp ({self.tp})")
-        if m.kv_heads % self.tp and self.tp % m.kv_heads:
-            raise SpecError("layout.tp", f"num_kv_heads ({m.kv_heads}) and tp ({self.tp}) must divide one another")
+        check_tp_heads(m, self.tp, "layout.tp")
         if len(self.stage_layers) != self.pp:
             raise SpecError("layout.stages", f"{len(self.stage_layers)} stages listed but pp = {self.pp}")
         if sum(self.stage_layers) != m.num_layers:
@@ -106,12 +136,7 @@ class ParallelDims:
                     "layout.vpp",
                     f"the interleaved schedule needs micro-batches per replica ({self.num_microbatches}) divisible by pp ({self.pp})",
                 )
-        if t.global_batch_size % (self.micro_batch_size * self.dp):
-            raise SpecError(
-                "layout.micro_batch_size",
-                f"global_batch_size ({t.global_batch_size}) is not divisible by micro_batch_size*dp "
-                f"({self.micro_batch_size}*{self.dp})",
-            )
+        check_batch(t, self.micro_batch_size, self.dp)
         if t.seq_length % self.cp or (self.cp > 1 and t.seq_length % (2 * self.cp)):
             raise SpecError("layout.cp", f"seq_length ({t.seq_length}) must be divisible by 2*cp ({2 * self.cp}) for load-balanced context parallelism")
         if self.sequence_parallel and t.seq_length // self.cp % self.tp:
@@ -164,6 +189,138 @@ class ParallelDims:
             "stages": [
                 {"layers": n, **({"recompute_layers": self.stage_recompute[i]} if self.stage_recompute else {})}
                 for i, n in enumerate(self.stage_layers)
+            ],
+            "num_microbatches": self.num_microbatches,
+        }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Heterogeneous layouts: one pipeline template, stage s on node group g_s with its own TP degree, replicated dp times.
+
+
+def group_order(cluster) -> list[int]:
+    """Node-group indices in pipeline order: GPU memory descending, ties in listing order. Stage 0 holds the most
+    in-flight micro-batches (p of them under 1F1B), so the roomiest GPUs take the first stages."""
+    return sorted(range(len(cluster)), key=lambda g: (-cluster[g].gpu.memory_gib, g))
+
+
+@dataclass(frozen=True)
+class HeteroDims:
+    """Degrees of a heterogeneous plan. cp = ep = vpp = 1; micro-batch, micro-batch count, ZeRO stage (sharded
+    over each stage's own DP group) and the baseline recompute mode are shared by all stages."""
+
+    stage_groups: tuple[int, ...]
+    stage_tp: tuple[int, ...]
+    dp: int
+    micro_batch_size: int
+    zero_stage: int
+    recompute: str
+    stage_layers: tuple[int, ...]
+    stage_recompute: tuple[int, ...] | None
+    cluster: tuple
+    model: ModelSpec
+    training: Training
+    cp: int = 1
+    ep: int = 1
+    vpp: int = 1
+    tp_comm_overlap: bool = False
+
+    @classmethod
+    def from_layout(cls, layout: Layout, job: Job) -> "HeteroDims":
+        stages = layout.stages
+        if not all(s.placed for s in stages):
+            raise SpecError("layout.stages", "either every stage names its group, tp and gpus, or none does")
+        for key in ("cp", "ep", "vpp"):
+            if getattr(layout, key) != 1:
+                raise SpecError(f"layout.{key}", f"heterogeneous layouts (stages on node groups) need {key} = 1")
+        if layout.dp is None:
+            raise SpecError("layout.dp", "a heterogeneous layout must state dp")
+        rec = tuple(s.recompute_layers or 0 for s in stages)
+        return cls._checked_input(layout, job, rec)
+
+    @classmethod
+    def _checked_input(cls, layout: Layout, job: Job, rec) -> "HeteroDims":
+        """Rules only the written layout can break (gpus and pp are derived everywhere else)."""
+        stages = layout.stages
+        if layout.pp != len(stages):
+            raise SpecError("layout.pp", f"pp ({layout.pp}) must equal the number of stages listed ({len(stages)})")
+        for i, s in enumerate(stages):
+            if s.group >= len(job.cluster):
+                raise SpecError(f"layout.stages[{i}].group", f"no node group {s.group}; the cluster has {len(job.cluster)}")
+            if s.gpus != s.tp * layout.dp:
+                raise SpecError(f"layout.stages[{i}].gpus", f"gpus ({s.gpus}) must equal tp*dp ({s.tp}*{layout.dp})")
+        return cls(
+            stage_groups=tuple(s.group for s in stages), stage_tp=tuple(s.tp for s in stages), dp=layout.dp,
+            micro_batch_size=layout.micro_batch_size, zero_stage=layout.zero_stage, recompute=layout.recompute,
+            stage_layers=tuple(s.layers for s in stages), stage_recompute=rec if any(rec) else None,
+            cluster=job.cluster, model=job.model, training=job.training,
+        )
+
+    # ------------------------------------------------------------------ rules
+    def check(self) -> "HeteroDims":
+        """Raise SpecError naming the first rule a heterogeneous layout breaks."""
+        m, t = self.model, self.training
+        for i, (g, tp) in enumerate(zip(self.stage_groups, self.stage_tp)):
+            gpn = self.cluster[g].gpus_per_node
+            if gpn % tp:
+                raise SpecError(f"layout.stages[{i}].tp", f"tp ({tp}) must divide gpus_per_node ({gpn}) of group {g}")
+            check_tp_heads(m, tp, f"layout.stages[{i}].tp")
+            if tp > 1 and t.seq_length % tp:
+                raise SpecError(f"layout.stages[{i}].tp", f"the sequence ({t.seq_length}) is not divisible by tp ({tp})")
+        rank = {g: r for r, g in enumerate(group_order(self.cluster))}
+        order = [rank[g] for g in self.stage_groups]
+        if order != sorted(order):
+            raise SpecError("layout.stages", "stages must be grouped by node group, groups in order of GPU memory "
+                            f"descending (ties in cluster order): expected groups in the order {group_order(self.cluster)}")
+        for g, used in self.gpus_by_group().items():
+            if used > self.cluster[g].num_gpus:
+                raise SpecError("layout.stages", f"stages on group {g} need {used} GPUs (sum of tp*dp), "
+                                f"the group has {self.cluster[g].num_gpus}")
+        if sum(self.stage_layers) != m.num_layers:
+            raise SpecError("layout.stages", f"stage layers sum to {sum(self.stage_layers)}, the model has {m.num_layers}")
+        check_batch(t, self.micro_batch_size, self.dp)
+        return self
+
+    # ------------------------------------------------------------------ derived quantities
+    @property
+    def pp(self) -> int:
+        return len(self.stage_layers)
+
+    @property
+    def world(self) -> int:
+        """GPUs the plan uses (the rest of the cluster stays idle)."""
+        return sum(tp * self.dp for tp in self.stage_tp)
+
+    @property
+    def num_microbatches(self) -> int:
+        return self.training.global_batch_size // (self.micro_batch_size * self.dp)
+
+    def gpus_by_group(self) -> dict[int, int]:
+        used = {g: 0 for g in range(len(self.cluster))}
+        for g, tp in zip(self.stage_groups, self.stage_tp):
+            used[g] += tp * self.dp
+        return used
+
+    def stage_dims(self, s: int) -> ParallelDims:
+        """The homogeneous dims stage ``s`` prices itself with: its own TP, the shared pp/dp/micro-batch/ZeRO."""
+        tp = self.stage_tp[s]
+        return ParallelDims(
+            tp=tp, pp=self.pp, dp=self.dp, cp=1, ep=1, vpp=1, micro_batch_size=self.micro_batch_size,
+            sequence_parallel=tp > 1, zero_stage=self.zero_stage, recompute=self.recompute, tp_comm_overlap=False,
+            stage_layers=self.stage_layers, stage_recompute=self.stage_recompute, world=tp * self.pp * self.dp,
+            model=self.model, training=self.training,
+        )
+
+    def as_dict(self) -> dict:
+        """The plan-JSON layout; top-level ``tp`` is the largest stage TP (the per-stage ``tp`` is authoritative)."""
+        return {
+            "tp": max(self.stage_tp), "pp": self.pp, "dp": self.dp, "cp": 1, "ep": 1, "vpp": 1,
+            "micro_batch_size": self.micro_batch_size, "sequence_parallel": max(self.stage_tp) > 1,
+            "zero_stage": self.zero_stage, "recompute": self.recompute, "tp_comm_overlap": False,
+            "stages": [
+                {"group": g, "tp": tp, "gpus": tp * self.dp, "layers": n,
+                 **({"recompute_layers": self.stage_recompute[i]} if self.stage_recompute else {})}
+                for i, (g, tp, n) in enumerate(zip(self.stage_groups, self.stage_tp, self.stage_layers))
             ],
             "num_microbatches": self.num_microbatches,
         }

@@ -170,11 +170,24 @@ class StageSpec(_Strict):
         None, ge=0, le=MAX_LAYERS, description="layers of this stage fully recomputed (the rest use layout.recompute)"
     )
 
+    group: Optional[int] = Field(None, ge=0, le=10_000, description="heterogeneous layout: index of the node group in `cluster`")
+    tp: Optional[int] = Field(None, ge=1, le=MAX_GPUS, description="heterogeneous layout: this stage's TP degree")
+    gpus: Optional[int] = Field(None, ge=1, le=MAX_GPUS, description="heterogeneous layout: GPUs of the stage, tp*dp")
+
     @model_validator(mode="after")
     def _recompute_within_stage(self):
         if self.recompute_layers is not None and self.recompute_layers > self.layers:
             raise ValueError(f"recompute_layers ({self.recompute_layers}) exceeds the stage's layers ({self.layers})")
+        given = [k for k in ("group", "tp", "gpus") if getattr(self, k) is not None]
+        if given and len(given) != 3:
+            raise ValueError("a heterogeneous stage lists group, tp and gpus together (got only "
+                             + ", ".join(given) + ")")
         return self
+
+    @property
+    def placed(self) -> bool:
+        """Part of a heterogeneous layout (names its node group and TP degree)."""
+        return self.group is not None
 
 
 class Layout(_Strict):
@@ -338,9 +351,9 @@ def parse_job(raw: Any, base_dir: Path | None = None) -> Job:
     except ValidationError as exc:
         raise format_validation_error(exc)
     if job.layout is not None:
-        from planner.parallel import ParallelDims
+        from planner.parallel import dims_from_layout
 
-        ParallelDims.from_layout(job.layout, job).check()
+        dims_from_layout(job.layout, job).check()
     return job
 
 

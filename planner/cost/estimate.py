@@ -11,7 +11,7 @@ from planner.cost.provider import AnalyticCosts
 from planner.cost.schedule import pipeline_time
 from planner.cost.stage import StageModel, StagePlan, split_kinds
 from planner.errors import SpecError
-from planner.parallel import ParallelDims
+from planner.parallel import HeteroDims, ParallelDims, dims_from_layout
 from planner.spec import Job, Layout
 
 SCHEMA_VERSION = 1
@@ -29,7 +29,7 @@ class StageEstimate:
 
 @dataclass
 class Estimate:
-    dims: ParallelDims
+    dims: ParallelDims  # or HeteroDims (same duck-typed fields: training, world, pp, as_dict, ...)
     capacity_gib: float
     iteration_time_s: float
     time_breakdown_s: dict[str, float]
@@ -37,6 +37,10 @@ class Estimate:
     model_flops: float
     peak_tflops_per_gpu: float
     extra: dict = field(default_factory=dict)
+    stage_capacity_gib: list[float] | None = None  # heterogeneous plans: each stage's own GPU capacity
+
+    def capacity_of(self, stage: int) -> float:
+        return self.stage_capacity_gib[stage] if self.stage_capacity_gib else self.capacity_gib
 
     @property
     def peak_stage(self) -> StageEstimate:
@@ -48,7 +52,8 @@ class Estimate:
 
     @property
     def fits(self) -> bool:
-        return self.peak_memory_gib <= self.capacity_gib
+        """Every stage fits its own GPU (one capacity for homogeneous plans)."""
+        return all(st.peak_bytes / M.GIB <= self.capacity_of(st.index) for st in self.stages)
 
     @property
     def tokens_per_s(self) -> float:
@@ -80,25 +85,31 @@ class Estimate:
             "layout": self.dims.as_dict(),
             "time_breakdown_s": {k: r(v) for k, v in self.time_breakdown_s.items()},
             "memory_breakdown_gib": {k: r(v / M.GIB, 3) for k, v in self.peak_stage.memory_bytes.items()},
-            "stages": [
-                {
-                    "index": s.index, "layers": s.layers, "microbatch_time_s": r(s.microbatch_time_s),
-                    "peak_memory_gib": r(s.peak_bytes / M.GIB, 3),
-                }
-                for s in self.stages
-            ],
+            "stages": [self._stage_json(s, r) for s in self.stages],
         }
+
+    def _stage_json(self, s: StageEstimate, r) -> dict:
+        out = {"index": s.index, "layers": s.layers, "microbatch_time_s": r(s.microbatch_time_s),
+               "peak_memory_gib": r(s.peak_bytes / M.GIB, 3)}
+        if self.stage_capacity_gib:
+            out["group"] = self.dims.stage_groups[s.index]
+            out["memory_capacity_gib"] = r(self.stage_capacity_gib[s.index], 3)
+        return out
 
 
 def estimate(job: Job, layout: Layout | None = None, cal: Calibration | None = None,
              capacity_margin: float = 0.0) -> Estimate:
-    """Evaluate one homogeneous layout of ``job`` (default: the job's own layout)."""
+    """Evaluate one layout of ``job`` (default: the job's own layout): homogeneous on a one-group cluster, or
+    heterogeneous (stages placed on node groups) on any cluster."""
     layout = layout or job.layout
     if layout is None:
         raise SpecError("layout", "the job has no layout to evaluate; add one or run `planner plan`")
+    dims = dims_from_layout(layout, job).check()
+    if isinstance(dims, HeteroDims):
+        return estimate_hetero(job, dims, capacity_margin, cal)
     if len(job.cluster) != 1:
-        raise SpecError("cluster", "estimating a single-degree layout needs one node group; mixed clusters need per-stage placement")
-    dims = ParallelDims.from_layout(layout, job).check()
+        raise SpecError("cluster", "a single-degree layout needs one node group; on mixed clusters place each "
+                        "stage with layout.stages[].group, tp and gpus")
     return estimate_dims(job, dims, AnalyticCosts(job.cluster[0], job.training.precision, cal), capacity_margin)
 
 
@@ -110,12 +121,44 @@ def estimate_dims(job: Job, dims: ParallelDims, costs: AnalyticCosts, capacity_m
     return evaluate_plans(job, dims, model, plans, capacity_margin)
 
 
+def hetero_stage_models(job: Job, dims: HeteroDims, costs_for) -> list[StageModel]:
+    """One StageModel per stage, priced on the stage's own node group (``costs_for(group) -> AnalyticCosts``)."""
+    return [StageModel(job, dims.stage_dims(s), costs_for(g)) for s, g in enumerate(dims.stage_groups)]
+
+
+def costs_by_group(job: Job, cal: Calibration | None = None):
+    """A memoizing ``group index -> AnalyticCosts`` function (one cost provider per node group)."""
+    cache: dict[int, AnalyticCosts] = {}
+
+    def get(g: int) -> AnalyticCosts:
+        if g not in cache:
+            cache[g] = AnalyticCosts(job.cluster[g], job.training.precision, cal)
+        return cache[g]
+    return get
+
+
+def estimate_hetero(job: Job, dims: HeteroDims, capacity_margin: float = 0.0,
+                    cal: Calibration | None = None, models: list[StageModel] | None = None) -> Estimate:
+    """Evaluate a heterogeneous layout: every stage priced and memory-checked on its own GPU type."""
+    models = models or hetero_stage_models(job, dims, costs_by_group(job, cal))
+    plans = split_kinds(job, dims.stage_layers, dims.stage_recompute, dims.recompute == "full")
+    return evaluate_stages(job, dims, models, plans, capacity_margin)
+
+
 def evaluate_plans(job: Job, dims: ParallelDims, model: StageModel, plans: list[StagePlan],
                    capacity_margin: float = 0.0) -> Estimate:
+    """Evaluate a homogeneous partition: the same StageModel prices every stage."""
+    return evaluate_stages(job, dims, [model] * len(plans), plans, capacity_margin)
+
+
+def evaluate_stages(job: Job, dims, models: list[StageModel], plans: list[StagePlan],
+                    capacity_margin: float = 0.0) -> Estimate:
+    """Stage s is priced by ``models[s]``; the pipeline schedule runs over all stage times, the DP tail is the
+    slowest stage's, and each stage's memory is held against its own GPU's capacity."""
     t = job.training
     stages: list[StageEstimate] = []
     tails = []
-    for s, sp in enumerate(plans):
+    for s, (model, sp) in enumerate(zip(models, plans)):
         mt = model.microbatch_time(s, sp)
         comp = {"compute": mt["compute"], "tp_comm": mt["tp_comm"], "cp_comm": mt["cp_comm"],
                 "ep_comm": mt["ep_comm"], "pp_comm": mt["pp_comm"], "zero_comm": mt["zero_comm"]}
@@ -131,10 +174,15 @@ def evaluate_plans(job: Job, dims: ParallelDims, model: StageModel, plans: list[
     breakdown["pipeline_bubble"] = bubble
     breakdown["dp_comm"] = dp_exposed
     breakdown["optimizer"] = opt
-    gpu = model.costs.group.gpu
+    gpus = [m.costs.group.gpu for m in models]
+    caps = [g.memory_gib * (1 - capacity_margin) for g in gpus]
+    hetero = isinstance(dims, HeteroDims)
+    # MFU of a mixed plan: achieved FLOP/s over the sum of the used GPUs' peaks, as a per-GPU mean
+    weights = [m.dims.tp * m.dims.dp for m in models] if hetero else [1] * len(models)
+    peak = sum(w * peak_tflops(g, t.precision) for w, g in zip(weights, gpus)) / sum(weights)
     return Estimate(
-        dims=dims, capacity_gib=gpu.memory_gib * (1 - capacity_margin),
+        dims=dims, capacity_gib=caps[max(stages, key=lambda s: (s.peak_bytes, -s.index)).index],
         iteration_time_s=steady + bubble + dp_exposed + opt, time_breakdown_s=breakdown, stages=stages,
         model_flops=F.model_flops_per_iteration(job.model, t.seq_length, t.global_batch_size),
-        peak_tflops_per_gpu=peak_tflops(gpu, t.precision),
+        peak_tflops_per_gpu=peak, stage_capacity_gib=caps if hetero else None,
     )

@@ -9,6 +9,9 @@ from planner.report.estimate import _layout_line
 
 def _stages(layout: dict) -> str:
     layers = [s["layers"] for s in layout["stages"]]
+    if layout["stages"] and layout["stages"][0].get("group") is not None:
+        return " ".join(f"g{s['group']}:tp{s['tp']}x{s['layers']}" + (f"r{s['recompute_layers']}" if s.get("recompute_layers") else "")
+                        for s in layout["stages"])
     rec = [s.get("recompute_layers") or 0 for s in layout["stages"]]
     text = "even" if len(set(layers)) == 1 else "/".join(map(str, layers))
     if any(rec):
@@ -37,7 +40,21 @@ def render_plan(doc: dict) -> Group:
     secs = "" if s["seconds"] is None else f" in {s['seconds']:.2f} s"
     parts.append(f"searched {s['candidates']:,} candidates ({s['pruned']:,} pruned, {s['solved']:,} CP-SAT solves)"
                  f"{secs}; {'complete' if s['complete'] else 'stopped by the time limit'}")
+    parts += _comparisons(doc)
     return Group(*parts)
+
+
+def _comparisons(doc: dict) -> list[str]:
+    """What the heterogeneous plan gains over one GPU type, and what a --framework restriction costs."""
+    s, out = doc["search"], []
+    best = doc["plans"][0]["estimate"]["iteration_time_s"] if doc["plans"] else None
+    if s.get("single_type_best_s") is not None and best:
+        out.append(f"best single-type plan (group {s['single_type_group']} alone): {s['single_type_best_s']:.3f} s; "
+                   f"heterogeneous / single-type = {s['hetero_vs_single_ratio']:.3f}")
+    if s.get("framework") and s.get("unrestricted_best_s") is not None and best:
+        out.append(f"--framework {s['framework']}: best {best:.3f} s vs {s['unrestricted_best_s']:.3f} s unrestricted "
+                   f"(restriction costs {(best / s['unrestricted_best_s'] - 1) * 100:+.1f}%)")
+    return out
 
 
 def render_why(doc: dict) -> Table:

@@ -9,7 +9,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict
 
 from planner.cost.estimate import SCHEMA_VERSION, Estimate
-from planner.parallel import RANK_ORDER
+from planner.parallel import RANK_ORDER, HeteroDims
 from planner.search.planner import SearchResult
 from planner.spec import Job
 
@@ -21,6 +21,9 @@ class _Out(BaseModel):
 class StageOut(_Out):
     layers: int
     recompute_layers: Optional[int] = None
+    group: Optional[int] = None   # heterogeneous plans: node group (index into the job's cluster)
+    tp: Optional[int] = None      # heterogeneous plans: this stage's TP degree
+    gpus: Optional[int] = None    # heterogeneous plans: tp*dp GPUs of the stage
 
 
 class LayoutOut(_Out):
@@ -44,6 +47,8 @@ class StageEstimateOut(_Out):
     layers: int
     microbatch_time_s: float
     peak_memory_gib: float
+    group: Optional[int] = None                 # heterogeneous plans
+    memory_capacity_gib: Optional[float] = None  # heterogeneous plans: this stage's GPU capacity with the margin
 
 
 class EstimateOut(_Out):
@@ -79,12 +84,20 @@ class StagePlacement(_Out):
     last_node: int
 
 
+class GroupIdle(_Out):
+    group: int
+    gpu: str
+    used_gpus: int
+    idle_gpus: int
+
+
 class Placement(_Out):
     rank_order: str
     world_size: int
     idle_gpus: int
     gpus_per_node: int
     stages: list[StagePlacement]
+    groups: Optional[list[GroupIdle]] = None  # heterogeneous plans: GPUs used and idle per node group
 
 
 class PlanOut(_Out):
@@ -101,6 +114,11 @@ class SearchOut(_Out):
     solved: int
     complete: bool
     seconds: Optional[float]
+    framework: Optional[str] = None
+    unrestricted_best_s: Optional[float] = None  # --framework: best plan without the framework's limits
+    single_type_best_s: Optional[float] = None   # heterogeneous search: best plan on one node group alone
+    single_type_group: Optional[int] = None
+    hetero_vs_single_ratio: Optional[float] = None  # best heterogeneous / best single-type iteration time
 
 
 class PlanDocument(_Out):
@@ -113,6 +131,8 @@ class PlanDocument(_Out):
 def placement(job: Job, est: Estimate) -> dict:
     """Which ranks and nodes host each pipeline stage under Megatron's tp-cp-ep-dp-pp order (PP outermost)."""
     d = est.dims
+    if isinstance(d, HeteroDims):
+        return hetero_placement(job, d)
     group = job.cluster[0]
     per_stage = d.tp * d.cp * d.dp
     gpn = group.gpus_per_node
@@ -125,7 +145,41 @@ def placement(job: Job, est: Estimate) -> dict:
             "gpus_per_node": gpn, "stages": stages}
 
 
-def plan_document(job: Job, result: SearchResult, current: Estimate | None, timing: bool = True) -> dict:
+def hetero_placement(job: Job, d: HeteroDims) -> dict:
+    """Stage s takes the next tp_s*dp GPUs of its node group (groups numbered from their own first node);
+    global ranks run over the stages in pipeline order (PP outermost). GPUs a group does not use stay idle."""
+    stages, rank, nxt = [], 0, {}
+    for s, (g, tp) in enumerate(zip(d.stage_groups, d.stage_tp)):
+        grp = job.cluster[g]
+        n = tp * d.dp
+        local = nxt.get(g, 0)
+        nxt[g] = local + n
+        stages.append({"stage": s, "group": g, "gpu": grp.gpu.name, "first_rank": rank, "last_rank": rank + n - 1,
+                       "first_node": local // grp.gpus_per_node, "last_node": (local + n - 1) // grp.gpus_per_node})
+        rank += n
+    used = d.gpus_by_group()
+    groups = [{"group": g, "gpu": grp.gpu.name, "used_gpus": used[g], "idle_gpus": grp.num_gpus - used[g]}
+              for g, grp in enumerate(job.cluster)]
+    return {"rank_order": RANK_ORDER, "world_size": d.world, "idle_gpus": job.num_gpus - d.world,
+            "gpus_per_node": job.cluster[0].gpus_per_node, "stages": stages, "groups": groups}
+
+
+def _search_extras(result: SearchResult, framework: str | None) -> dict:
+    out = {}
+    if framework:
+        out["framework"] = framework
+    if result.unrestricted_best_s is not None:
+        out["unrestricted_best_s"] = round(result.unrestricted_best_s, 6)
+    if result.single_type_best_s is not None:
+        out["single_type_best_s"] = round(result.single_type_best_s, 6)
+        out["single_type_group"] = result.single_type_group
+        if result.plans:
+            out["hetero_vs_single_ratio"] = round(result.plans[0].time / result.single_type_best_s, 4)
+    return out
+
+
+def plan_document(job: Job, result: SearchResult, current: Estimate | None, timing: bool = True,
+                  framework: str | None = None) -> dict:
     plans = []
     for rank, plan in enumerate(result.plans, start=1):
         est = plan.estimate.to_json()
@@ -139,7 +193,8 @@ def plan_document(job: Job, result: SearchResult, current: Estimate | None, timi
         "schema_version": SCHEMA_VERSION,
         "plans": plans,
         "search": {"candidates": result.candidates, "pruned": result.pruned, "solved": result.solved,
-                   "complete": result.complete, "seconds": round(result.seconds, 3) if timing else None},
+                   "complete": result.complete, "seconds": round(result.seconds, 3) if timing else None,
+                   **_search_extras(result, framework)},
     }
     if current is not None:
         doc["current"] = current.to_json()

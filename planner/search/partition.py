@@ -47,20 +47,9 @@ def _moe_prefix(model: cp_model.CpModel, sm: StageModel, prefix, name: str):
     return out
 
 
-def solve_partition(sm: StageModel, capacity_gib: float, *, partial_recompute: bool, time_limit_s: float,
-                    workers: int = 1, seed: int = 0,
-                    objective_cap_s: float | None = None) -> PartitionResult:
-    """Best layer partition and recompute placement for the degrees in ``sm``.
-    ``objective_cap_s`` lets the caller prune: only solutions faster than it are of interest."""
-    d = sm.dims
-    job = sm.job
-    L, p, v, mb = job.model.num_layers, d.pp, d.vpp, sm.mb
+def _time_horizon(sm: StageModel, L: int, p: int) -> int:
+    """Upper bound of any stage or tail time (µs): every layer on one stage, fully recomputed, plus all extras."""
     kinds = sm.kinds
-    has_moe = "moe" in kinds
-    cal = sm.cal
-    full_only = d.recompute == "full"
-    m = cp_model.CpModel()
-    # Upper bound of any stage or tail time (µs): every layer on one stage, fully recomputed, plus all extras.
     worst_layer = max(k.compute + k.recompute_extra + k.tp + k.tp_recompute + k.cp + k.ep + k.ep_recompute
                       for k in kinds.values())
     worst_params = (sm.position_params(0) + sm.position_params(p - 1)
@@ -68,7 +57,32 @@ def solve_partition(sm: StageModel, capacity_gib: float, *, partial_recompute: b
     worst = (L * worst_layer + sm.emb_time + sm.logits_time + sm.pp_time
              + sm.sharded_comm(worst_params, worst_params) + sm.shard_link.all_reduce(8.0 * worst_params)
              + sm.exp_link.all_reduce(8.0 * worst_params) + sm.costs.optimizer_step(worst_params))
-    big_t = int(2 * worst * US) + 1000
+    return int(2 * worst * US) + 1000
+
+
+def solve_partition(sm: StageModel | list[StageModel], capacity_gib: float | list[float], *,
+                    partial_recompute: bool, time_limit_s: float, workers: int = 1, seed: int = 0,
+                    objective_cap_s: float | None = None, even_layers: bool = False,
+                    uniform_recompute: bool = False) -> PartitionResult:
+    """Best layer partition and recompute placement.
+
+    ``sm`` is one StageModel for all stages (homogeneous degrees) or a list with one StageModel per stage
+    (heterogeneous plans: stage i's coefficients, links, memory and capacity all come from ``sm[i]`` and
+    ``capacity_gib[i]``); the stage count, interleaving, micro-batches and recompute mode are shared.
+    ``objective_cap_s`` lets the caller prune: only solutions faster than it are of interest.
+    ``even_layers`` forces the same layer count on every stage (frameworks without uneven splits);
+    ``uniform_recompute`` the same number of fully recomputed layers on every stage (Megatron's
+    ``--recompute-num-layers`` applies to each stage alike)."""
+    sms = sm if isinstance(sm, list) else [sm] * sm.dims.pp
+    caps = capacity_gib if isinstance(capacity_gib, list) else [capacity_gib] * len(sms)
+    s0 = sms[0]
+    d = s0.dims
+    job = s0.job
+    L, p, v, mb = job.model.num_layers, d.pp, d.vpp, s0.mb
+    has_moe = "moe" in s0.kinds
+    full_only = d.recompute == "full"
+    m = cp_model.CpModel()
+    big_t = max(_time_horizon(x, L, p) for x in {id(x): x for x in sms}.values())
 
     def ti(x: float) -> int:
         return int(round(x * US))
@@ -84,7 +98,7 @@ def solve_partition(sm: StageModel, capacity_gib: float, *, partial_recompute: b
         prefix = m.NewIntVar(0, L, f"S{i}")
         m.Add(prefix == (prev_prefix if prev_prefix is not None else 0) + ni)
         if has_moe:
-            moe_prefix = _moe_prefix(m, sm, prefix, f"M{i}")
+            moe_prefix = _moe_prefix(m, s0, prefix, f"M{i}")
             nmi = m.NewIntVar(0, L, f"nm{i}")
             m.Add(nmi == moe_prefix - (prev_moe if prev_moe is not None else 0))
             prev_moe = moe_prefix
@@ -118,33 +132,37 @@ def solve_partition(sm: StageModel, capacity_gib: float, *, partial_recompute: b
         m.Add(ri == 0).OnlyEnforceIf(bi.Not())
         b.append(bi)
     m.Add(prev_prefix == L)
-
-    kd = kinds["dense"]
-    km = kinds.get("moe", kd)
-
-    # Collective costs are affine in bytes (bus-bandwidth model + latency); read their slopes off the links.
-    g = sm.grad_wire
-    z = d.zero_stage
-    ref = 1e9
-    sh = sm.shard_link
-    ex = sm.exp_link
-    rs_d = _affine(lambda x: sh.reduce_scatter(g * x), ref, 2 * ref)
-    ag_d = _affine(lambda x: sh.all_gather(2.0 * x), ref, 2 * ref)
-    ar_d = _affine(lambda x: sh.all_reduce(g * x), ref, 2 * ref)
-    rs_e = _affine(lambda x: ex.reduce_scatter(g * x), ref, 2 * ref)
-    ag_e = _affine(lambda x: ex.all_gather(2.0 * x), ref, 2 * ref)
-    ar_e = _affine(lambda x: ex.all_reduce(g * x), ref, 2 * ref)
-    hbm_opt = sm.costs.optimizer_step(1.0)
-    shard_div = sm.shard if z >= 1 else 1
-    exp_div = sm.exp_shard if z >= 1 else 1
+    for i in range(1, p):
+        if even_layers:
+            m.Add(n[i] == n[0])
+        if uniform_recompute:
+            m.Add(r[i] == r[0])
 
     T = m.NewIntVar(0, big_t, "T")
     D = m.NewIntVar(0, big_t, "D")
     O = m.NewIntVar(0, big_t, "O")
     t_all = []
-    frag = 1.0 + cal.memory_fragmentation
-    cap_kib = int((capacity_gib * M.GIB - cal.memory_fixed_gib * M.GIB) / frag / KIB)
+    ref = 1e9
     for i in range(p):
+        sm = sms[i]  # every per-stage coefficient below comes from this stage's own model
+        kinds, cal = sm.kinds, sm.cal
+        kd = kinds["dense"]
+        km = kinds.get("moe", kd)
+        # Collective costs are affine in bytes (bus-bandwidth model + latency); read their slopes off the links.
+        g = sm.grad_wire
+        z = d.zero_stage
+        sh, ex = sm.shard_link, sm.exp_link
+        rs_d = _affine(lambda x: sh.reduce_scatter(g * x), ref, 2 * ref)
+        ag_d = _affine(lambda x: sh.all_gather(2.0 * x), ref, 2 * ref)
+        ar_d = _affine(lambda x: sh.all_reduce(g * x), ref, 2 * ref)
+        rs_e = _affine(lambda x: ex.reduce_scatter(g * x), ref, 2 * ref)
+        ag_e = _affine(lambda x: ex.all_gather(2.0 * x), ref, 2 * ref)
+        ar_e = _affine(lambda x: ex.all_reduce(g * x), ref, 2 * ref)
+        hbm_opt = sm.costs.optimizer_step(1.0)
+        shard_div = sm.shard if z >= 1 else 1
+        exp_div = sm.exp_shard if z >= 1 else 1
+        frag = 1.0 + cal.memory_fragmentation
+        cap_kib = int((caps[i] * M.GIB - cal.memory_fixed_gib * M.GIB) / frag / KIB)
         pos_params = sm.position_params(i)
         comp_const = (sm.emb_time if i == 0 else 0.0) + (sm.logits_time if i == p - 1 else 0.0)
         fwd_const = (sm.emb_fwd if i == 0 else 0.0) + (sm.logits_fwd if i == p - 1 else 0.0)
@@ -153,7 +171,7 @@ def solve_partition(sm: StageModel, capacity_gib: float, *, partial_recompute: b
               + ti(km.recompute_extra) * rm[i] + ti(comp_const))
         fwd = ti(kd.forward) * nd[i] + ti(km.forward) * nm[i] + ti(fwd_const)
         tp_raw = (ti(kd.tp) * nd[i] + ti(km.tp) * nm[i] + ti(kd.tp_recompute) * rd[i] + ti(km.tp_recompute) * rm[i])
-        if d.tp_comm_overlap:
+        if sm.dims.tp_comm_overlap:
             tp = m.NewIntVar(0, big_t, f"tp{i}")
             m.AddMaxEquality(tp, [tp_raw - comp, 0])
         else:

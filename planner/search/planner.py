@@ -43,6 +43,9 @@ class SearchResult:
     complete: bool       # every candidate solved or pruned by its bound
     gap: float           # relative gap of the best plan to the best unexplored lower bound (0 when complete)
     infeasible_reasons: dict = field(default_factory=dict)
+    single_type_best_s: float | None = None    # heterogeneous search: best plan on one node group alone
+    single_type_group: int | None = None
+    unrestricted_best_s: float | None = None   # --framework: best plan without the framework's limits
 
 
 def _stage_tuple(plans) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
@@ -96,8 +99,8 @@ def search(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers: int =
             continue
         if lb >= kth:
             continue
-        greedy = quick.greedy_partition(sm, capacity)
-        if greedy is None and not full_only(c):
+        greedy = None if opts.even_layers else quick.greedy_partition(sm, capacity)
+        if greedy is None and not full_only(c) and not opts.even_layers and not opts.uniform_recompute:
             greedy = quick.greedy_recompute_partition(sm, capacity)
         incumbent = None
         if greedy is not None:
@@ -108,7 +111,8 @@ def search(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers: int =
             incumbent = Plan(c, est, "feasible")
         cap = min(kth, incumbent.time) if incumbent else kth
         res = solve_partition(sm, capacity, partial_recompute=opts.partial_recompute, time_limit_s=remaining,
-                              workers=workers, objective_cap_s=cap if cap < float("inf") else None)
+                              workers=workers, objective_cap_s=cap if cap < float("inf") else None,
+                              even_layers=opts.even_layers, uniform_recompute=opts.uniform_recompute)
         solved += 1
         if res.plans is None:
             if res.status == "unknown":
@@ -157,6 +161,15 @@ def full_only(c: Candidate) -> bool:
 
 
 def _keep(best: list[Plan], plan: Plan, top: int) -> None:
+    """Insert into the top list. Two candidates can end in the same layout (e.g. base recompute none and
+    selective when every layer ends up fully recomputed): keep the layout once, with its faster estimate."""
+    key = (plan.estimate.dims.world, repr(sorted(plan.estimate.dims.as_dict().items())))
+    for i, other in enumerate(best):
+        if (other.estimate.dims.world, repr(sorted(other.estimate.dims.as_dict().items()))) == key:
+            if plan.time < other.time:
+                best[i] = plan
+                best.sort(key=lambda p: (p.time, p.candidate.sort_key()))
+            return
     best.append(plan)
     best.sort(key=lambda p: (p.time, p.candidate.sort_key()))
     del best[top:]

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 from planner.cost.provider import AnalyticCosts
 from planner.errors import SpecError
+from planner.frameworks import Framework
 from planner.parallel import ParallelDims
 from planner.spec import Job
 
@@ -50,6 +51,16 @@ class SearchOptions:
     partial_recompute: bool = True
     allow_idle_nodes: bool = True
     tp_comm_overlap: bool = False  # the framework overlaps TP collectives with GEMMs (Megatron + Transformer Engine)
+    framework: Framework | None = None  # restrict to what this framework runs (planner/frameworks.py)
+
+    @property
+    def uniform_recompute(self) -> bool:
+        """The framework takes one recompute count for all stages."""
+        return self.framework is not None and not self.framework.per_stage_recompute
+
+    @property
+    def even_layers(self) -> bool:
+        return self.framework is not None and not self.framework.uneven_layers
 
 
 def dims_for(job: Job, c: Candidate, stage_layers: tuple[int, ...] | None = None, stage_recompute=None,
@@ -135,6 +146,9 @@ def _enumerate_world(job: Job, costs: AnalyticCosts, opts: SearchOptions, world:
                             for vpp in vpps:
                                 lb = lb_stage / pp * (nmb + (pp - 1) / vpp)
                                 for zero in opts.zero_stages:
+                                    fw = opts.framework
+                                    if fw is not None and not fw.allows(pp=pp, vpp=vpp, zero=zero, cp=cp, ep=ep):
+                                        continue
                                     out.append(Candidate(tp, cp, pp, dp, ep, mbs, vpp, zero, base, lb, world))
                         pruned += len(vpps) * len(opts.zero_stages) * (1 if flash else 0)  # selective == none
                         if tp > 1:

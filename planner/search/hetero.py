@@ -1,0 +1,354 @@
+"""Heterogeneous search: one pipeline template whose stages run on different node groups (GPU types).
+
+A candidate fixes dp, micro-batch, ZeRO stage, the baseline recompute mode and, per node group g (in pipeline
+order, see planner.parallel.group_order), the TP degree tp_g of its stages and their number k_g >= 0, with
+k_g*tp_g*dp <= GPUs of g and P = sum k_g <= num_layers. CP-SAT (planner/search/partition.py) then chooses each
+stage's layers and recomputed layers with one StageModel per stage, priced on that stage's own GPUs.
+
+Candidates come in families (everything but the k_g, with the set of used groups fixed). Families and their
+members are visited best-first by lower bound, and the search stops when no remaining bound beats the K-th best
+plan, which proves the top K (one per candidate) optimal within this space, as planner/search/planner.py does.
+"""
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from dataclasses import dataclass
+
+from planner.cost import memory as M
+from planner.cost.estimate import costs_by_group, evaluate_stages
+from planner.cost.stage import StageModel, StagePlan, kind_coeffs
+from planner.frameworks import Framework
+from planner.parallel import HeteroDims, group_order, tp_heads_error
+from planner.search.partition import solve_partition
+from planner.search.planner import Plan, SearchResult, _keep, _stage_tuple
+from planner.search.quick import RESOLUTION
+from planner.search.space import SearchOptions, divisors
+from planner.spec import Job
+
+HETERO_ZERO = (0, 1, 3)
+
+
+@dataclass(frozen=True)
+class HeteroCandidate:
+    dp: int
+    mbs: int
+    zero: int
+    recompute: str
+    groups: tuple[tuple[int, int, int], ...]  # (group, tp, stages) in pipeline order, stages >= 1
+    lower_bound_s: float
+
+    @property
+    def pp(self) -> int:
+        return sum(k for _, _, k in self.groups)
+
+    @property
+    def stage_groups(self) -> tuple[int, ...]:
+        return tuple(g for g, _, k in self.groups for _ in range(k))
+
+    @property
+    def stage_tp(self) -> tuple[int, ...]:
+        return tuple(tp for _, tp, k in self.groups for _ in range(k))
+
+    def sort_key(self):
+        return (self.lower_bound_s, self.dp, self.mbs, self.zero, self.recompute, self.groups)
+
+    def dims(self, job: Job, layers: tuple[int, ...] | None = None, recompute=None, base: str | None = None) -> HeteroDims:
+        p = self.pp
+        L = job.model.num_layers
+        return HeteroDims(
+            stage_groups=self.stage_groups, stage_tp=self.stage_tp, dp=self.dp, micro_batch_size=self.mbs,
+            zero_stage=self.zero, recompute=base or self.recompute,
+            stage_layers=layers or tuple([L // p] * (p - 1) + [L - L // p * (p - 1)]), stage_recompute=recompute,
+            cluster=job.cluster, model=job.model, training=job.training,
+        )
+
+
+# ----------------------------------------------------------------------------------------------- bounds
+def _per_layer(job: Job, costs, tp: int, mbs: int, base: str) -> float:
+    """Smallest seconds per layer of any kind on this GPU with this TP (compute + TP collectives)."""
+    tokens = mbs * job.training.seq_length
+    return min(k.compute + k.tp for k in kind_coeffs(job, costs, tokens, tp, 1, 1, tp > 1, base).values())
+
+
+def fractional_bottleneck(a: list[float], c: list[float], L: int) -> float:
+    """Smallest T with sum_s (T - c_s)/a_s >= L when every stage holds at least one layer (T >= c_s + a_s):
+    any partition has max_s (n_s a_s + c_s) >= this T, since n_s <= (T - c_s)/a_s must sum to L."""
+    inv = sum(1.0 / x for x in a)
+    return max(max(ci + ai for ai, ci in zip(a, c)), (L + sum(ci / ai for ai, ci in zip(a, c))) / inv)
+
+
+def min_work(a: list[float], L: int, caps: list[int] | None = None) -> float:
+    """Smallest sum_s n_s a_s with 1 <= n_s (<= caps_s) and sum n_s = L: one layer each, the rest on the fastest
+    stages first."""
+    order = sorted(range(len(a)), key=lambda s: a[s])
+    work, left = sum(a), L - len(a)
+    for s in order:
+        take = left if caps is None else min(left, caps[s] - 1)
+        work += take * a[s]
+        left -= take
+        if left <= 0:
+            break
+    return work if left <= 0 else float("inf")
+
+
+def candidate_bound(a: list[float], c: list[float], L: int, m: int) -> float:
+    """Iteration seconds no partition of this candidate beats. With stage times t_s >= n_s a_s + c_s the 1F1B
+    schedule takes (m-1) max_s t_s + sum_s t_s (planner/cost/schedule.py); max_s t_s is bounded by
+    fractional_bottleneck and sum_s t_s by sum c_s + min_work. Communication beyond TP, the DP tail and the
+    optimizer step are >= 0 and left out."""
+    return (m - 1) * fractional_bottleneck(a, c, L) + sum(c) + min_work(a, L)
+
+
+def family_bound(a_used: list[float], k_max: list[int], c_ends: float, L: int, m: int) -> float:
+    """A bound valid for every k in a family (1 <= k_g <= k_max_g): the bottleneck with every group at its
+    most stages, one stage per used group plus the rest of the layers at the fastest per-layer time."""
+    inv = sum(k / x for k, x in zip(k_max, a_used))
+    fast = min(a_used)
+    T = max(max(a_used), L / inv)
+    return (m - 1) * T + c_ends + L * fast + sum(x - fast for x in a_used)
+
+
+# ----------------------------------------------------------------------------------------------- search
+@dataclass
+class _Ctx:
+    job: Job
+    opts: SearchOptions
+    fw: Framework | None
+    costs: object  # group -> AnalyticCosts
+    order: list[int]
+
+    def capacity(self, g: int) -> float:
+        return self.job.cluster[g].gpu.memory_gib * (1 - self.opts.memory_margin)
+
+
+def _tp_options(ctx: _Ctx, g: int) -> list[int]:
+    """TP degrees a stage on group g may use: divide gpus_per_node, the heads rules, the sequence."""
+    m, t = ctx.job.model, ctx.job.training
+    gpn = ctx.job.cluster[g].gpus_per_node
+    return [tp for tp in divisors(gpn) if tp_heads_error(m, tp) is None and (tp == 1 or t.seq_length % tp == 0)]
+
+
+def _families(ctx: _Ctx):
+    """(bound, family) for every dp, micro-batch, ZeRO, baseline recompute and per-group TP (None = unused)."""
+    job, opts = ctx.job, ctx.opts
+    m, t = job.model, job.training
+    L = m.num_layers
+    bases = ["none"] if t.attention == "flash" else ["none", "selective"]
+    tp_opts = {g: [None] + _tp_options(ctx, g) for g in ctx.order}
+    zeros = [z for z in HETERO_ZERO if z in opts.zero_stages]
+    out = []
+    for dp in divisors(t.global_batch_size):
+        kmax_of = {g: {tp: min(L, job.cluster[g].num_gpus // (tp * dp)) for tp in tp_opts[g] if tp} for g in ctx.order}
+        per_replica = t.global_batch_size // dp
+        for mbs in (x for x in divisors(per_replica) if x <= opts.max_micro_batch):
+            mb = per_replica // mbs
+            for base in bases:
+                a_of = {(g, tp): _per_layer(job, ctx.costs(g), tp, mbs, base) for g in ctx.order for tp in tp_opts[g] if tp}
+                for tps in itertools.product(*(tp_opts[g] for g in ctx.order)):
+                    used = [(g, tp) for g, tp in zip(ctx.order, tps) if tp and kmax_of[g][tp] >= 1]
+                    if len(used) != sum(1 for x in tps if x) or not used:
+                        continue
+                    if ctx.fw is not None and not ctx.fw.per_stage_tp and len({tp for _, tp in used}) > 1:
+                        continue
+                    a_used = [a_of[u] for u in used]
+                    k_max = [kmax_of[g][tp] for g, tp in used]
+                    ends = _end_costs(ctx, used[0], used[-1], mbs)
+                    lb = family_bound(a_used, k_max, ends, L, mb)
+                    for zero in zeros:
+                        out.append((lb, (dp, mbs, zero, base, tuple(used))))
+    return out
+
+
+def _end_costs(ctx: _Ctx, first, last, mbs: int) -> float:
+    """Embedding seconds on the first stage plus logits seconds on the last, per micro-batch."""
+    return sum(_end_pair(ctx, first, last, mbs))
+
+
+def _end_pair(ctx: _Ctx, first, last, mbs: int) -> tuple[float, float]:
+    job = ctx.job
+    tokens = mbs * job.training.seq_length
+    e = ctx.costs(first[0]).embedding(job.model, tokens, first[1], first[1] > 1)
+    lg = ctx.costs(last[0]).logits(job.model, tokens, last[1])
+    return e.forward + e.backward, lg.forward + lg.backward
+
+
+def _members(ctx: _Ctx, fam) -> list[HeteroCandidate]:
+    """Every stage-count choice of a family, with its candidate bound."""
+    dp, mbs, zero, base, used = fam
+    job = ctx.job
+    L = job.model.num_layers
+    mb = job.training.global_batch_size // (dp * mbs)
+    a = {u: _per_layer(job, ctx.costs(u[0]), u[1], mbs, base) for u in used}
+    emb, logits = _end_pair(ctx, used[0], used[-1], mbs)
+    ranges = [range(1, min(L, job.cluster[g].num_gpus // (tp * dp)) + 1) for g, tp in used]
+    out = []
+    for ks in itertools.product(*ranges):
+        P = sum(ks)
+        if P > L or (ctx.fw is not None and zero not in ctx.fw.zero_stages(P)):
+            continue
+        if ctx.opts.even_layers and L % P:
+            continue
+        a_s = [a[u] for u, k in zip(used, ks) for _ in range(k)]
+        c_s = [0.0] * P
+        c_s[0] += emb
+        c_s[-1] += logits
+        lb = candidate_bound(a_s, c_s, L, mb)
+        groups = tuple((g, tp, k) for (g, tp), k in zip(used, ks))
+        out.append(HeteroCandidate(dp, mbs, zero, base, groups, lb))
+    return out
+
+
+def _stage_models(ctx: _Ctx, c: HeteroCandidate, cache: dict) -> list[StageModel]:
+    dims = c.dims(ctx.job)
+    out = []
+    for s, (g, tp) in enumerate(zip(c.stage_groups, c.stage_tp)):
+        key = (g, tp, c.dp, c.mbs, c.zero, c.recompute, c.pp)
+        if key not in cache:
+            cache[key] = StageModel(ctx.job, dims.stage_dims(s), ctx.costs(g))
+        out.append(cache[key])
+    return out
+
+
+def max_layers(sm: StageModel, s: int, capacity_gib: float) -> int:
+    """Most layers stage s can hold in memory, with every layer at its lightest (kind, recompute) footprint:
+    an upper bound on n_s for any recompute placement."""
+    cal = sm.cal
+    mem0 = sm.memory(s, StagePlan(0, 0))
+    alloc0 = sum(v for k, v in mem0.items() if k != "overhead")
+    room = (capacity_gib * M.GIB - cal.memory_fixed_gib * M.GIB) / (1 + cal.memory_fragmentation) - alloc0
+    per_d = sum(sm.states_per_param["dense"].values())
+    per_e = sum(sm.states_per_param["expert"].values())
+    inflight = sm.inflight(s)
+    lean = min(k.params_dense * per_d + k.params_expert * per_e + inflight * min(k.act, k.act_recomputed)
+               for k in sm.kinds.values())
+    return max(0, int(room / lean)) if room > 0 else 0
+
+
+def _refined_bound(ctx: _Ctx, c: HeteroCandidate, sms: list[StageModel]) -> float:
+    """The candidate bound with each stage's pipeline sends and its memory cap on layers; inf if the layers
+    cannot fit at all."""
+    L = ctx.job.model.num_layers
+    caps = [max_layers(sm, s, ctx.capacity(g)) for s, (sm, g) in enumerate(zip(sms, c.stage_groups))]
+    if min(caps) < 1 or sum(caps) < L:
+        return float("inf")
+    a = [min(k.compute + k.tp for k in sm.kinds.values()) for sm in sms]
+    cst = [(sm.emb_time if s == 0 else 0.0) + (sm.logits_time if s == c.pp - 1 else 0.0) + sm.pp_time
+           for s, sm in enumerate(sms)]
+    T = _capped_bottleneck(a, cst, caps, L)
+    return (sms[0].mb - 1) * T + sum(cst) + min_work(a, L, caps)
+
+
+def _capped_bottleneck(a, c, caps, L) -> float:
+    """Smallest T (bisection) with sum_s min(caps_s, floor((T - c_s)/a_s)) >= L and every stage >= 1 layer."""
+    def holds(T):
+        return sum(min(k, int((T - ci) / ai + 1e-9)) for ai, ci, k in zip(a, c, caps) if T > ci)
+
+    lo = max(ci + ai for ai, ci in zip(a, c))
+    hi = max(c) + L * max(a)
+    if holds(lo) >= L:
+        return lo
+    for _ in range(60):
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if holds(mid) >= L else (mid, hi)
+        if hi - lo <= 1e-9 * hi:
+            break
+    return lo
+
+
+def _solve(ctx: _Ctx, c: HeteroCandidate, sms, cap_s: float, remaining: float, workers: int):
+    caps = [ctx.capacity(g) for g in c.stage_groups]
+    partial = ctx.opts.partial_recompute
+    res = solve_partition(sms, caps, partial_recompute=partial, time_limit_s=remaining, workers=workers,
+                          objective_cap_s=cap_s if cap_s < float("inf") else None,
+                          even_layers=ctx.opts.even_layers, uniform_recompute=ctx.opts.uniform_recompute)
+    if res.plans is None:
+        return res, None
+    layers, rec = _stage_tuple(res.plans)
+    full = rec is not None and all(r == n for r, n in zip(rec, layers))
+    dims = c.dims(ctx.job, layers, None if full else rec, "full" if full else c.recompute)
+    final_sms = [StageModel(ctx.job, dims.stage_dims(s), ctx.costs(g)) for s, g in enumerate(c.stage_groups)]
+    return res, evaluate_stages(ctx.job, dims, final_sms, res.plans, ctx.opts.memory_margin)
+
+
+def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers: int = 1,
+                  options: SearchOptions | None = None, single_type: bool = True) -> SearchResult:
+    """Best heterogeneous plans of a multi-group job (see the module docstring). With ``single_type`` the best
+    plan on each node group alone (the homogeneous search) is reported for comparison."""
+    opts = options or SearchOptions()
+    start = time.monotonic()
+    deadline = start + time_limit_s * (0.6 if single_type else 1.0)
+    ctx = _Ctx(job, opts, opts.framework, costs_by_group(job), group_order(job.cluster))
+    fams = _families(ctx)
+    heapq.heapify(fams)
+    n_fams = len(fams)
+    cands: list = []
+    best: list[Plan] = []
+    cache: dict = {}
+    counted = expanded = solved = pruned = 0
+    complete = True
+    frontier = float("inf")
+    tie = itertools.count()
+    while fams or cands:
+        kth = best[top - 1].time if len(best) >= top else float("inf")
+        if fams and (not cands or fams[0][0] <= cands[0][0]):
+            lb, fam = heapq.heappop(fams)
+            if lb >= kth:
+                pruned += 1 + len(fams)
+                frontier = min(frontier, lb)
+                fams = []
+                continue
+            expanded += 1
+            for c in _members(ctx, fam):
+                counted += 1
+                heapq.heappush(cands, (c.lower_bound_s, next(tie), c))
+            continue
+        lb, _, c = heapq.heappop(cands)
+        if lb >= kth:
+            pruned += 1 + len(cands) + len(fams)
+            frontier = min(frontier, lb)
+            break
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            complete = False
+            frontier = min(frontier, lb)
+            break
+        sms = _stage_models(ctx, c, cache)
+        if _refined_bound(ctx, c, sms) >= kth:
+            pruned += 1
+            continue
+        res, est = _solve(ctx, c, sms, kth, remaining, workers)
+        solved += 1
+        if res.status not in ("optimal", "infeasible"):
+            complete = False
+        if est is not None and est.fits:
+            _keep(best, Plan(c, est, res.status), top)
+    final = [p if complete else Plan(p.candidate, p.estimate, "feasible") for p in best]
+    gap = 0.0
+    if not complete and final:
+        gap = max(0.0, (final[0].time - min(frontier, final[0].time)) / final[0].time)
+    # candidates: every (family, stage counts) expanded, plus each family pruned whole by its bound
+    result = SearchResult(final, counted + n_fams - expanded, pruned, solved, 0.0, complete, gap)
+    if single_type:
+        result.single_type_best_s, result.single_type_group = best_single_type(
+            job, opts, workers, max(0.5, start + time_limit_s - time.monotonic()))
+    result.seconds = time.monotonic() - start
+    return result
+
+
+def best_single_type(job: Job, opts: SearchOptions, workers: int, time_limit_s: float):
+    """(seconds, group) of the best homogeneous plan on one node group alone, or (None, None) if none fits."""
+    from planner.search.planner import search
+
+    out = (None, None)
+    groups = group_order(job.cluster)
+    for i, g in enumerate(groups):
+        sub = job.model_copy(update={"cluster": (job.cluster[g],), "layout": None})
+        share = time_limit_s / (len(groups) - i)
+        t0 = time.monotonic()
+        res = search(sub, top=1, time_limit_s=share, workers=workers, options=opts)
+        time_limit_s -= time.monotonic() - t0
+        if res.plans and (out[0] is None or res.plans[0].time < out[0]):
+            out = (res.plans[0].time, g)
+    return out

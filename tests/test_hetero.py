@@ -1,0 +1,142 @@
+"""Heterogeneous plans (stages on different GPU types): search vs brute force, per-stage memory, estimate of a
+hetero layout file, the --framework restriction, and the plan JSON schema."""
+import itertools
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from planner.cost.estimate import costs_by_group, evaluate_stages
+from planner.cost.memory import GIB
+from planner.cost.stage import StageModel, split_kinds
+from planner.parallel import group_order, tp_heads_error
+from planner.search.hetero import HETERO_ZERO, HeteroCandidate, search_hetero
+from planner.search.quick import RESOLUTION
+from planner.search.space import SearchOptions, divisors
+from planner.spec import parse_job
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = {"name": "gpt-small", "num_layers": 6, "hidden_size": 1024, "ffn_hidden_size": 4096,
+         "num_attention_heads": 16, "vocab_size": 32000, "mlp": "gelu"}
+SMALL_GPU = {"memory_gib": 6.0, "peak_tflops_bf16": 312, "hbm_tbps": 2.0, "intra_node_gbps": 300,
+             "inter_node_gbps": 200, "name": "small-gpu"}
+OPTS = SearchOptions(zero_stages=HETERO_ZERO, max_micro_batch=2)
+
+
+def small_job():
+    return parse_job({"model": SMALL,
+                      "cluster": [{"gpu": SMALL_GPU, "nodes": 1, "gpus_per_node": 4},
+                                  {"gpu": "a100-40gb", "nodes": 1, "gpus_per_node": 4}],
+                      "training": {"seq_length": 8192, "global_batch_size": 4, "attention": "eager"}})
+
+
+def compositions(total, parts):
+    if parts == 1:
+        yield (total,)
+        return
+    for first in range(1, total - parts + 2):
+        for rest in compositions(total - first, parts - 1):
+            yield (first,) + rest
+
+
+def brute_force_best(j, opts):
+    """Every dp, micro-batch, ZeRO, per-group (tp, stage count), layer composition and recompute count."""
+    L, t = j.model.num_layers, j.training
+    costs = costs_by_group(j)
+    order = group_order(j.cluster)
+    best = float("inf")
+    models = {}  # a StageModel depends on the degrees only, not on the split
+
+    def stage_model(dims, s, g):
+        key = (g, dims.stage_tp[s], dims.dp, dims.micro_batch_size, dims.zero_stage, dims.recompute, dims.pp)
+        if key not in models:
+            models[key] = StageModel(j, dims.stage_dims(s), costs(g))
+        return models[key]
+
+    for dp in divisors(t.global_batch_size):
+        for mbs in [x for x in divisors(t.global_batch_size // dp) if x <= opts.max_micro_batch]:
+            per_group = []
+            for g in order:
+                gpn, n = j.cluster[g].gpus_per_node, j.cluster[g].num_gpus
+                per_group.append([None] + [(g, tp, k) for tp in divisors(gpn) if tp_heads_error(j.model, tp) is None
+                                           for k in range(1, n // (tp * dp) + 1)])
+            for zero, base in itertools.product(opts.zero_stages, ["none", "selective"]):
+                for choice in itertools.product(*per_group):
+                    groups = tuple(x for x in choice if x)
+                    if not groups or sum(k for _, _, k in groups) > L:
+                        continue
+                    c = HeteroCandidate(dp, mbs, zero, base, groups, 0.0)
+                    for split in compositions(L, c.pp):
+                        for rec in itertools.product(*[range(n + 1) for n in split]):
+                            full = all(r == n for r, n in zip(rec, split))
+                            dims = c.dims(j, split, None if full or not any(rec) else rec, "full" if full else base)
+                            sms = [stage_model(dims, s, g) for s, g in enumerate(c.stage_groups)]
+                            plans = split_kinds(j, split, dims.stage_recompute, full)
+                            est = evaluate_stages(j, dims, sms, plans, opts.memory_margin)
+                            if est.fits and est.iteration_time_s < best:
+                                best = est.iteration_time_s
+    return best
+
+
+def test_hetero_search_matches_brute_force():
+    j = small_job()
+    result = search_hetero(j, top=1, time_limit_s=60, options=OPTS, single_type=False)
+    expected = brute_force_best(j, OPTS)
+    assert result.plans and result.complete and result.plans[0].status == "optimal"
+    assert result.plans[0].time == pytest.approx(expected, rel=RESOLUTION)
+
+
+def test_every_stage_fits_its_own_gpu():
+    j = small_job()
+    result = search_hetero(j, top=5, time_limit_s=60, options=OPTS, single_type=False)
+    assert result.plans
+    for plan in result.plans:
+        d = plan.estimate.dims
+        for st in plan.estimate.stages:
+            cap = j.cluster[d.stage_groups[st.index]].gpu.memory_gib * (1 - OPTS.memory_margin)
+            assert st.peak_bytes / GIB <= cap + 1e-9
+
+
+def run(*args):
+    proc = subprocess.run([sys.executable, "-m", "planner", *map(str, args)], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
+def test_estimate_hetero_layout_file(tmp_path):
+    job = (ROOT / "examples" / "hetero" / "gpt-32l-2x32.yaml").read_text()
+    job += ("layout:\n  dp: 16\n  pp: 2\n  micro_batch_size: 1\n  zero_stage: 1\n  recompute: none\n  stages:\n"
+            "    - {group: 0, tp: 2, layers: 24, gpus: 32}\n    - {group: 1, tp: 2, layers: 8, gpus: 32, recompute_layers: 1}\n")
+    path = tmp_path / "job.yaml"
+    path.write_text(job)
+    est = json.loads(run("estimate", path, "--json"))
+    assert est["fits"] and est["iteration_time_s"] > 0
+    assert [s["group"] for s in est["stages"]] == [0, 1]
+    assert est["layout"]["stages"][1] == {"group": 1, "tp": 2, "layers": 8, "gpus": 32, "recompute_layers": 1}
+
+
+@pytest.fixture(scope="module")
+def megatron_doc():
+    return json.loads(run("plan", ROOT / "examples" / "hetero" / "gpt-32l-2x32.yaml", "--json", "--no-timing",
+                          "--top", "5", "--framework", "megatron"))
+
+
+def test_megatron_uses_one_tp_for_all_stages(megatron_doc):
+    assert megatron_doc["plans"]
+    for p in megatron_doc["plans"]:
+        assert len({s["tp"] for s in p["layout"]["stages"]}) == 1
+        rec = {s.get("recompute_layers", 0) for s in p["layout"]["stages"]}
+        assert len(rec) == 1  # one recompute count for every stage
+    s = megatron_doc["search"]
+    assert s["framework"] == "megatron" and s["unrestricted_best_s"] <= megatron_doc["plans"][0]["estimate"]["iteration_time_s"]
+    assert s["single_type_best_s"] > 0 and s["hetero_vs_single_ratio"] > 0
+
+
+def test_hetero_plan_json_validates_against_schema(megatron_doc):
+    schema = json.loads(run("schema", "plan"))
+    jsonschema.validate(megatron_doc, schema)
+    place = megatron_doc["plans"][0]["placement"]
+    assert place["idle_gpus"] == sum(g["idle_gpus"] for g in place["groups"])
