@@ -63,7 +63,7 @@ def _time_horizon(sm: StageModel, L: int, p: int) -> int:
 def solve_partition(sm: StageModel | list[StageModel], capacity_gib: float | list[float], *,
                     partial_recompute: bool, time_limit_s: float, workers: int = 1, seed: int = 0,
                     objective_cap_s: float | None = None, even_layers: bool = False,
-                    uniform_recompute: bool = False) -> PartitionResult:
+                    uniform_recompute: bool = False, hint: list[StagePlan] | None = None) -> PartitionResult:
     """Best layer partition and recompute placement.
 
     ``sm`` is one StageModel for all stages (homogeneous degrees) or a list with one StageModel per stage
@@ -72,7 +72,8 @@ def solve_partition(sm: StageModel | list[StageModel], capacity_gib: float | lis
     ``objective_cap_s`` lets the caller prune: only solutions faster than it are of interest.
     ``even_layers`` forces the same layer count on every stage (frameworks without uneven splits);
     ``uniform_recompute`` the same number of fully recomputed layers on every stage (Megatron's
-    ``--recompute-num-layers`` applies to each stage alike)."""
+    ``--recompute-num-layers`` applies to each stage alike). ``hint`` (a known feasible split) seeds the search;
+    it changes how fast the optimum is found, not which optimum (ties are broken in the objective)."""
     sms = sm if isinstance(sm, list) else [sm] * sm.dims.pp
     caps = capacity_gib if isinstance(capacity_gib, list) else [capacity_gib] * len(sms)
     s0 = sms[0]
@@ -261,6 +262,11 @@ def solve_partition(sm: StageModel | list[StageModel], capacity_gib: float | lis
     weight = p * (p + 1) // 2 * (L + 1) * (L + 1) + 1
     horizon = (v * mb + p + 2 * v) * big_t  # bound of obj from the variables' domains
     m.Minimize(obj * weight + tiebreak if horizon * weight < 2**62 else obj)
+    if hint is not None and len(hint) == p:
+        for i, plan in enumerate(hint):
+            m.AddHint(n[i], plan.layers)
+            if not isinstance(r[i], int) and r[i] is not n[i]:
+                m.AddHint(r[i], plan.recomputed)
 
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)

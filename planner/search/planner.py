@@ -112,7 +112,8 @@ def search(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers: int =
         cap = min(kth, incumbent.time) if incumbent else kth
         res = solve_partition(sm, capacity, partial_recompute=opts.partial_recompute, time_limit_s=remaining,
                               workers=workers, objective_cap_s=cap if cap < float("inf") else None,
-                              even_layers=opts.even_layers, uniform_recompute=opts.uniform_recompute)
+                              even_layers=opts.even_layers, uniform_recompute=opts.uniform_recompute,
+                              hint=greedy)
         solved += 1
         if res.plans is None:
             if res.status == "unknown":
