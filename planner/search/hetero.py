@@ -21,6 +21,7 @@ from planner.cost.estimate import costs_by_group, evaluate_stages
 from planner.cost.stage import StageModel, StagePlan, kind_coeffs
 from planner.frameworks import Framework
 from planner.parallel import HeteroDims, group_order, tp_heads_error
+from planner.search import quick
 from planner.search.partition import solve_partition
 from planner.search.planner import Plan, SearchResult, _keep, _stage_tuple
 from planner.search.quick import RESOLUTION
@@ -236,8 +237,49 @@ def _refined_bound(ctx: _Ctx, c: HeteroCandidate, sms: list[StageModel]) -> floa
     a = [min(k.compute + k.tp for k in sm.kinds.values()) for sm in sms]
     cst = [(sm.emb_time if s == 0 else 0.0) + (sm.logits_time if s == c.pp - 1 else 0.0) + sm.pp_time
            for s, sm in enumerate(sms)]
-    T = _capped_bottleneck(a, cst, caps, L)
+    T = max(_capped_bottleneck(a, cst, caps, L), _memory_bottleneck(ctx, c, sms, cst))
     return (sms[0].mb - 1) * T + sum(cst) + min_work(a, L, caps)
+
+
+def _memory_bottleneck(ctx: _Ctx, c: HeteroCandidate, sms: list[StageModel], cst: list[float]) -> float:
+    """Smallest bottleneck T at which the stages hold the layers of the heaviest kind when each stage recomputes
+    just enough whole layers to fit its own GPU (the per-stage form of quick.memory_bottleneck): stage s holds n
+    layers in n*a_s + r_s(n)*rc_s + c_s with r_s(n) = ceil((n*alpha_s - room_s)/beta_s). Valid for every plan of
+    the candidate, since other layers only add time and memory."""
+    m = ctx.job.model
+    heavy_name = "moe" if m.moe is not None else "dense"
+    need = m.num_moe_layers if m.moe is not None else m.num_layers
+    stages = []
+    for s, (sm, g) in enumerate(zip(sms, c.stage_groups)):
+        room, alpha, beta = quick._stage_memory_terms(sm, ctx.capacity(g))[s]
+        k = sm.kinds[heavy_name]
+        stages.append((room, alpha, beta, k.compute + k.tp, k.recompute_extra + k.tp_recompute, cst[s]))
+
+    def held(T: float) -> int:
+        total = 0
+        for room, alpha, beta, a, rc, const in stages:
+            n = int((T - const) / a) if T > const else 0
+            if room <= 0:
+                n = 0
+            elif alpha > beta:
+                n = min(n, int(room / (alpha - beta)))  # even with every layer recomputed
+            while n > 0:
+                over = n * alpha - room
+                r = 0 if over <= 0 else (-(-over // beta) if beta > 0 else n + 1)
+                if r <= n and n * a + r * rc + const <= T * (1 + 1e-12):
+                    break
+                n -= 1
+            total += n
+        return total
+
+    lo = max(const for *_, const in stages)
+    hi = lo + m.num_layers * max(a + rc for *_, a, rc, _c in stages)
+    if held(hi) < need:
+        return float("inf")
+    while hi - lo > 1e-6 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if held(mid) >= need else (mid, hi)
+    return lo
 
 
 def _capped_bottleneck(a, c, caps, L) -> float:
