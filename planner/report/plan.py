@@ -51,6 +51,10 @@ def _comparisons(doc: dict) -> list[str]:
     if s.get("single_type_best_s") is not None and best:
         out.append(f"best single-type plan (group {s['single_type_group']} alone): {s['single_type_best_s']:.3f} s; "
                    f"heterogeneous / single-type = {s['hetero_vs_single_ratio']:.3f}")
+        if s["single_type_best_s"] < best:
+            g = s["single_type_group"]
+            out.append(f"[bold yellow]note:[/] group {g} alone is faster than the best mixed plan found; plan a job "
+                       f"with only cluster[{g}] (the other groups idle) to get its layout")
     if s.get("framework") and s.get("unrestricted_best_s") is not None and best:
         out.append(f"--framework {s['framework']}: best {best:.3f} s vs {s['unrestricted_best_s']:.3f} s unrestricted "
                    f"(restriction costs {(best / s['unrestricted_best_s'] - 1) * 100:+.1f}%)")
