@@ -106,6 +106,7 @@ def usable_node_counts(nodes: int) -> list[int]:
 
 def _enumerate_world(job: Job, costs: AnalyticCosts, opts: SearchOptions, world: int,
                      deadline: float | None) -> tuple[list[Candidate], int, bool]:
+    lb_memo: dict = {}  # the per-micro-batch bound does not depend on pp, dp, vpp or ZeRO
     m, t = job.model, job.training
     gpn = job.cluster[0].gpus_per_node
     L = m.num_layers
@@ -142,7 +143,10 @@ def _enumerate_world(job: Job, costs: AnalyticCosts, opts: SearchOptions, world:
                         nmb = per_replica // mbs
                         vpps = [1] if pp == 1 else [v for v in divisors(L) if L >= pp * v and (v == 1 or nmb % pp == 0)]
                         for base in bases:
-                            lb_stage = _compute_lower_bound(job, costs, tp, cp, ep, mbs, base)
+                            key = (tp, cp, ep, mbs, base)
+                            lb_stage = lb_memo.get(key)
+                            if lb_stage is None:
+                                lb_stage = lb_memo[key] = _compute_lower_bound(job, costs, tp, cp, ep, mbs, base)
                             for vpp in vpps:
                                 lb = lb_stage / pp * (nmb + (pp - 1) / vpp)
                                 for zero in opts.zero_stages:
