@@ -93,7 +93,7 @@ def search(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers: int =
         sm = StageModel(job, dims_for(job, c, tp_overlap=opts.tp_comm_overlap), costs)
         if sm.lower_bound() >= kth:
             continue
-        lb = quick.lower_bound(sm, capacity)
+        lb = quick.lower_bound(sm, capacity, kth)
         if lb == float("inf"):
             infeasible += 1
             continue

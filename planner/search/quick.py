@@ -140,11 +140,14 @@ def _stage_memory_terms(sm: StageModel, capacity_gib: float):
     return out
 
 
-def memory_bottleneck(sm: StageModel, capacity_gib: float, effective_layers: float) -> float:
+def memory_bottleneck(sm: StageModel, capacity_gib: float, effective_layers: float,
+                      probe: float | None = None) -> float:
     """Smallest bottleneck T at which the stages can hold ``effective_layers`` layers of the heaviest kind (the
     other layers only add time and memory) when each stage recomputes just enough
     layers (whole layers) to fit in memory: stage i holds n layers in n*a + r_i(n)*rc + c_i seconds with
-    r_i(n) = ceil((n*alpha_i - room_i)/beta_i). A lower bound on max_i t_i for every feasible plan."""
+    r_i(n) = ceil((n*alpha_i - room_i)/beta_i). A lower bound on max_i t_i for every feasible plan.
+    With ``probe`` only one question is answered (is the bottleneck above ``probe``?): the result is just above
+    ``probe`` if so, else a weaker valid bound; enough for pruning against a known best."""
     d = sm.dims
     v = d.vpp
     heavy = sm.kinds["moe" if "moe" in sm.kinds else "dense"]
@@ -200,6 +203,8 @@ def memory_bottleneck(sm: StageModel, capacity_gib: float, effective_layers: flo
         return float("inf")
     if holds(lo) >= effective_layers - 1e-9:
         return lo
+    if probe is not None:
+        return probe * (1 + 1e-12) if probe < hi and holds(probe) < effective_layers - 1e-9 else lo
     while hi - lo > 1e-6 * hi:
         mid = (lo + hi) / 2
         if holds(mid) >= effective_layers - 1e-9:
@@ -209,10 +214,11 @@ def memory_bottleneck(sm: StageModel, capacity_gib: float, effective_layers: flo
     return lo
 
 
-def lower_bound(sm: StageModel, capacity_gib: float | None = None) -> float:
+def lower_bound(sm: StageModel, capacity_gib: float | None = None, cutoff: float = float("inf")) -> float:
     """Valid for every partition and recompute placement of these degrees. Beyond the integer bottleneck it
     keeps the convex overlap terms in aggregate: sum_i max(0, x_i) >= max(0, sum_i x_i), and collective costs are
-    affine with non-negative latency, so f(a) + f(b) >= f(a + b)."""
+    affine with non-negative latency, so f(a) + f(b) >= f(a + b). Against a finite ``cutoff`` (the K-th best
+    plan) the memory bottleneck is only probed at the value that would reach it."""
     d, m = sm.dims, sm.job.model
     p, v = d.pp, d.vpp
     a = _per_layer(sm)
@@ -228,7 +234,6 @@ def lower_bound(sm: StageModel, capacity_gib: float | None = None) -> float:
             expert += count * k.params_expert
             comp += count * k.compute
             fwd += count * k.forward
-    T_mem = 0.0
     if capacity_gib is not None:
         forced = forced_recompute(sm, capacity_gib)
         if forced is None:
@@ -237,12 +242,10 @@ def lower_bound(sm: StageModel, capacity_gib: float | None = None) -> float:
             per_recompute = min(k.recompute_extra + k.tp_recompute + k.ep_recompute for k in sm.kinds.values())
             total += forced * per_recompute
             comp += forced * min(k.recompute_extra for k in sm.kinds.values())
-        # the heaviest kind alone must fit: all layers of a dense model, the MoE layers of an MoE model
-        T_mem = memory_bottleneck(sm, capacity_gib, m.num_moe_layers if "moe" in sm.kinds else m.num_layers)
     sharded = sm.sharded_comm(dense, expert)
     if sharded:
         total += max(0.0, sharded - sm.cal.fsdp_overlap * comp)
-    T = max(integer_bottleneck(sm), total / p, T_mem)
+    T = max(integer_bottleneck(sm), total / p)
     tail = 0.0
     if d.zero_stage < 3:
         g = sm.grad_wire
@@ -256,7 +259,13 @@ def lower_bound(sm: StageModel, capacity_gib: float | None = None) -> float:
         tail = (max(0.0, red - ov * (comp - fwd)) + max(0.0, gather - ov * fwd)) / p
     sharded_opt = d.zero_stage >= 1
     opt = sm.costs.optimizer_step(dense / p / (sm.shard if sharded_opt else 1) + expert / p / (sm.exp_shard if sharded_opt else 1))
-    return (sm.mb - 1 / v) * T + total / v + tail + opt
+    rest = total / v + tail + opt
+    slope = sm.mb - 1 / v
+    if capacity_gib is not None and slope * T + rest < cutoff:
+        # the heaviest kind alone must fit: all layers of a dense model, the MoE layers of an MoE model
+        probe = (cutoff - rest) / slope if cutoff < float("inf") and slope > 0 else None
+        T = max(T, memory_bottleneck(sm, capacity_gib, m.num_moe_layers if "moe" in sm.kinds else m.num_layers, probe))
+    return slope * T + rest
 
 
 def _trim_surplus(sm: StageModel, counts: list[int], L: int) -> bool:
