@@ -8,6 +8,7 @@ from planner.cost.provider import AnalyticCosts
 from planner.cost.stage import StageModel, StagePlan, moe_layers_before
 from planner.search.planner import _finalize_dims, search
 from planner.search.quick import RESOLUTION
+from planner.frameworks import FRAMEWORKS
 from planner.search.space import SearchOptions, dims_for, enumerate_candidates
 from planner.spec import parse_job
 
@@ -88,3 +89,19 @@ def test_memory_bound_case_uses_partial_recompute():
 def test_nothing_fits_is_reported_empty():
     j = job(SMALL_GPT, gpu={**TIGHT_GPU, "memory_gib": 0.5}, gbs=8)
     assert search(j, top=3, time_limit_s=30).plans == []
+
+
+@pytest.mark.parametrize("opts", [SearchOptions(partial_recompute=False, allow_cross_node_tp=True),
+                                  SearchOptions(framework=FRAMEWORKS["megatron"], allow_cross_node_tp=True)])
+def test_cp_sat_models_stay_valid_without_free_recompute_counts(opts):
+    """Regression (fuzz seed 1, case 3): hinting a shared constant twice made the CP-SAT model invalid, so
+    every solve came back 'unknown' and plans were reported as merely feasible."""
+    model = {"name": "fuzz", "num_layers": 6, "hidden_size": 3328, "ffn_hidden_size": 13312,
+             "num_attention_heads": 104, "num_kv_heads": 26, "vocab_size": 30480, "mlp": "gelu", "dropout": True,
+             "tie_embeddings": True}
+    j = parse_job({"model": model, "cluster": [{"gpu": "a100-40gb", "nodes": 6, "gpus_per_node": 8}],
+                   "training": {"seq_length": 4096, "global_batch_size": 436, "attention": "eager",
+                                "precision": "fp16", "optimizer": "sgd"}})
+    result = search(j, top=3, time_limit_s=60, options=opts)
+    assert result.plans and result.complete
+    assert all(p.status == "optimal" for p in result.plans)

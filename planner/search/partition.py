@@ -263,10 +263,13 @@ def solve_partition(sm: StageModel | list[StageModel], capacity_gib: float | lis
     horizon = (v * mb + p + 2 * v) * big_t  # bound of obj from the variables' domains
     m.Minimize(obj * weight + tiebreak if horizon * weight < 2**62 else obj)
     if hint is not None and len(hint) == p:
+        # a variable may stand for several stages (constants are shared, uniform recompute ties them): hint once
+        hinted: set[int] = set()
         for i, plan in enumerate(hint):
-            m.AddHint(n[i], plan.layers)
-            if not isinstance(r[i], int) and r[i] is not n[i]:
-                m.AddHint(r[i], plan.recomputed)
+            for var, value in ((n[i], plan.layers), (r[i], plan.recomputed)):
+                if var.Index() not in hinted:
+                    hinted.add(var.Index())
+                    m.AddHint(var, value)
 
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
