@@ -148,6 +148,29 @@ def memory_bottleneck(sm: StageModel, capacity_gib: float, effective_layers: flo
     r_i(n) = ceil((n*alpha_i - room_i)/beta_i). A lower bound on max_i t_i for every feasible plan.
     With ``probe`` only one question is answered (is the bottleneck above ``probe``?): the result is just above
     ``probe`` if so, else a weaker valid bound; enough for pruning against a known best."""
+    counts, lo, hi = _memory_counts(sm, capacity_gib)
+
+    def holds(T: float) -> int:
+        return sum(counts(T))
+
+    if holds(hi) < effective_layers - 1e-9:
+        return float("inf")
+    if holds(lo) >= effective_layers - 1e-9:
+        return lo
+    if probe is not None:
+        return probe * (1 + 1e-12) if probe < hi and holds(probe) < effective_layers - 1e-9 else lo
+    while hi - lo > 1e-6 * hi:
+        mid = (lo + hi) / 2
+        if holds(mid) >= effective_layers - 1e-9:
+            hi = mid
+        else:
+            lo = mid
+    return lo
+
+
+def _memory_counts(sm: StageModel, capacity_gib: float):
+    """(counts, lo, hi): counts(T) gives, per stage, the most heavy layers (multiples of v) it holds within a
+    bottleneck T when it recomputes just enough whole layers to fit; lo and hi bracket the bottleneck."""
     d = sm.dims
     v = d.vpp
     heavy = sm.kinds["moe" if "moe" in sm.kinds else "dense"]
@@ -193,25 +216,8 @@ def memory_bottleneck(sm: StageModel, capacity_gib: float, effective_layers: flo
             out.append(k * v)
         return out
 
-    def holds(T: float) -> int:
-        return sum(counts(T))
-
-    memory_bottleneck.last_counts = counts  # for greedy_recompute_partition
     lo = max(consts) if consts else 0.0
-    hi = max(consts) + sm.job.model.num_layers * (a + rc)
-    if holds(hi) < effective_layers - 1e-9:
-        return float("inf")
-    if holds(lo) >= effective_layers - 1e-9:
-        return lo
-    if probe is not None:
-        return probe * (1 + 1e-12) if probe < hi and holds(probe) < effective_layers - 1e-9 else lo
-    while hi - lo > 1e-6 * hi:
-        mid = (lo + hi) / 2
-        if holds(mid) >= effective_layers - 1e-9:
-            hi = mid
-        else:
-            lo = mid
-    return lo
+    return counts, lo, lo + sm.job.model.num_layers * (a + rc)
 
 
 def lower_bound(sm: StageModel, capacity_gib: float | None = None, cutoff: float = float("inf")) -> float:
@@ -321,12 +327,13 @@ def greedy_recompute_partition(sm: StageModel, capacity_gib: float) -> list[Stag
     T = memory_bottleneck(sm, capacity_gib, m.num_moe_layers if "moe" in sm.kinds else L)
     if T == float("inf"):
         return None
-    counts = memory_bottleneck.last_counts(T * (1 + 1e-9))
+    stage_counts, _, _ = _memory_counts(sm, capacity_gib)
+    counts = stage_counts(T * (1 + 1e-9))
     if sum(counts) < L or min(counts) < v:
         bump = 1.0
         while (sum(counts) < L or min(counts) < v) and bump < 4:
             bump *= 1.05
-            counts = memory_bottleneck.last_counts(T * bump)
+            counts = stage_counts(T * bump)
         if sum(counts) < L or min(counts) < v:
             return None
     if not _trim_surplus(sm, counts, L):
