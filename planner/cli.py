@@ -210,8 +210,6 @@ def main(argv: list[str] | None = None) -> None:
         sys.exit(EXIT_INTERRUPTED)
     except BrokenPipeError:
         # the reader closed the pipe (`planner plan --json | head`): stop quietly, like other Unix tools
-        import os
-
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(EXIT_CHECK_FAILED)
     except SystemExit:

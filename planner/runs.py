@@ -20,7 +20,7 @@ from typing import Any
 
 from planner.cost import flops as F
 from planner.errors import SpecError
-from planner.spec import Job, Layout, ModelSpec
+from planner.spec import Job, Layout
 
 
 @dataclass

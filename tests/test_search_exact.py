@@ -5,7 +5,7 @@ import pytest
 
 from planner.cost.estimate import evaluate_plans
 from planner.cost.provider import AnalyticCosts
-from planner.cost.stage import StageModel, StagePlan, moe_layers_before
+from planner.cost.stage import StageModel, StagePlan
 from planner.search.planner import _finalize_dims, search
 from planner.search.quick import RESOLUTION
 from planner.frameworks import FRAMEWORKS
@@ -40,7 +40,7 @@ def brute_force_best(j, opts):
             first = 0
             kinds = []
             for n in split:
-                moe = moe_layers_before(j, first + n) - moe_layers_before(j, first)
+                moe = j.model.moe_layers_before(first + n) - j.model.moe_layers_before(first)
                 kinds.append((n, moe))
                 first += n
             for rec in itertools.product(*[range(n + 1) for n in split]):

@@ -1,7 +1,7 @@
 """Put the cost model together: predicted iteration time, throughput, MFU and per-stage memory of a layout."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from planner.cost import flops as F
 from planner.cost import memory as M
@@ -36,7 +36,6 @@ class Estimate:
     stages: list[StageEstimate]
     model_flops: float
     peak_tflops_per_gpu: float
-    extra: dict = field(default_factory=dict)
     stage_capacity_gib: list[float] | None = None  # heterogeneous plans: each stage's own GPU capacity
 
     def capacity_of(self, stage: int) -> float:

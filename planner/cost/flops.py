@@ -142,11 +142,6 @@ def narayanan_hardware_flops(model: ModelSpec, seq: int, batch: int) -> float:
     return 96.0 * batch * seq * l * h * h * (1 + seq / (6.0 * h) + v / (16.0 * l * h))
 
 
-def llm_foundry_flops_per_token(params_incl_embeddings: float, layers: int, d_model: int, seq: int) -> float:
-    """MosaicML llm-foundry benchmark README: 6*N + 12*l*d*s FLOPs per token (N includes embeddings)."""
-    return 6.0 * params_incl_embeddings + 12.0 * layers * d_model * seq
-
-
 def palm_flops_per_token(model: ModelSpec, seq: int) -> float:
     """Chowdhery et al. 2022 (PaLM), App. B: 6*N + 12*L*H*Q*T with N the non-embedding parameters."""
     n = total_params(model) - embedding_params(model) * (1 if model.tie_embeddings else 2)

@@ -13,7 +13,6 @@ from dataclasses import dataclass
 
 from planner.cost import flops as F
 from planner.cost import memory as M
-from planner.cost.comm import Link
 from planner.cost.provider import AnalyticCosts
 from planner.parallel import ParallelDims
 from planner.spec import Job
@@ -122,8 +121,7 @@ class StageModel:
         gpn = costs.group.gpus_per_node
         self.flash = t.attention == "flash"
         base_rc = "selective" if dims.recompute == "selective" else "none"
-        self.base_recompute = base_rc
-        tokens, seq = dims.tokens_per_microbatch, t.seq_length
+        tokens = dims.tokens_per_microbatch
         self.mb = dims.num_microbatches
         self.grad_wire = 2.0 if t.grad_dtype == "bf16" else 4.0  # bytes per gradient element on the wire
 
@@ -293,14 +291,9 @@ def split_kinds(job: Job, stage_layers: tuple[int, ...], recompute_layers: tuple
     (their activations are the largest), then dense ones."""
     plans, first = [], 0
     for i, n in enumerate(stage_layers):
-        moe = moe_layers_before(job, first + n) - moe_layers_before(job, first)
+        moe = job.model.moe_layers_before(first + n) - job.model.moe_layers_before(first)
         r = n if full else (recompute_layers[i] if recompute_layers else 0)
         r_moe = min(r, moe)
         plans.append(StagePlan(dense=n - moe, moe=moe, r_dense=r - r_moe, r_moe=r_moe))
         first += n
     return plans
-
-
-def moe_layers_before(job: Job, x: int) -> int:
-    """Number of MoE layers among the first ``x`` layers (closed form used by the CP-SAT model)."""
-    return job.model.moe_layers_before(x)

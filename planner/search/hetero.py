@@ -24,7 +24,6 @@ from planner.parallel import HeteroDims, group_order, tp_heads_error
 from planner.search import quick
 from planner.search.partition import solve_partition
 from planner.search.planner import Plan, SearchResult, _keep, _stage_tuple
-from planner.search.quick import RESOLUTION
 from planner.search.space import SearchOptions, divisors
 from planner.spec import Job
 

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from ortools.sat.python import cp_model
 
 from planner.cost import memory as M
-from planner.cost.stage import StageModel, StagePlan, moe_layers_before
+from planner.cost.stage import StageModel, StagePlan
 
 US = 1e6  # time unit: microseconds
 KIB = 1024.0
@@ -41,7 +41,7 @@ def _moe_prefix(model: cp_model.CpModel, sm: StageModel, prefix, name: str):
     """MoE layers among the first ``prefix`` layers, as a table lookup (AddElement)."""
     job = sm.job
     L = job.model.num_layers
-    table = [moe_layers_before(job, x) for x in range(L + 1)]
+    table = [job.model.moe_layers_before(x) for x in range(L + 1)]
     out = model.NewIntVar(0, table[-1], name)
     model.AddElement(prefix, table, out)
     return out

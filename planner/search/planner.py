@@ -11,7 +11,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Callable
 
-from planner.cost import memory as M
 from planner.cost.estimate import Estimate, evaluate_plans
 from planner.cost.provider import AnalyticCosts
 from planner.cost.stage import StageModel
@@ -100,7 +99,7 @@ def search(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers: int =
         if lb >= kth:
             continue
         greedy = None if opts.even_layers else quick.greedy_partition(sm, capacity)
-        if greedy is None and not full_only(c) and not opts.even_layers and not opts.uniform_recompute:
+        if greedy is None and c.recompute != "full" and not opts.even_layers and not opts.uniform_recompute:
             greedy = quick.greedy_recompute_partition(sm, capacity)
         incumbent = None
         if greedy is not None:
@@ -157,10 +156,6 @@ def global_lower_bound(job: Job, costs: AnalyticCosts) -> float:
     return (total - attn) / rate / job.num_gpus
 
 
-def full_only(c: Candidate) -> bool:
-    return c.recompute == "full"
-
-
 def _keep(best: list[Plan], plan: Plan, top: int) -> None:
     """Insert into the top list. Two candidates can end in the same layout (e.g. base recompute none and
     selective when every layer ends up fully recomputed): keep the layout once, with its faster estimate."""
@@ -174,21 +169,3 @@ def _keep(best: list[Plan], plan: Plan, top: int) -> None:
     best.append(plan)
     best.sort(key=lambda p: (p.time, p.candidate.sort_key()))
     del best[top:]
-
-
-def _may_fit(sm: StageModel, capacity_gib: float) -> bool:
-    """Necessary condition: the average stage, with every layer fully recomputed, fits. Model states and
-    recomputed activations summed over stages cannot be smaller than with that split."""
-    d = sm.dims
-    L = sm.job.model.num_layers
-    n_moe = sm.job.model.num_moe_layers
-    per = sum(sm.states_per_param["dense"].values())
-    per_e = sum(sm.states_per_param["expert"].values())
-    total = 0.0
-    for kind, count in (("dense", L - n_moe), ("moe", n_moe)):
-        if count:
-            k = sm.kinds[kind]
-            total += count * (k.params_dense * per + k.params_expert * per_e + k.act_recomputed)
-    total += (sm.position_params(0) + sm.position_params(d.pp - 1)) * per
-    avg = total / d.pp * (1 + sm.cal.memory_fragmentation) + sm.cal.memory_fixed_gib * M.GIB
-    return avg <= capacity_gib * M.GIB

@@ -183,4 +183,4 @@ def _compute_lower_bound(job: Job, costs: AnalyticCosts, tp, cp, ep, mbs, base) 
 
 def check_searchable(job: Job) -> None:
     if len(job.cluster) != 1:
-        raise SpecError("cluster", "planning across several node groups is not supported yet; use one group")
+        raise SpecError("cluster", "the homogeneous search takes one node group; several go through the heterogeneous search")
