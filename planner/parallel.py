@@ -46,6 +46,21 @@ def check_batch(training: Training, micro_batch_size: int, dp: int) -> None:
         )
 
 
+def cp_error(training: Training, cp: int) -> str | None:
+    """Why ``cp`` cannot split the sequence (None when it can): load-balanced context parallelism cuts the
+    sequence into 2*cp chunks (Megatron-LM / Transformer Engine ring attention)."""
+    if cp > 1 and training.seq_length % (2 * cp):
+        return (f"seq_length ({training.seq_length}) must be divisible by 2*cp ({2 * cp}) for load-balanced "
+                "context parallelism")
+    return None
+
+
+def check_cp(training: Training, cp: int) -> None:
+    err = cp_error(training, cp)
+    if err:
+        raise SpecError("layout.cp", err)
+
+
 def dims_from_layout(layout: Layout, job: Job):
     """HeteroDims when the layout places stages on node groups (``stages[].group``), else ParallelDims."""
     if layout.stages and any(s.placed for s in layout.stages):
@@ -137,8 +152,7 @@ class ParallelDims:
                     f"the interleaved schedule needs micro-batches per replica ({self.num_microbatches}) divisible by pp ({self.pp})",
                 )
         check_batch(t, self.micro_batch_size, self.dp)
-        if t.seq_length % self.cp or (self.cp > 1 and t.seq_length % (2 * self.cp)):
-            raise SpecError("layout.cp", f"seq_length ({t.seq_length}) must be divisible by 2*cp ({2 * self.cp}) for load-balanced context parallelism")
+        check_cp(t, self.cp)
         if self.sequence_parallel and t.seq_length // self.cp % self.tp:
             raise SpecError("layout.sequence_parallel", f"the sequence shard ({t.seq_length // self.cp}) is not divisible by tp ({self.tp})")
         if self.ep > 1:
@@ -206,8 +220,8 @@ def group_order(cluster) -> list[int]:
 
 @dataclass(frozen=True)
 class HeteroDims:
-    """Degrees of a heterogeneous plan. cp = ep = vpp = 1; micro-batch, micro-batch count, ZeRO stage (sharded
-    over each stage's own DP group) and the baseline recompute mode are shared by all stages."""
+    """Degrees of a heterogeneous plan. ep = vpp = 1; CP, micro-batch, micro-batch count, ZeRO stage (sharded
+    over each stage's own DP*CP group) and the baseline recompute mode are shared by all stages."""
 
     stage_groups: tuple[int, ...]
     stage_tp: tuple[int, ...]
@@ -230,7 +244,7 @@ class HeteroDims:
         stages = layout.stages
         if not all(s.placed for s in stages):
             raise SpecError("layout.stages", "either every stage names its group, tp and gpus, or none does")
-        for key in ("cp", "ep", "vpp"):
+        for key in ("ep", "vpp"):
             if getattr(layout, key) != 1:
                 raise SpecError(f"layout.{key}", f"heterogeneous layouts (stages on node groups) need {key} = 1")
         if layout.dp is None:
@@ -247,13 +261,14 @@ class HeteroDims:
         for i, s in enumerate(stages):
             if s.group >= len(job.cluster):
                 raise SpecError(f"layout.stages[{i}].group", f"no node group {s.group}; the cluster has {len(job.cluster)}")
-            if s.gpus != s.tp * layout.dp:
-                raise SpecError(f"layout.stages[{i}].gpus", f"gpus ({s.gpus}) must equal tp*dp ({s.tp}*{layout.dp})")
+            if s.gpus != s.tp * layout.cp * layout.dp:
+                raise SpecError(f"layout.stages[{i}].gpus",
+                                f"gpus ({s.gpus}) must equal tp*cp*dp ({s.tp}*{layout.cp}*{layout.dp})")
         return cls(
             stage_groups=tuple(s.group for s in stages), stage_tp=tuple(s.tp for s in stages), dp=layout.dp,
             micro_batch_size=layout.micro_batch_size, zero_stage=layout.zero_stage, recompute=layout.recompute,
             stage_layers=tuple(s.layers for s in stages), stage_recompute=rec if any(rec) else None,
-            cluster=job.cluster, model=job.model, training=job.training,
+            cluster=job.cluster, model=job.model, training=job.training, cp=layout.cp,
         )
 
     # ------------------------------------------------------------------ rules
@@ -265,8 +280,10 @@ class HeteroDims:
             if gpn % tp:
                 raise SpecError(f"layout.stages[{i}].tp", f"tp ({tp}) must divide gpus_per_node ({gpn}) of group {g}")
             check_tp_heads(m, tp, f"layout.stages[{i}].tp")
-            if tp > 1 and t.seq_length % tp:
-                raise SpecError(f"layout.stages[{i}].tp", f"the sequence ({t.seq_length}) is not divisible by tp ({tp})")
+            if tp > 1 and t.seq_length // self.cp % tp:
+                raise SpecError(f"layout.stages[{i}].tp",
+                                f"the sequence shard ({t.seq_length // self.cp}) is not divisible by tp ({tp})")
+        check_cp(t, self.cp)
         rank = {g: r for r, g in enumerate(group_order(self.cluster))}
         order = [rank[g] for g in self.stage_groups]
         if order != sorted(order):
@@ -274,7 +291,7 @@ class HeteroDims:
                             f"descending (ties in cluster order): expected groups in the order {group_order(self.cluster)}")
         for g, used in self.gpus_by_group().items():
             if used > self.cluster[g].num_gpus:
-                raise SpecError("layout.stages", f"stages on group {g} need {used} GPUs (sum of tp*dp), "
+                raise SpecError("layout.stages", f"stages on group {g} need {used} GPUs (sum of tp*cp*dp), "
                                 f"the group has {self.cluster[g].num_gpus}")
         if sum(self.stage_layers) != m.num_layers:
             raise SpecError("layout.stages", f"stage layers sum to {sum(self.stage_layers)}, the model has {m.num_layers}")
@@ -289,7 +306,7 @@ class HeteroDims:
     @property
     def world(self) -> int:
         """GPUs the plan uses (the rest of the cluster stays idle)."""
-        return sum(tp * self.dp for tp in self.stage_tp)
+        return sum(tp * self.cp * self.dp for tp in self.stage_tp)
 
     @property
     def num_microbatches(self) -> int:
@@ -298,27 +315,28 @@ class HeteroDims:
     def gpus_by_group(self) -> dict[int, int]:
         used = {g: 0 for g in range(len(self.cluster))}
         for g, tp in zip(self.stage_groups, self.stage_tp):
-            used[g] += tp * self.dp
+            used[g] += tp * self.cp * self.dp
         return used
 
     def stage_dims(self, s: int) -> ParallelDims:
-        """The homogeneous dims stage ``s`` prices itself with: its own TP, the shared pp/dp/micro-batch/ZeRO."""
+        """The homogeneous dims stage ``s`` prices itself with: its own TP, the shared pp/dp/cp/micro-batch/ZeRO."""
         tp = self.stage_tp[s]
         return ParallelDims(
-            tp=tp, pp=self.pp, dp=self.dp, cp=1, ep=1, vpp=1, micro_batch_size=self.micro_batch_size,
+            tp=tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=1, vpp=1, micro_batch_size=self.micro_batch_size,
             sequence_parallel=tp > 1, zero_stage=self.zero_stage, recompute=self.recompute, tp_comm_overlap=False,
-            stage_layers=self.stage_layers, stage_recompute=self.stage_recompute, world=tp * self.pp * self.dp,
+            stage_layers=self.stage_layers, stage_recompute=self.stage_recompute,
+            world=tp * self.cp * self.pp * self.dp,
             model=self.model, training=self.training,
         )
 
     def as_dict(self) -> dict:
         """The plan-JSON layout; top-level ``tp`` is the largest stage TP (the per-stage ``tp`` is authoritative)."""
         return {
-            "tp": max(self.stage_tp), "pp": self.pp, "dp": self.dp, "cp": 1, "ep": 1, "vpp": 1,
+            "tp": max(self.stage_tp), "pp": self.pp, "dp": self.dp, "cp": self.cp, "ep": 1, "vpp": 1,
             "micro_batch_size": self.micro_batch_size, "sequence_parallel": max(self.stage_tp) > 1,
             "zero_stage": self.zero_stage, "recompute": self.recompute, "tp_comm_overlap": False,
             "stages": [
-                {"group": g, "tp": tp, "gpus": tp * self.dp, "layers": n,
+                {"group": g, "tp": tp, "gpus": tp * self.cp * self.dp, "layers": n,
                  **({"recompute_layers": self.stage_recompute[i]} if self.stage_recompute else {})}
                 for i, (g, tp, n) in enumerate(zip(self.stage_groups, self.stage_tp, self.stage_layers))
             ],

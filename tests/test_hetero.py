@@ -43,7 +43,7 @@ def compositions(total, parts):
 
 
 def brute_force_best(j, opts):
-    """Every dp, micro-batch, ZeRO, per-group (tp, stage count), layer composition and recompute count."""
+    """Every dp, cp, micro-batch, ZeRO, per-group (tp, stage count), layer composition and recompute count."""
     L, t = j.model.num_layers, j.training
     costs = costs_by_group(j)
     order = group_order(j.cluster)
@@ -51,24 +51,26 @@ def brute_force_best(j, opts):
     models = {}  # a StageModel depends on the degrees only, not on the split
 
     def stage_model(dims, s, g):
-        key = (g, dims.stage_tp[s], dims.dp, dims.micro_batch_size, dims.zero_stage, dims.recompute, dims.pp)
+        key = (g, dims.stage_tp[s], dims.dp, dims.cp, dims.micro_batch_size, dims.zero_stage, dims.recompute, dims.pp)
         if key not in models:
             models[key] = StageModel(j, dims.stage_dims(s), costs(g))
         return models[key]
 
-    for dp in divisors(t.global_batch_size):
+    cps = [cp for cp in divisors(max(g.num_gpus for g in j.cluster)) if t.seq_length % (2 * cp) == 0]
+    for dp, cp in itertools.product(divisors(t.global_batch_size), cps):
         for mbs in [x for x in divisors(t.global_batch_size // dp) if x <= opts.max_micro_batch]:
             per_group = []
             for g in order:
                 gpn, n = j.cluster[g].gpus_per_node, j.cluster[g].num_gpus
                 per_group.append([None] + [(g, tp, k) for tp in divisors(gpn) if tp_heads_error(j.model, tp) is None
-                                           for k in range(1, n // (tp * dp) + 1)])
+                                           and t.seq_length // cp % tp == 0
+                                           for k in range(1, n // (tp * cp * dp) + 1)])
             for zero, base in itertools.product(opts.zero_stages, ["none", "selective"]):
                 for choice in itertools.product(*per_group):
                     groups = tuple(x for x in choice if x)
                     if not groups or sum(k for _, _, k in groups) > L:
                         continue
-                    c = HeteroCandidate(dp, mbs, zero, base, groups, 0.0)
+                    c = HeteroCandidate(dp, cp, mbs, zero, base, groups, 0.0)
                     for split in compositions(L, c.pp):
                         for rec in itertools.product(*[range(n + 1) for n in split]):
                             full = all(r == n for r, n in zip(rec, split))

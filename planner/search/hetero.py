@@ -1,8 +1,8 @@
 """Heterogeneous search: one pipeline template whose stages run on different node groups (GPU types).
 
-A candidate fixes dp, micro-batch, ZeRO stage, the baseline recompute mode and, per node group g (in pipeline
+A candidate fixes dp, cp, micro-batch, ZeRO stage, the baseline recompute mode and, per node group g (in pipeline
 order, see planner.parallel.group_order), the TP degree tp_g of its stages and their number k_g >= 0, with
-k_g*tp_g*dp <= GPUs of g and P = sum k_g <= num_layers. CP-SAT (planner/search/partition.py) then chooses each
+k_g*tp_g*cp*dp <= GPUs of g and P = sum k_g <= num_layers. CP-SAT (planner/search/partition.py) then chooses each
 stage's layers and recomputed layers with one StageModel per stage, priced on that stage's own GPUs.
 
 Candidates come in families (everything but the k_g, with the set of used groups fixed). Families and their
@@ -20,7 +20,7 @@ from planner.cost import memory as M
 from planner.cost.estimate import costs_by_group, evaluate_stages
 from planner.cost.stage import StageModel, StagePlan, kind_coeffs
 from planner.frameworks import Framework
-from planner.parallel import HeteroDims, group_order, tp_heads_error
+from planner.parallel import HeteroDims, cp_error, group_order, tp_heads_error
 from planner.search import quick
 from planner.search.partition import solve_partition
 from planner.search.planner import Plan, SearchResult, _keep, _stage_tuple
@@ -33,6 +33,7 @@ HETERO_ZERO = (0, 1, 3)
 @dataclass(frozen=True)
 class HeteroCandidate:
     dp: int
+    cp: int
     mbs: int
     zero: int
     recompute: str
@@ -52,7 +53,7 @@ class HeteroCandidate:
         return tuple(tp for _, tp, k in self.groups for _ in range(k))
 
     def sort_key(self):
-        return (self.lower_bound_s, self.dp, self.mbs, self.zero, self.recompute, self.groups)
+        return (self.lower_bound_s, self.dp, self.cp, self.mbs, self.zero, self.recompute, self.groups)
 
     def dims(self, job: Job, layers: tuple[int, ...] | None = None, recompute=None, base: str | None = None) -> HeteroDims:
         p = self.pp
@@ -61,22 +62,35 @@ class HeteroCandidate:
             stage_groups=self.stage_groups, stage_tp=self.stage_tp, dp=self.dp, micro_batch_size=self.mbs,
             zero_stage=self.zero, recompute=base or self.recompute,
             stage_layers=layers or tuple([L // p] * (p - 1) + [L - L // p * (p - 1)]), stage_recompute=recompute,
-            cluster=job.cluster, model=job.model, training=job.training,
+            cluster=job.cluster, model=job.model, training=job.training, cp=self.cp,
         )
 
 
 # ----------------------------------------------------------------------------------------------- bounds
-def _per_layer(job: Job, costs, tp: int, mbs: int, base: str) -> float:
-    """Smallest seconds per layer of any kind on this GPU with this TP (compute + TP collectives)."""
-    tokens = mbs * job.training.seq_length
-    return min(k.compute + k.tp for k in kind_coeffs(job, costs, tokens, tp, 1, 1, tp > 1, base).values())
+def _per_layer(job: Job, costs, tp: int, cp: int, mbs: int, base: str) -> float:
+    """Smallest seconds per layer of any kind on this GPU with this TP and CP (compute, TP collectives, exposed
+    CP ring)."""
+    tokens = mbs * job.training.seq_length // cp
+    return min(k.compute + k.tp + k.cp for k in kind_coeffs(job, costs, tokens, tp, cp, 1, tp > 1, base).values())
 
 
-def fractional_bottleneck(a: list[float], c: list[float], L: int) -> float:
-    """Smallest T with sum_s (T - c_s)/a_s >= L when every stage holds at least one layer (T >= c_s + a_s):
-    any partition has max_s (n_s a_s + c_s) >= this T, since n_s <= (T - c_s)/a_s must sum to L."""
-    inv = sum(1.0 / x for x in a)
-    return max(max(ci + ai for ai, ci in zip(a, c)), (L + sum(ci / ai for ai, ci in zip(a, c))) / inv)
+def candidate_bound(a: list[float], k: list[int], emb: float, logits: float, L: int, m: int) -> float:
+    """Iteration seconds no partition of a candidate beats. Group g contributes k_g >= 1 stages, each taking at
+    least a_g seconds per layer; the first stage adds the embedding and the last the logits (``emb``, ``logits``
+    per micro-batch). With stage times t_s >= n_s a_s + c_s the 1F1B schedule takes (m-1) max_s t_s + sum_s t_s
+    (planner/cost/schedule.py):
+      - max_s t_s >= the smallest T with sum_s (T - c_s)/a_s >= L, since every n_s <= (T - c_s)/a_s and the n_s
+        sum to L (and T >= c_s + a_s, every stage holding a layer);
+      - sum_s t_s >= emb + logits + the least work: one layer per stage, the rest at the fastest a_g.
+    Communication beyond TP and CP, the DP tail and the optimizer step are >= 0 and left out."""
+    P = sum(k)
+    a_first, a_last = a[0], a[-1]
+    inv = sum(kg / ag for kg, ag in zip(k, a))
+    ends = emb / a_first + logits / a_last
+    top = max(max(a), a_first + emb + (logits if P == 1 else 0.0), a_last + logits)
+    T = max(top, (L + ends) / inv)
+    work = sum(kg * ag for kg, ag in zip(k, a)) + (L - P) * min(a)
+    return (m - 1) * T + emb + logits + work
 
 
 def min_work(a: list[float], L: int, caps: list[int] | None = None) -> float:
@@ -91,14 +105,6 @@ def min_work(a: list[float], L: int, caps: list[int] | None = None) -> float:
         if left <= 0:
             break
     return work if left <= 0 else float("inf")
-
-
-def candidate_bound(a: list[float], c: list[float], L: int, m: int) -> float:
-    """Iteration seconds no partition of this candidate beats. With stage times t_s >= n_s a_s + c_s the 1F1B
-    schedule takes (m-1) max_s t_s + sum_s t_s (planner/cost/schedule.py); max_s t_s is bounded by
-    fractional_bottleneck and sum_s t_s by sum c_s + min_work. Communication beyond TP, the DP tail and the
-    optimizer step are >= 0 and left out."""
-    return (m - 1) * fractional_bottleneck(a, c, L) + sum(c) + min_work(a, L)
 
 
 def family_bound(a_used: list[float], k_max: list[int], c_ends: float, L: int, m: int) -> float:
@@ -123,52 +129,61 @@ class _Ctx:
         return self.job.cluster[g].gpu.memory_gib * (1 - self.opts.memory_margin)
 
 
-def _tp_options(ctx: _Ctx, g: int) -> list[int]:
-    """TP degrees a stage on group g may use: divide gpus_per_node, the heads rules, the sequence."""
+def _tp_options(ctx: _Ctx, g: int, cp: int) -> list[int]:
+    """TP degrees a stage on group g may use: divide gpus_per_node, the heads rules, the sequence shard."""
     m, t = ctx.job.model, ctx.job.training
     gpn = ctx.job.cluster[g].gpus_per_node
-    return [tp for tp in divisors(gpn) if tp_heads_error(m, tp) is None and (tp == 1 or t.seq_length % tp == 0)]
+    return [tp for tp in divisors(gpn) if tp_heads_error(m, tp) is None and (tp == 1 or t.seq_length // cp % tp == 0)]
+
+
+def _cp_options(ctx: _Ctx) -> list[int]:
+    """CP degrees shared by all stages: split the sequence (planner.parallel.cp_error), the sequence shard
+    divisible by every TP degree a stage may use is checked per family."""
+    t = ctx.job.training
+    top = max(g.num_gpus for g in ctx.job.cluster)
+    return [cp for cp in divisors(top) if cp_error(t, cp) is None]
 
 
 def _families(ctx: _Ctx):
-    """(bound, family) for every dp, micro-batch, ZeRO, baseline recompute and per-group TP (None = unused)."""
+    """(bound, family) for every dp, cp, micro-batch, ZeRO, baseline recompute and per-group TP (None = unused)."""
     job, opts = ctx.job, ctx.opts
     m, t = job.model, job.training
     L = m.num_layers
     bases = ["none"] if t.attention == "flash" else ["none", "selective"]
-    tp_opts = {g: [None] + _tp_options(ctx, g) for g in ctx.order}
     zeros = [z for z in HETERO_ZERO if z in opts.zero_stages]
+    cps = _cp_options(ctx) if ctx.fw is None or ctx.fw.context_parallel else [1]
     out = []
-    for dp in divisors(t.global_batch_size):
-        kmax_of = {g: {tp: min(L, job.cluster[g].num_gpus // (tp * dp)) for tp in tp_opts[g] if tp} for g in ctx.order}
+    for dp, cp in itertools.product(divisors(t.global_batch_size), cps):
+        kmax_of = {g: {tp: min(L, job.cluster[g].num_gpus // (tp * cp * dp)) for tp in _tp_options(ctx, g, cp)}
+                   for g in ctx.order}
+        tp_opts = {g: [None] + [tp for tp, k in kmax_of[g].items() if k >= 1] for g in ctx.order}
+        if all(len(v) == 1 for v in tp_opts.values()):
+            continue
         per_replica = t.global_batch_size // dp
         for mbs in (x for x in divisors(per_replica) if x <= opts.max_micro_batch):
             mb = per_replica // mbs
             for base in bases:
-                a_of = {(g, tp): _per_layer(job, ctx.costs(g), tp, mbs, base) for g in ctx.order for tp in tp_opts[g] if tp}
+                a_of = {(g, tp): _per_layer(job, ctx.costs(g), tp, cp, mbs, base)
+                        for g in ctx.order for tp in tp_opts[g] if tp}
                 for tps in itertools.product(*(tp_opts[g] for g in ctx.order)):
-                    used = [(g, tp) for g, tp in zip(ctx.order, tps) if tp and kmax_of[g][tp] >= 1]
-                    if len(used) != sum(1 for x in tps if x) or not used:
+                    used = [(g, tp) for g, tp in zip(ctx.order, tps) if tp]
+                    if not used:
                         continue
                     if ctx.fw is not None and not ctx.fw.per_stage_tp and len({tp for _, tp in used}) > 1:
                         continue
                     a_used = [a_of[u] for u in used]
                     k_max = [kmax_of[g][tp] for g, tp in used]
-                    ends = _end_costs(ctx, used[0], used[-1], mbs)
+                    ends = sum(_end_pair(ctx, used[0], used[-1], cp, mbs))
                     lb = family_bound(a_used, k_max, ends, L, mb)
                     for zero in zeros:
-                        out.append((lb, (dp, mbs, zero, base, tuple(used))))
+                        out.append((lb, (dp, cp, mbs, zero, base, tuple(used))))
     return out
 
 
-def _end_costs(ctx: _Ctx, first, last, mbs: int) -> float:
-    """Embedding seconds on the first stage plus logits seconds on the last, per micro-batch."""
-    return sum(_end_pair(ctx, first, last, mbs))
-
-
-def _end_pair(ctx: _Ctx, first, last, mbs: int) -> tuple[float, float]:
+def _end_pair(ctx: _Ctx, first, last, cp: int, mbs: int) -> tuple[float, float]:
+    """Embedding seconds on the first stage and logits seconds on the last, per micro-batch."""
     job = ctx.job
-    tokens = mbs * job.training.seq_length
+    tokens = mbs * job.training.seq_length // cp
     e = ctx.costs(first[0]).embedding(job.model, tokens, first[1], first[1] > 1)
     lg = ctx.costs(last[0]).logits(job.model, tokens, last[1])
     return e.forward + e.backward, lg.forward + lg.backward
@@ -176,13 +191,13 @@ def _end_pair(ctx: _Ctx, first, last, mbs: int) -> tuple[float, float]:
 
 def _members(ctx: _Ctx, fam) -> list[HeteroCandidate]:
     """Every stage-count choice of a family, with its candidate bound."""
-    dp, mbs, zero, base, used = fam
+    dp, cp, mbs, zero, base, used = fam
     job = ctx.job
     L = job.model.num_layers
     mb = job.training.global_batch_size // (dp * mbs)
-    a = {u: _per_layer(job, ctx.costs(u[0]), u[1], mbs, base) for u in used}
-    emb, logits = _end_pair(ctx, used[0], used[-1], mbs)
-    ranges = [range(1, min(L, job.cluster[g].num_gpus // (tp * dp)) + 1) for g, tp in used]
+    a = {u: _per_layer(job, ctx.costs(u[0]), u[1], cp, mbs, base) for u in used}
+    emb, logits = _end_pair(ctx, used[0], used[-1], cp, mbs)
+    ranges = [range(1, min(L, job.cluster[g].num_gpus // (tp * cp * dp)) + 1) for g, tp in used]
     out = []
     for ks in itertools.product(*ranges):
         P = sum(ks)
@@ -190,13 +205,9 @@ def _members(ctx: _Ctx, fam) -> list[HeteroCandidate]:
             continue
         if ctx.opts.even_layers and L % P:
             continue
-        a_s = [a[u] for u, k in zip(used, ks) for _ in range(k)]
-        c_s = [0.0] * P
-        c_s[0] += emb
-        c_s[-1] += logits
-        lb = candidate_bound(a_s, c_s, L, mb)
+        lb = candidate_bound([a[u] for u in used], list(ks), emb, logits, L, mb)
         groups = tuple((g, tp, k) for (g, tp), k in zip(used, ks))
-        out.append(HeteroCandidate(dp, mbs, zero, base, groups, lb))
+        out.append(HeteroCandidate(dp, cp, mbs, zero, base, groups, lb))
     return out
 
 
@@ -204,7 +215,7 @@ def _stage_models(ctx: _Ctx, c: HeteroCandidate, cache: dict) -> list[StageModel
     dims = c.dims(ctx.job)
     out = []
     for s, (g, tp) in enumerate(zip(c.stage_groups, c.stage_tp)):
-        key = (g, tp, c.dp, c.mbs, c.zero, c.recompute, c.pp)
+        key = (g, tp, c.dp, c.cp, c.mbs, c.zero, c.recompute, c.pp)
         if key not in cache:
             cache[key] = StageModel(ctx.job, dims.stage_dims(s), ctx.costs(g))
         out.append(cache[key])

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from planner.cost.provider import AnalyticCosts
 from planner.errors import SpecError
 from planner.frameworks import Framework
-from planner.parallel import ParallelDims
+from planner.parallel import ParallelDims, cp_error, tp_heads_error
 from planner.spec import Job
 
 
@@ -113,8 +113,8 @@ def _enumerate_world(job: Job, costs: AnalyticCosts, opts: SearchOptions, world:
     flash = t.attention == "flash"
     pruned = 0
     tps = [d for d in divisors(world) if (d <= gpn or opts.allow_cross_node_tp)
-           and m.num_attention_heads % d == 0 and (m.kv_heads % d == 0 or d % m.kv_heads == 0)]
-    cps = [d for d in divisors(world) if t.seq_length % (2 * d) == 0 or d == 1]
+           and tp_heads_error(m, d) is None]
+    cps = [d for d in divisors(world) if cp_error(t, d) is None]
     bases = ["none"] if flash else ["none", "selective"]
     out: list[Candidate] = []
     for tp in tps:
