@@ -11,19 +11,19 @@ plan, which proves the top K (one per candidate) optimal within this space, as p
 """
 from __future__ import annotations
 
+import functools
 import heapq
 import itertools
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from planner.cost import memory as M
 from planner.cost.estimate import costs_by_group, evaluate_stages
-from planner.cost.stage import StageModel, StagePlan, kind_coeffs
+from planner.cost.stage import StageModel, kind_coeffs
 from planner.frameworks import Framework
 from planner.parallel import HeteroDims, cp_error, group_order, tp_heads_error
 from planner.search import quick
 from planner.search.partition import solve_partition
-from planner.search.planner import Plan, SearchResult, _keep, _stage_tuple
+from planner.search.planner import Plan, SearchResult, _keep, _stage_tuple, settle_open_solves, solve_limit
 from planner.search.space import SearchOptions, divisors
 from planner.spec import Job
 
@@ -74,22 +74,23 @@ def _per_layer(job: Job, costs, tp: int, cp: int, mbs: int, base: str) -> float:
     return min(k.compute + k.tp + k.cp for k in kind_coeffs(job, costs, tokens, tp, cp, 1, tp > 1, base).values())
 
 
-def candidate_bound(a: list[float], k: list[int], emb: float, logits: float, L: int, m: int) -> float:
-    """Iteration seconds no partition of a candidate beats. Group g contributes k_g >= 1 stages, each taking at
-    least a_g seconds per layer; the first stage adds the embedding and the last the logits (``emb``, ``logits``
-    per micro-batch). With stage times t_s >= n_s a_s + c_s the 1F1B schedule takes (m-1) max_s t_s + sum_s t_s
-    (planner/cost/schedule.py):
+def box_bound(a: list[float], lo: tuple[int, ...], hi: tuple[int, ...], emb: float, logits: float, L: int,
+              m: int) -> float:
+    """Iteration seconds no candidate with lo_g <= k_g <= hi_g stages per used group g beats (lo = hi: one
+    candidate). Each stage of group g takes at least a_g seconds per layer; the first stage adds the embedding
+    and the last the logits (``emb``, ``logits`` per micro-batch). With stage times t_s >= n_s a_s + c_s the
+    1F1B schedule takes (m-1) max_s t_s + sum_s t_s (planner/cost/schedule.py):
       - max_s t_s >= the smallest T with sum_s (T - c_s)/a_s >= L, since every n_s <= (T - c_s)/a_s and the n_s
-        sum to L (and T >= c_s + a_s, every stage holding a layer);
-      - sum_s t_s >= emb + logits + the least work: one layer per stage, the rest at the fastest a_g.
+        sum to L (and T >= c_s + a_s, every stage holding a layer); more stages only lower it, so k = hi;
+      - sum_s t_s >= emb + logits + the least work: one layer per stage, the rest at the fastest a_g, which is
+        L*min(a) + sum_g k_g (a_g - min(a)), smallest at k = lo.
     Communication beyond TP and CP, the DP tail and the optimizer step are >= 0 and left out."""
-    P = sum(k)
-    a_first, a_last = a[0], a[-1]
-    inv = sum(kg / ag for kg, ag in zip(k, a))
-    ends = emb / a_first + logits / a_last
-    top = max(max(a), a_first + emb + (logits if P == 1 else 0.0), a_last + logits)
-    T = max(top, (L + ends) / inv)
-    work = sum(kg * ag for kg, ag in zip(k, a)) + (L - P) * min(a)
+    inv = sum(k / x for k, x in zip(hi, a))
+    single = sum(hi) == 1  # one stage holds both ends
+    top = max(max(a), a[0] + emb + (logits if single else 0.0), a[-1] + logits)
+    T = max(top, (L + emb / a[0] + logits / a[-1]) / inv)
+    fast = min(a)
+    work = L * fast + sum(k * (x - fast) for k, x in zip(lo, a))
     return (m - 1) * T + emb + logits + work
 
 
@@ -107,15 +108,6 @@ def min_work(a: list[float], L: int, caps: list[int] | None = None) -> float:
     return work if left <= 0 else float("inf")
 
 
-def family_bound(a_used: list[float], k_max: list[int], c_ends: float, L: int, m: int) -> float:
-    """A bound valid for every k in a family (1 <= k_g <= k_max_g): the bottleneck with every group at its
-    most stages, one stage per used group plus the rest of the layers at the fastest per-layer time."""
-    inv = sum(k / x for k, x in zip(k_max, a_used))
-    fast = min(a_used)
-    T = max(max(a_used), L / inv)
-    return (m - 1) * T + c_ends + L * fast + sum(x - fast for x in a_used)
-
-
 # ----------------------------------------------------------------------------------------------- search
 @dataclass
 class _Ctx:
@@ -124,6 +116,20 @@ class _Ctx:
     fw: Framework | None
     costs: object  # group -> AnalyticCosts
     order: list[int]
+    memo: dict = field(default_factory=dict)  # per-StageModel memory terms (StageModels are cached, so ids hold)
+
+    def memory_terms(self, sm: StageModel, g: int) -> list:
+        """quick._stage_memory_terms of a cached StageModel on group g, once per model."""
+        key = ("terms", id(sm))
+        if key not in self.memo:
+            self.memo[key] = quick._stage_memory_terms(sm, self.capacity(g))
+        return self.memo[key]
+
+    def max_layers(self, sm: StageModel, s: int, g: int) -> int:
+        key = ("cap", id(sm), s)
+        if key not in self.memo:
+            self.memo[key] = max_layers(sm, s, self.memory_terms(sm, g)[s][0])
+        return self.memo[key]
 
     def capacity(self, g: int) -> float:
         return self.job.cluster[g].gpu.memory_gib * (1 - self.opts.memory_margin)
@@ -171,17 +177,24 @@ def _families(ctx: _Ctx):
                         continue
                     if ctx.fw is not None and not ctx.fw.per_stage_tp and len({tp for _, tp in used}) > 1:
                         continue
-                    a_used = [a_of[u] for u in used]
-                    k_max = [kmax_of[g][tp] for g, tp in used]
-                    ends = sum(_end_pair(ctx, used[0], used[-1], cp, mbs))
-                    lb = family_bound(a_used, k_max, ends, L, mb)
-                    for zero in zeros:
-                        out.append((lb, (dp, cp, mbs, zero, base, tuple(used))))
+                    a_used = tuple(a_of[u] for u in used)
+                    hi = tuple(kmax_of[g][tp] for g, tp in used)
+                    emb, logits = _end_pair(ctx, used[0], used[-1], cp, mbs)
+                    fam = _Family(dp, cp, mbs, tuple(zeros), base, tuple(used), a_used, emb, logits, mb)
+                    box = (1,) * len(used), hi
+                    out.append((fam.bound(L, *box), fam, box))
     return out
 
 
 def _end_pair(ctx: _Ctx, first, last, cp: int, mbs: int) -> tuple[float, float]:
     """Embedding seconds on the first stage and logits seconds on the last, per micro-batch."""
+    key = ("ends", first, last, cp, mbs)
+    if key not in ctx.memo:
+        ctx.memo[key] = _end_times(ctx, first, last, cp, mbs)
+    return ctx.memo[key]
+
+
+def _end_times(ctx: _Ctx, first, last, cp: int, mbs: int) -> tuple[float, float]:
     job = ctx.job
     tokens = mbs * job.training.seq_length // cp
     e = ctx.costs(first[0]).embedding(job.model, tokens, first[1], first[1] > 1)
@@ -189,26 +202,54 @@ def _end_pair(ctx: _Ctx, first, last, cp: int, mbs: int) -> tuple[float, float]:
     return e.forward + e.backward, lg.forward + lg.backward
 
 
-def _members(ctx: _Ctx, fam) -> list[HeteroCandidate]:
-    """Every stage-count choice of a family, with its candidate bound."""
-    dp, cp, mbs, zero, base, used = fam
-    job = ctx.job
-    L = job.model.num_layers
-    mb = job.training.global_batch_size // (dp * mbs)
-    a = {u: _per_layer(job, ctx.costs(u[0]), u[1], cp, mbs, base) for u in used}
-    emb, logits = _end_pair(ctx, used[0], used[-1], cp, mbs)
-    ranges = [range(1, min(L, job.cluster[g].num_gpus // (tp * cp * dp)) + 1) for g, tp in used]
-    out = []
-    for ks in itertools.product(*ranges):
+@dataclass(frozen=True)
+class _Family:
+    """Everything of a candidate but its stage counts per used group (which range over boxes lo..hi) and its
+    ZeRO stage (which the bound does not see)."""
+    dp: int
+    cp: int
+    mbs: int
+    zeros: tuple[int, ...]
+    base: str
+    used: tuple[tuple[int, int], ...]  # (group, tp) in pipeline order
+    a: tuple[float, ...]               # per-layer seconds bound of each used group
+    emb: float
+    logits: float
+    mb: int
+
+    def bound(self, L: int, lo, hi) -> float:
+        return box_bound(self.a, lo, hi, self.emb, self.logits, L, self.mb)
+
+    def candidates(self, ctx: "_Ctx", ks, lb: float) -> list[HeteroCandidate]:
+        """The candidates of one stage-count choice (one per ZeRO stage) that are in the space: at most one stage
+        per layer, and the framework's limits."""
         P = sum(ks)
-        if P > L or (ctx.fw is not None and zero not in ctx.fw.zero_stages(P)):
-            continue
-        if ctx.opts.even_layers and L % P:
-            continue
-        lb = candidate_bound([a[u] for u in used], list(ks), emb, logits, L, mb)
-        groups = tuple((g, tp, k) for (g, tp), k in zip(used, ks))
-        out.append(HeteroCandidate(dp, cp, mbs, zero, base, groups, lb))
-    return out
+        L = ctx.job.model.num_layers
+        if P > L or (ctx.opts.even_layers and L % P):
+            return []
+        groups = tuple((g, tp, k) for (g, tp), k in zip(self.used, ks))
+        return [HeteroCandidate(self.dp, self.cp, self.mbs, z, self.base, groups, lb) for z in self.zeros
+                if ctx.fw is None or z in ctx.fw.zero_stages(P)]
+
+
+def _split(lo, hi) -> list[tuple]:
+    """Halve a box of stage counts along its widest coordinate."""
+    i = max(range(len(lo)), key=lambda j: (hi[j] - lo[j], -j))
+    mid = (lo[i] + hi[i]) // 2
+    return [(lo, hi[:i] + (mid,) + hi[i + 1:]), (lo[:i] + (mid + 1,) + lo[i + 1:], hi)]
+
+
+@functools.lru_cache(maxsize=4096)
+def _box_size(lo, hi, L: int) -> int:
+    """Stage-count vectors in a box with at most L stages in all (the candidates it stands for)."""
+    ways = {0: 1}
+    for a, b in zip(lo, hi):
+        nxt: dict[int, int] = {}
+        for tot, w in ways.items():
+            for k in range(a, min(b, L - tot) + 1):
+                nxt[tot + k] = nxt.get(tot + k, 0) + w
+        ways = nxt
+    return sum(ways.values())
 
 
 def _stage_models(ctx: _Ctx, c: HeteroCandidate, cache: dict) -> list[StageModel]:
@@ -222,13 +263,9 @@ def _stage_models(ctx: _Ctx, c: HeteroCandidate, cache: dict) -> list[StageModel
     return out
 
 
-def max_layers(sm: StageModel, s: int, capacity_gib: float) -> int:
-    """Most layers stage s can hold in memory, with every layer at its lightest (kind, recompute) footprint:
-    an upper bound on n_s for any recompute placement."""
-    cal = sm.cal
-    mem0 = sm.memory(s, StagePlan(0, 0))
-    alloc0 = sum(v for k, v in mem0.items() if k != "overhead")
-    room = (capacity_gib * M.GIB - cal.memory_fixed_gib * M.GIB) / (1 + cal.memory_fragmentation) - alloc0
+def max_layers(sm: StageModel, s: int, room: float) -> int:
+    """Most layers stage s can hold in ``room`` allocatable bytes (quick._stage_memory_terms), with every layer
+    at its lightest (kind, recompute) footprint: an upper bound on n_s for any recompute placement."""
     per_d = sum(sm.states_per_param["dense"].values())
     per_e = sum(sm.states_per_param["expert"].values())
     inflight = sm.inflight(s)
@@ -237,42 +274,58 @@ def max_layers(sm: StageModel, s: int, capacity_gib: float) -> int:
     return max(0, int(room / lean)) if room > 0 else 0
 
 
-def _refined_bound(ctx: _Ctx, c: HeteroCandidate, sms: list[StageModel]) -> float:
+def _refined_bound(ctx: _Ctx, c: HeteroCandidate, sms: list[StageModel], target: float = float("inf")) -> float:
     """The candidate bound with each stage's pipeline sends and its memory cap on layers; inf if the layers
-    cannot fit at all."""
+    cannot fit at all. Only whether it reaches ``target`` is decided exactly (the bottleneck terms are probed at
+    the value that would reach it), which is all pruning needs."""
     L = ctx.job.model.num_layers
-    caps = [max_layers(sm, s, ctx.capacity(g)) for s, (sm, g) in enumerate(zip(sms, c.stage_groups))]
+    caps = [ctx.max_layers(sm, s, g) for s, (sm, g) in enumerate(zip(sms, c.stage_groups))]
     if min(caps) < 1 or sum(caps) < L:
         return float("inf")
-    a = [min(k.compute + k.tp for k in sm.kinds.values()) for sm in sms]
+    a = [min(k.compute + k.tp + k.cp for k in sm.kinds.values()) for sm in sms]
     cst = [(sm.emb_time if s == 0 else 0.0) + (sm.logits_time if s == c.pp - 1 else 0.0) + sm.pp_time
            for s, sm in enumerate(sms)]
-    T = max(_capped_bottleneck(a, cst, caps, L), _memory_bottleneck(ctx, c, sms, cst))
-    return (sms[0].mb - 1) * T + sum(cst) + min_work(a, L, caps)
+    rest = sum(cst) + min_work(a, L, caps)
+    mb = sms[0].mb
+    probe = (target - rest) / (mb - 1) if mb > 1 and target < float("inf") else None
+    T = _capped_bottleneck(a, cst, caps, L, probe)
+    if probe is None or T < probe:
+        T = max(T, _memory_bottleneck(ctx, c, sms, cst, probe))
+    if probe is not None and T >= probe:
+        return max(target, (mb - 1) * T + rest)  # the bound reaches target (float rounding aside)
+    return (mb - 1) * T + rest
 
 
-def _memory_bottleneck(ctx: _Ctx, c: HeteroCandidate, sms: list[StageModel], cst: list[float]) -> float:
+def _memory_bottleneck(ctx: _Ctx, c: HeteroCandidate, sms: list[StageModel], cst: list[float],
+                       probe: float | None = None) -> float:
     """Smallest bottleneck T at which the stages hold the layers of the heaviest kind when each stage recomputes
     just enough whole layers to fit its own GPU (the per-stage form of quick.memory_bottleneck): stage s holds n
     layers in n*a_s + r_s(n)*rc_s + c_s with r_s(n) = ceil((n*alpha_s - room_s)/beta_s). Valid for every plan of
-    the candidate, since other layers only add time and memory."""
+    the candidate, since other layers only add time and memory. With ``probe``: ``probe`` when the bottleneck is
+    above it, else a weaker valid bound."""
     m = ctx.job.model
     heavy_name = "moe" if m.moe is not None else "dense"
     need = m.num_moe_layers if m.moe is not None else m.num_layers
     stages = []
     for s, (sm, g) in enumerate(zip(sms, c.stage_groups)):
-        room, alpha, beta = quick._stage_memory_terms(sm, ctx.capacity(g))[s]
+        room, alpha, beta = ctx.memory_terms(sm, g)[s]
         k = sm.kinds[heavy_name]
-        stages.append((room, alpha, beta, k.compute + k.tp, k.recompute_extra + k.tp_recompute, cst[s]))
+        stages.append((room, alpha, beta, k.compute + k.tp + k.cp, k.recompute_extra + k.tp_recompute, cst[s]))
 
     def held(T: float) -> int:
         total = 0
         for room, alpha, beta, a, rc, const in stages:
-            n = int((T - const) / a) if T > const else 0
+            x = T - const
+            n = int(x / a) if x > 0 else 0
             if room <= 0:
                 n = 0
-            elif alpha > beta:
-                n = min(n, int(room / (alpha - beta)))  # even with every layer recomputed
+            elif n * alpha > room:
+                if beta > 0:  # r(n) without the ceiling: an upper bound, made exact by the loop below
+                    n = min(n, int((x + room * rc / beta) / (a + alpha * rc / beta)))
+                else:
+                    n = int(room / alpha)
+                if alpha > beta:
+                    n = min(n, int(room / (alpha - beta)))  # even with every layer recomputed
             while n > 0:
                 over = n * alpha - room
                 r = 0 if over <= 0 else (-(-over // beta) if beta > 0 else n + 1)
@@ -286,14 +339,17 @@ def _memory_bottleneck(ctx: _Ctx, c: HeteroCandidate, sms: list[StageModel], cst
     hi = lo + m.num_layers * max(a + rc for *_, a, rc, _c in stages)
     if held(hi) < need:
         return float("inf")
+    if probe is not None:
+        return probe if probe < hi and held(probe) < need else lo
     while hi - lo > 1e-6 * hi:
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if held(mid) >= need else (mid, hi)
     return lo
 
 
-def _capped_bottleneck(a, c, caps, L) -> float:
-    """Smallest T (bisection) with sum_s min(caps_s, floor((T - c_s)/a_s)) >= L and every stage >= 1 layer."""
+def _capped_bottleneck(a, c, caps, L, probe: float | None = None) -> float:
+    """Smallest T (bisection) with sum_s min(caps_s, floor((T - c_s)/a_s)) >= L and every stage >= 1 layer.
+    With ``probe``: ``probe`` when T is above it, else a weaker valid bound."""
     def holds(T):
         return sum(min(k, int((T - ci) / ai + 1e-9)) for ai, ci, k in zip(a, c, caps) if T > ci)
 
@@ -301,11 +357,11 @@ def _capped_bottleneck(a, c, caps, L) -> float:
     hi = max(c) + L * max(a)
     if holds(lo) >= L:
         return lo
-    for _ in range(60):
+    if probe is not None:
+        return probe if lo < probe < hi and holds(probe) < L else lo
+    while hi - lo > 1e-6 * hi:
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if holds(mid) >= L else (mid, hi)
-        if hi - lo <= 1e-9 * hi:
-            break
     return lo
 
 
@@ -332,56 +388,55 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
     start = time.monotonic()
     deadline = start + time_limit_s * (0.6 if single_type else 1.0)
     ctx = _Ctx(job, opts, opts.framework, costs_by_group(job), group_order(job.cluster))
-    fams = _families(ctx)
-    heapq.heapify(fams)
-    n_fams = len(fams)
-    cands: list = []
+    L = job.model.num_layers
+    heap = [(lb, i, fam, box) for i, (lb, fam, box) in enumerate(_families(ctx))]
+    heapq.heapify(heap)
+    tie = itertools.count(len(heap))
+    counted = sum(_box_size(*box, L) * len(fam.zeros) for _, _, fam, box in heap)
     best: list[Plan] = []
     cache: dict = {}
-    counted = expanded = solved = pruned = 0
+    solved = 0
     complete = True
     frontier = float("inf")
-    tie = itertools.count()
-    while fams or cands:
+    open_bounds: list[float] = []
+    # Best-first over boxes of stage counts: a box's bound holds for every candidate in it, a one-point box is a
+    # candidate. The first box whose bound reaches the K-th best time ends the search (all others are worse).
+    while heap:
         kth = best[top - 1].time if len(best) >= top else float("inf")
-        if fams and (not cands or fams[0][0] <= cands[0][0]):
-            lb, fam = heapq.heappop(fams)
-            if lb >= kth:
-                pruned += 1 + len(fams)
-                frontier = min(frontier, lb)
-                fams = []
-                continue
-            expanded += 1
-            for c in _members(ctx, fam):
-                counted += 1
-                heapq.heappush(cands, (c.lower_bound_s, next(tie), c))
-            continue
-        lb, _, c = heapq.heappop(cands)
+        lb, _, fam, (lo, hi) = heapq.heappop(heap)
         if lb >= kth:
-            pruned += 1 + len(cands) + len(fams)
             frontier = min(frontier, lb)
             break
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
-            complete = False
-            frontier = min(frontier, lb)
-            break
-        sms = _stage_models(ctx, c, cache)
-        if _refined_bound(ctx, c, sms) >= kth:
-            pruned += 1
+        if lo != hi:
+            for box in _split(lo, hi):
+                if sum(box[0]) <= L:
+                    heapq.heappush(heap, (fam.bound(L, *box), next(tie), fam, box))
             continue
-        res, est = _solve(ctx, c, sms, kth, remaining, workers)
-        solved += 1
-        if res.status not in ("optimal", "infeasible"):
-            complete = False
-        if est is not None and est.fits:
-            _keep(best, Plan(c, est, res.status), top)
+        for c in fam.candidates(ctx, lo, lb):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                complete = False
+                frontier = min(frontier, lb)
+                heap = []
+                break
+            sms = _stage_models(ctx, c, cache)
+            kth = best[top - 1].time if len(best) >= top else float("inf")
+            if _refined_bound(ctx, c, sms, kth) >= kth:
+                continue
+            res, est = _solve(ctx, c, sms, kth, solve_limit(remaining, time_limit_s), workers)
+            solved += 1
+            if res.status not in ("optimal", "infeasible"):
+                open_bounds.append(res.bound_s)
+            if est is not None and est.fits:
+                _keep(best, Plan(c, est, res.status), top)
+    complete, open_bound = settle_open_solves(complete, open_bounds, best, top)
+    frontier = min(frontier, open_bound)
     final = [p if complete else Plan(p.candidate, p.estimate, "feasible") for p in best]
     gap = 0.0
     if not complete and final:
         gap = max(0.0, (final[0].time - min(frontier, final[0].time)) / final[0].time)
-    # candidates: every (family, stage counts) expanded, plus each family pruned whole by its bound
-    result = SearchResult(final, counted + n_fams - expanded, pruned, solved, 0.0, complete, gap)
+    # candidates: every (family, stage counts) in the space; all but the solved ones were pruned by a bound
+    result = SearchResult(final, counted, counted - solved, solved, 0.0, complete, gap)
     if single_type:
         result.single_type_best_s, result.single_type_group = best_single_type(
             job, opts, workers, max(0.5, start + time_limit_s - time.monotonic()))

@@ -192,16 +192,16 @@ def solve_partition(sm: StageModel | list[StageModel], capacity_gib: float | lis
                                 + ti(ag_d[0] * dense_p[2] + ag_d[1]))
                 if has_moe:
                     sharded += 2 * (ti(ag_e[0] * exp_p) * nm[i] + ti(ag_e[1]) * hm[i])
-            zero_t = m.NewIntVar(0, big_t, f"z{i}")
             hidden = int(round(cal.fsdp_overlap * 1000))
-            # max(0, sharded - overlap*comp) with the overlap share in thousandths
+            # max(0, sharded - overlap*comp) in thousandths of a time unit (the overlap share in thousandths)
             scaled = m.NewIntVar(-big_t * 1000, big_t * 1000, f"zs{i}")
             m.Add(scaled == 1000 * sharded - hidden * comp)
-            zpos = m.NewIntVar(0, big_t * 1000, f"zp{i}")
-            m.AddMaxEquality(zpos, [scaled, 0])
-            m.AddDivisionEquality(zero_t, zpos, 1000)
+            zero_t = m.NewIntVar(0, big_t * 1000, f"zp{i}")
+            m.AddMaxEquality(zero_t, [scaled, 0])
         t_i = m.NewIntVar(0, big_t, f"t{i}")
-        m.Add(t_i == comp + tp + other + zero_t)
+        # t_i >= its time, rounded up to a whole unit (minimizing makes it equal); no division constraint, which
+        # CP-SAT propagates poorly
+        m.Add(1000 * t_i >= 1000 * (comp + tp + other) + zero_t)
         m.Add(t_i <= T)
         t_all.append(t_i)
 
@@ -228,10 +228,8 @@ def solve_partition(sm: StageModel | list[StageModel], capacity_gib: float | lis
                 m.Add(s == 1000 * comm - ov * window)
                 pos = m.NewIntVar(0, big_t * 1000, f"dpp{i}_{j}")
                 m.AddMaxEquality(pos, [s, 0])
-                q = m.NewIntVar(0, big_t, f"dpq{i}_{j}")
-                m.AddDivisionEquality(q, pos, 1000)
-                parts.append(q)
-            m.Add(sum(parts) <= D)
+                parts.append(pos)
+            m.Add(sum(parts) <= 1000 * D)  # in thousandths, as above
         local_d = 1.0 / shard_div
         local_e = 1.0 / exp_div
         opt = (ti(hbm_opt * dense_p[0] * local_d) * nd[i] + ti(hbm_opt * (dense_p[1] * local_d + exp_p * local_e)) * nm[i]

@@ -77,6 +77,7 @@ def search(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers: int =
     complete = enumerated
     stopped_at = len(cands)
     infeasible = 0
+    open_bounds: list[float] = []  # CP-SAT bounds of solves stopped before proving their optimum
     for idx, c in enumerate(cands):
         if progress is not None and idx % 64 == 0:
             progress(idx, len(cands))
@@ -109,21 +110,22 @@ def search(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers: int =
                 continue
             incumbent = Plan(c, est, "feasible")
         cap = min(kth, incumbent.time) if incumbent else kth
-        res = solve_partition(sm, capacity, partial_recompute=opts.partial_recompute, time_limit_s=remaining,
+        res = solve_partition(sm, capacity, partial_recompute=opts.partial_recompute,
+                              time_limit_s=solve_limit(remaining, time_limit_s),
                               workers=workers, objective_cap_s=cap if cap < float("inf") else None,
                               even_layers=opts.even_layers, uniform_recompute=opts.uniform_recompute,
                               hint=greedy)
         solved += 1
         if res.plans is None:
             if res.status == "unknown":
-                complete = False
+                open_bounds.append(res.bound_s)
             if incumbent is not None:
                 # nothing beats the greedy split (proven when CP-SAT reports the capped model infeasible)
                 incumbent.status = "optimal" if res.status == "infeasible" else "feasible"
                 _keep(best, incumbent, top)
             continue
         if res.status != "optimal":
-            complete = False
+            open_bounds.append(res.bound_s)
         est = evaluate_plans(job, _finalize_dims(job, c, res.plans, opts.tp_comm_overlap), sm, res.plans, opts.memory_margin)
         plan = Plan(c, est, res.status)
         if incumbent is not None and incumbent.time < plan.time:
@@ -133,8 +135,10 @@ def search(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers: int =
         stopped_at = len(cands)
     if progress is not None:
         progress(len(cands), len(cands))
+    complete, open_bound = settle_open_solves(complete, open_bounds, best, top)
     final = [p if complete else Plan(p.candidate, p.estimate, "feasible") for p in best]
     unexplored = cands[stopped_at].lower_bound_s if stopped_at < len(cands) else float("inf")
+    unexplored = min(unexplored, open_bound)
     if not enumerated:
         unexplored = min(unexplored, global_lower_bound(job, costs))
     gap = 0.0
@@ -142,6 +146,24 @@ def search(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers: int =
         gap = max(0.0, (final[0].time - min(unexplored, final[0].time)) / final[0].time)
     return SearchResult(final, len(cands), pruned + (len(cands) - stopped_at), solved,
                         time.monotonic() - start, complete, gap, {"infeasible_candidates": infeasible})
+
+
+# One CP-SAT solve may take at most this share of the search's time limit, so that one hard partition cannot
+# starve the rest of the search; a solve stopped early keeps its proven bound (settle_open_solves).
+SOLVE_SHARE = 0.1
+
+
+def solve_limit(remaining: float, time_limit_s: float) -> float:
+    return min(remaining, max(1.0, SOLVE_SHARE * time_limit_s))
+
+
+def settle_open_solves(complete: bool, open_bounds: list[float], best: list[Plan], top: int) -> tuple[bool, float]:
+    """(whether the top list is still proven, smallest open bound). A solve stopped before proving its optimum
+    only leaves the result unproven when its bound is below the K-th best time: otherwise nothing it could still
+    find would enter the top list."""
+    kth = best[top - 1].time if len(best) >= top else float("inf")
+    low = min(open_bounds, default=float("inf"))
+    return complete and low >= kth * (1 - 1e-9), low
 
 
 def global_lower_bound(job: Job, costs: AnalyticCosts) -> float:
