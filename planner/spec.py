@@ -172,7 +172,8 @@ class StageSpec(_Strict):
 
     group: Optional[int] = Field(None, ge=0, le=10_000, description="heterogeneous layout: index of the node group in `cluster`")
     tp: Optional[int] = Field(None, ge=1, le=MAX_GPUS, description="heterogeneous layout: this stage's TP degree")
-    gpus: Optional[int] = Field(None, ge=1, le=MAX_GPUS, description="heterogeneous layout: GPUs of the stage, tp*dp")
+    gpus: Optional[int] = Field(None, ge=1, le=MAX_GPUS,
+                                description="heterogeneous layout: GPUs of the stage, tp*cp*dp (tp*cp*count in a replica)")
 
     @model_validator(mode="after")
     def _recompute_within_stage(self):
@@ -188,6 +189,15 @@ class StageSpec(_Strict):
     def placed(self) -> bool:
         """Part of a heterogeneous layout (names its node group and TP degree)."""
         return self.group is not None
+
+
+class ReplicaSpec(_Strict):
+    """``count`` identical data-parallel replicas of one pipeline; replicas of different entries may place their
+    stages on other node groups and run a different number of micro-batches per iteration."""
+
+    stages: tuple[StageSpec, ...] = Field(min_length=1)
+    micro_batches: int = Field(ge=1, le=1_000_000_000, description="micro-batches per iteration of each of these replicas")
+    count: int = Field(1, ge=1, le=MAX_GPUS, description="identical replicas of this pipeline")
 
 
 class Layout(_Strict):
@@ -207,14 +217,34 @@ class Layout(_Strict):
     stages: Optional[tuple[StageSpec, ...]] = Field(
         None, description="per-pipeline-stage layer counts (uneven split); defaults to an even split"
     )
+    replicas: Optional[tuple[ReplicaSpec, ...]] = Field(
+        None, min_length=1,
+        description="heterogeneous data parallelism: pipelines whose replicas differ in placement and micro-batch "
+        "count (instead of stages)",
+    )
     # Rules between degrees (stages vs pp, products, divisibility) live in planner.parallel.ParallelDims.check.
+
+
+class LinkSpec(_Strict):
+    """The network between the nodes of two node groups, per GPU (overrides the slower of their NICs)."""
+
+    groups: tuple[int, int] = Field(description="the two node-group indices")
+    gbps: float = Field(gt=0, le=1_000_000, description="line rate per GPU between the two groups, Gb/s")
 
 
 class Job(_Strict):
     model: ModelSpec
     cluster: tuple[NodeGroup, ...] = Field(min_length=1)
     training: Training
+    links: tuple[LinkSpec, ...] = Field((), description="network between node groups; default: the slower NIC")
     layout: Optional[Layout] = None
+
+    def link_gbps(self, a: int, b: int) -> float:
+        """Per-GPU line rate between nodes of groups a and b (Gb/s): the ``links`` entry, else the slower NIC."""
+        for link in self.links:
+            if set(link.groups) == {a, b}:
+                return link.gbps
+        return min(self.cluster[a].nic_gbps, self.cluster[b].nic_gbps)
 
     @property
     def num_gpus(self) -> int:
@@ -294,7 +324,7 @@ def _fields_at(exc: ValidationError, loc) -> list[str]:
     model = {"Job": Job}.get(exc.title)
     names = {
         "model": ModelSpec, "moe": MoESpec, "training": Training, "layout": Layout,
-        "cluster": NodeGroup, "gpu": GpuSpec,
+        "cluster": NodeGroup, "gpu": GpuSpec, "links": LinkSpec, "replicas": ReplicaSpec, "stages": StageSpec,
     }
     target = model
     for item in loc[:-1]:
@@ -311,7 +341,7 @@ def parse_job(raw: Any, base_dir: Path | None = None) -> Job:
 
     if not isinstance(raw, dict):
         raise SpecError("job", f"expected a mapping with model, cluster, training; got {type(raw).__name__}")
-    allowed = {"version", "model", "cluster", "training", "layout"}
+    allowed = {"version", "model", "cluster", "training", "links", "layout"}
     for key in raw:
         if key not in allowed:
             hint = did_you_mean(str(key), allowed)
@@ -350,11 +380,27 @@ def parse_job(raw: Any, base_dir: Path | None = None) -> Job:
         job = Job.model_validate(data)
     except ValidationError as exc:
         raise format_validation_error(exc)
+    _check_links(job)
     if job.layout is not None:
         from planner.parallel import dims_from_layout
 
         dims_from_layout(job.layout, job).check()
     return job
+
+
+def _check_links(job: Job) -> None:
+    """Each link joins two existing, different node groups, and each pair is given once."""
+    seen = set()
+    for i, link in enumerate(job.links):
+        a, b = link.groups
+        for g in (a, b):
+            if g >= len(job.cluster) or g < 0:
+                raise SpecError(f"links[{i}].groups", f"no node group {g}; the cluster has {len(job.cluster)}")
+        if a == b:
+            raise SpecError(f"links[{i}].groups", f"a link joins two different groups (got {a} twice)")
+        if frozenset((a, b)) in seen:
+            raise SpecError(f"links[{i}].groups", f"the link between groups {a} and {b} is given twice")
+        seen.add(frozenset((a, b)))
 
 
 def load_job(path: str | Path) -> Job:

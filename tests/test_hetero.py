@@ -9,7 +9,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from planner.cost.estimate import costs_by_group, evaluate_stages
+from planner.cost.estimate import costs_by_group, evaluate_stages, with_group_sends
 from planner.cost.memory import GIB
 from planner.cost.stage import StageModel, split_kinds
 from planner.parallel import group_order, tp_heads_error
@@ -75,7 +75,8 @@ def brute_force_best(j, opts):
                         for rec in itertools.product(*[range(n + 1) for n in split]):
                             full = all(r == n for r, n in zip(rec, split))
                             dims = c.dims(j, split, None if full or not any(rec) else rec, "full" if full else base)
-                            sms = [stage_model(dims, s, g) for s, g in enumerate(c.stage_groups)]
+                            sms = with_group_sends(j, c.stage_groups,
+                                                   [stage_model(dims, s, g) for s, g in enumerate(c.stage_groups)])
                             plans = split_kinds(j, split, dims.stage_recompute, full)
                             est = evaluate_stages(j, dims, sms, plans, opts.memory_margin)
                             if est.fits and est.iteration_time_s < best:
@@ -142,3 +143,22 @@ def test_hetero_plan_json_validates_against_schema(megatron_doc):
     jsonschema.validate(megatron_doc, schema)
     place = megatron_doc["plans"][0]["placement"]
     assert place["idle_gpus"] == sum(g["idle_gpus"] for g in place["groups"])
+
+
+def test_links_slow_down_sends_between_groups():
+    """A send between stages on two node groups goes over the network between them (a `links` entry, else the
+    slower NIC); a slow link raises only the boundary stages' pipeline time."""
+    raw = {"model": SMALL, "training": {"seq_length": 8192, "global_batch_size": 4, "attention": "eager"},
+           "cluster": [{"gpu": SMALL_GPU, "nodes": 1, "gpus_per_node": 4},
+                       {"gpu": "a100-40gb", "nodes": 1, "gpus_per_node": 4}],
+           "layout": {"dp": 1, "pp": 4, "micro_batch_size": 1, "zero_stage": 1, "recompute": "full",
+                      "stages": [{"group": 1, "tp": 2, "layers": 2, "gpus": 2}, {"group": 1, "tp": 2, "layers": 1, "gpus": 2},
+                                 {"group": 0, "tp": 2, "layers": 2, "gpus": 2}, {"group": 0, "tp": 2, "layers": 1, "gpus": 2}]}}
+    from planner.cost.estimate import estimate
+
+    fast = estimate(parse_job(raw))
+    slow = estimate(parse_job({**raw, "links": [{"groups": [0, 1], "gbps": 10}]}))
+    pp = lambda e: [st.time_s["pp_comm"] for st in e.stages]  # noqa: E731
+    assert pp(slow)[0] == pp(fast)[0] and pp(slow)[3] == pp(fast)[3]
+    assert pp(slow)[1] > 5 * pp(fast)[1] and pp(slow)[2] > 5 * pp(fast)[2]
+    assert slow.iteration_time_s > fast.iteration_time_s

@@ -62,3 +62,18 @@ def p2p_link(group: NodeGroup, crosses_node: bool, cal: Calibration) -> Link:
     if not crosses_node:
         return Link(group.gpu.intra_node_gbps * 1e9 * cal.nvlink_efficiency, LAT_INTRA_S, 2)
     return Link(group.nic_gbps / 8 * 1e9 * cal.network_efficiency, LAT_INTER_S, 2)
+
+
+def between_groups_link(rate_gbps: float, cal: Calibration) -> Link:
+    """Point-to-point between a GPU of one node group and a GPU of another, at the per-GPU rate of the network
+    between them (Job.link_gbps: a ``links`` entry, else the slower of the two NICs)."""
+    return Link(rate_gbps / 8 * 1e9 * cal.network_efficiency, LAT_INTER_S, 2)
+
+
+def spanning_link(groups: list[NodeGroup], rate_gbps: float, size: int, per_node: int, cal: Calibration) -> Link:
+    """A collective group whose ranks sit on nodes of several node groups. The ring crosses node boundaries inside
+    each group and between groups, so its bus bandwidth is the group_link formula at the slowest NVLink and the
+    slowest per-GPU network rate on the ring (``rate_gbps``: the smallest NIC and inter-group rate)."""
+    nvlink = min(g.gpu.intra_node_gbps for g in groups) * 1e9 * cal.nvlink_efficiency
+    nic = rate_gbps / 8 * 1e9 * cal.network_efficiency
+    return Link(min(nvlink, per_node * nic), LAT_INTER_S, size)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 from planner.cost import flops as F
 from planner.cost import memory as M
 from planner.cost.calibration import Calibration
+from planner.cost.comm import between_groups_link
 from planner.cost.compute import peak_tflops
 from planner.cost.provider import AnalyticCosts
 from planner.cost.schedule import pipeline_time
@@ -122,7 +123,22 @@ def estimate_dims(job: Job, dims: ParallelDims, costs: AnalyticCosts, capacity_m
 
 def hetero_stage_models(job: Job, dims: HeteroDims, costs_for) -> list[StageModel]:
     """One StageModel per stage, priced on the stage's own node group (``costs_for(group) -> AnalyticCosts``)."""
-    return [StageModel(job, dims.stage_dims(s), costs_for(g)) for s, g in enumerate(dims.stage_groups)]
+    sms = [StageModel(job, dims.stage_dims(s), costs_for(g)) for s, g in enumerate(dims.stage_groups)]
+    return with_group_sends(job, dims.stage_groups, sms)
+
+
+def with_group_sends(job: Job, stage_groups, sms: list[StageModel]) -> list[StageModel]:
+    """Stage models whose pipeline sends to a neighbour on another node group go over the network between the
+    two groups (Job.link_gbps) instead of the stage's own links."""
+    out = []
+    for s, (g, sm) in enumerate(zip(stage_groups, sms)):
+        near = [stage_groups[s - 1] if s > 0 else g, stage_groups[s + 1] if s + 1 < len(stage_groups) else g]
+        if near == [g, g]:
+            out.append(sm)
+            continue
+        prev, nxt = (None if h == g else between_groups_link(job.link_gbps(g, h), sm.cal) for h in near)
+        out.append(sm.with_neighbour_links(prev, nxt))
+    return out
 
 
 def costs_by_group(job: Job, cal: Calibration | None = None):

@@ -9,10 +9,12 @@ the name says per iteration.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
 
 from planner.cost import flops as F
 from planner.cost import memory as M
+from planner.cost.comm import Link
 from planner.cost.provider import AnalyticCosts
 from planner.parallel import ParallelDims
 from planner.spec import Job
@@ -115,6 +117,7 @@ class StageModel:
 
     def __init__(self, job: Job, dims: ParallelDims, costs: AnalyticCosts):
         self.job, self.dims, self.costs = job, dims, costs
+        self.original = self  # with_neighbour_links copies point back here
         m, t = job.model, job.training
         cal = costs.cal
         self.cal = cal
@@ -140,7 +143,9 @@ class StageModel:
         self.emb_time, self.emb_fwd = emb.forward + emb.backward, emb.forward
         self.logits_time, self.logits_fwd = lg.forward + lg.backward, lg.forward
         self.emb_params = F.embedding_params(m) / dims.tp
-        self.pp_time = 2 * dims.vpp * p2p.p2p(act_tok / dims.tp) if dims.pp > 1 else 0.0
+        self.send_bytes = act_tok / dims.tp  # per GPU per micro-batch (Megatron scatter-gather sends)
+        self.own_p2p = p2p
+        self.pp_time = 2 * dims.vpp * p2p.p2p(self.send_bytes) if dims.pp > 1 else 0.0
         self.emb_act = act_tok / (dims.tp if dims.sequence_parallel else 1)
         self.logits_act = M.logits_bytes(m, tokens, dims.tp)
         self.largest_layer = max(k.params_dense + k.params_expert for k in self.kinds.values())
@@ -149,6 +154,15 @@ class StageModel:
             "dense": M.model_state_bytes(1.0, self.shard, dims.zero_stage, t.grad_dtype, t.optimizer),
             "expert": M.model_state_bytes(1.0, self.exp_shard, dims.zero_stage, t.grad_dtype, t.optimizer),
         }
+
+    def with_neighbour_links(self, prev: Link | None, nxt: Link | None) -> "StageModel":
+        """This model for a stage whose pipeline neighbours sit on other node groups: the activation send to the
+        next stage and the gradient send to the previous one go over those links (None: a neighbour on this
+        stage's own group, or none). A shallow copy; every other coefficient is shared."""
+        out = copy.copy(self)
+        out.original = self.original  # the memory model is the original's
+        out.pp_time = (prev or self.own_p2p).p2p(self.send_bytes) + (nxt or self.own_p2p).p2p(self.send_bytes)
+        return out
 
     def lower_bound(self) -> float:
         """Iteration seconds no partition can beat: every layer's compute and unavoidable communication (TP

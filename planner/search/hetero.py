@@ -17,7 +17,7 @@ import itertools
 import time
 from dataclasses import dataclass, field
 
-from planner.cost.estimate import costs_by_group, evaluate_stages
+from planner.cost.estimate import costs_by_group, evaluate_stages, hetero_stage_models, with_group_sends
 from planner.cost.stage import StageModel, kind_coeffs
 from planner.frameworks import Framework
 from planner.parallel import HeteroDims, cp_error, group_order, tp_heads_error
@@ -27,7 +27,9 @@ from planner.search.planner import Plan, SearchResult, _keep, _stage_tuple, sett
 from planner.search.space import SearchOptions, divisors
 from planner.spec import Job
 
-HETERO_ZERO = (0, 1, 3)
+# ZeRO stages of mixed plans, in the order they are tried for the same stage counts (their bounds tie): ZeRO-1
+# first, the usual winner with pipelines, so that its time caps the harder ZeRO-3 model.
+HETERO_ZERO = (1, 0, 3)
 
 
 @dataclass(frozen=True)
@@ -116,20 +118,22 @@ class _Ctx:
     fw: Framework | None
     costs: object  # group -> AnalyticCosts
     order: list[int]
-    memo: dict = field(default_factory=dict)  # per-StageModel memory terms (StageModels are cached, so ids hold)
+    memo: dict = field(default_factory=dict)  # end costs; per-StageModel memory terms (the model is kept alive)
 
     def memory_terms(self, sm: StageModel, g: int) -> list:
-        """quick._stage_memory_terms of a cached StageModel on group g, once per model."""
+        """quick._stage_memory_terms of a StageModel on group g, once per model (sends do not change memory)."""
+        sm = sm.original
         key = ("terms", id(sm))
         if key not in self.memo:
-            self.memo[key] = quick._stage_memory_terms(sm, self.capacity(g))
-        return self.memo[key]
+            self.memo[key] = (sm, quick._stage_memory_terms(sm, self.capacity(g)))
+        return self.memo[key][1]
 
     def max_layers(self, sm: StageModel, s: int, g: int) -> int:
+        sm = sm.original
         key = ("cap", id(sm), s)
         if key not in self.memo:
-            self.memo[key] = max_layers(sm, s, self.memory_terms(sm, g)[s][0])
-        return self.memo[key]
+            self.memo[key] = (sm, max_layers(sm, s, self.memory_terms(sm, g)[s][0]))
+        return self.memo[key][1]
 
     def capacity(self, g: int) -> float:
         return self.job.cluster[g].gpu.memory_gib * (1 - self.opts.memory_margin)
@@ -260,7 +264,7 @@ def _stage_models(ctx: _Ctx, c: HeteroCandidate, cache: dict) -> list[StageModel
         if key not in cache:
             cache[key] = StageModel(ctx.job, dims.stage_dims(s), ctx.costs(g))
         out.append(cache[key])
-    return out
+    return with_group_sends(ctx.job, c.stage_groups, out)
 
 
 def max_layers(sm: StageModel, s: int, room: float) -> int:
@@ -376,7 +380,7 @@ def _solve(ctx: _Ctx, c: HeteroCandidate, sms, cap_s: float, remaining: float, w
     layers, rec = _stage_tuple(res.plans)
     full = rec is not None and all(r == n for r, n in zip(rec, layers))
     dims = c.dims(ctx.job, layers, None if full else rec, "full" if full else c.recompute)
-    final_sms = [StageModel(ctx.job, dims.stage_dims(s), ctx.costs(g)) for s, g in enumerate(c.stage_groups)]
+    final_sms = hetero_stage_models(ctx.job, dims, ctx.costs)
     return res, evaluate_stages(ctx.job, dims, final_sms, res.plans, ctx.opts.memory_margin)
 
 
@@ -423,7 +427,9 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
             kth = best[top - 1].time if len(best) >= top else float("inf")
             if _refined_bound(ctx, c, sms, kth) >= kth:
                 continue
-            res, est = _solve(ctx, c, sms, kth, solve_limit(remaining, time_limit_s), workers)
+            # without a plan to beat, a solve only needs to find one: a short limit (its bound is kept)
+            limit = solve_limit(remaining, time_limit_s if kth < float("inf") else 0.0)
+            res, est = _solve(ctx, c, sms, kth, limit, workers)
             solved += 1
             if res.status not in ("optimal", "infeasible"):
                 open_bounds.append(res.bound_s)
