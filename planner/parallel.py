@@ -62,7 +62,10 @@ def check_cp(training: Training, cp: int) -> None:
 
 
 def dims_from_layout(layout: Layout, job: Job):
-    """HeteroDims when the layout places stages on node groups (``stages[].group``), else ParallelDims."""
+    """ReplicaDims for ``layout.replicas``, HeteroDims when the layout places stages on node groups
+    (``stages[].group``), else ParallelDims."""
+    if layout.replicas is not None:
+        return ReplicaDims.from_layout(layout, job)
     if layout.stages and any(s.placed for s in layout.stages):
         return HeteroDims.from_layout(layout, job)
     return ParallelDims.from_layout(layout, job)
@@ -86,6 +89,7 @@ class ParallelDims:
     world: int
     model: ModelSpec
     training: Training
+    microbatches: int | None = None  # replicas that run their own count (ReplicaDims); else from the batch
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -168,6 +172,8 @@ class ParallelDims:
     @property
     def num_microbatches(self) -> int:
         """Micro-batches per replica per iteration (gradient-accumulation steps)."""
+        if self.microbatches is not None:
+            return self.microbatches
         return self.training.global_batch_size // (self.micro_batch_size * self.dp)
 
     @property
@@ -238,6 +244,8 @@ class HeteroDims:
     ep: int = 1
     vpp: int = 1
     tp_comm_overlap: bool = False
+    micro_batches: int | None = None  # one replica of a ReplicaDims: its own micro-batch count
+    dp_total: int | None = None       # ... and the DP size its gradients are synchronized (and ZeRO-sharded) over
 
     @classmethod
     def from_layout(cls, layout: Layout, job: Job) -> "HeteroDims":
@@ -249,53 +257,56 @@ class HeteroDims:
                 raise SpecError(f"layout.{key}", f"heterogeneous layouts (stages on node groups) need {key} = 1")
         if layout.dp is None:
             raise SpecError("layout.dp", "a heterogeneous layout must state dp")
-        rec = tuple(s.recompute_layers or 0 for s in stages)
-        return cls._checked_input(layout, job, rec)
-
-    @classmethod
-    def _checked_input(cls, layout: Layout, job: Job, rec) -> "HeteroDims":
-        """Rules only the written layout can break (gpus and pp are derived everywhere else)."""
-        stages = layout.stages
         if layout.pp != len(stages):
             raise SpecError("layout.pp", f"pp ({layout.pp}) must equal the number of stages listed ({len(stages)})")
+        return cls.from_stages(stages, layout.dp, layout, job, "layout.stages")
+
+    @classmethod
+    def from_stages(cls, stages, dp: int, layout: Layout, job: Job, field: str, **extra) -> "HeteroDims":
+        """A pipeline of placed stages replicated ``dp`` times; rules only the written stages can break (``gpus``
+        is derived everywhere else)."""
         for i, s in enumerate(stages):
+            if not s.placed:
+                raise SpecError(f"{field}[{i}]", "a placed stage names its group, tp and gpus")
             if s.group >= len(job.cluster):
-                raise SpecError(f"layout.stages[{i}].group", f"no node group {s.group}; the cluster has {len(job.cluster)}")
-            if s.gpus != s.tp * layout.cp * layout.dp:
-                raise SpecError(f"layout.stages[{i}].gpus",
-                                f"gpus ({s.gpus}) must equal tp*cp*dp ({s.tp}*{layout.cp}*{layout.dp})")
+                raise SpecError(f"{field}[{i}].group", f"no node group {s.group}; the cluster has {len(job.cluster)}")
+            if s.gpus != s.tp * layout.cp * dp:
+                raise SpecError(f"{field}[{i}].gpus", f"gpus ({s.gpus}) must equal tp*cp*{'count' if extra else 'dp'} "
+                                f"({s.tp}*{layout.cp}*{dp})")
+        rec = tuple(s.recompute_layers or 0 for s in stages)
         return cls(
-            stage_groups=tuple(s.group for s in stages), stage_tp=tuple(s.tp for s in stages), dp=layout.dp,
+            stage_groups=tuple(s.group for s in stages), stage_tp=tuple(s.tp for s in stages), dp=dp,
             micro_batch_size=layout.micro_batch_size, zero_stage=layout.zero_stage, recompute=layout.recompute,
             stage_layers=tuple(s.layers for s in stages), stage_recompute=rec if any(rec) else None,
-            cluster=job.cluster, model=job.model, training=job.training, cp=layout.cp,
+            cluster=job.cluster, model=job.model, training=job.training, cp=layout.cp, **extra,
         )
 
     # ------------------------------------------------------------------ rules
-    def check(self) -> "HeteroDims":
+    def check(self, field: str = "layout.stages") -> "HeteroDims":
         """Raise SpecError naming the first rule a heterogeneous layout breaks."""
         m, t = self.model, self.training
         for i, (g, tp) in enumerate(zip(self.stage_groups, self.stage_tp)):
             gpn = self.cluster[g].gpus_per_node
             if gpn % tp:
-                raise SpecError(f"layout.stages[{i}].tp", f"tp ({tp}) must divide gpus_per_node ({gpn}) of group {g}")
-            check_tp_heads(m, tp, f"layout.stages[{i}].tp")
+                raise SpecError(f"{field}[{i}].tp", f"tp ({tp}) must divide gpus_per_node ({gpn}) of group {g}")
+            check_tp_heads(m, tp, f"{field}[{i}].tp")
             if tp > 1 and t.seq_length // self.cp % tp:
-                raise SpecError(f"layout.stages[{i}].tp",
+                raise SpecError(f"{field}[{i}].tp",
                                 f"the sequence shard ({t.seq_length // self.cp}) is not divisible by tp ({tp})")
         check_cp(t, self.cp)
         rank = {g: r for r, g in enumerate(group_order(self.cluster))}
         order = [rank[g] for g in self.stage_groups]
         if order != sorted(order):
-            raise SpecError("layout.stages", "stages must be grouped by node group, groups in order of GPU memory "
+            raise SpecError(field, "stages must be grouped by node group, groups in order of GPU memory "
                             f"descending (ties in cluster order): expected groups in the order {group_order(self.cluster)}")
         for g, used in self.gpus_by_group().items():
             if used > self.cluster[g].num_gpus:
-                raise SpecError("layout.stages", f"stages on group {g} need {used} GPUs (sum of tp*cp*dp), "
+                raise SpecError(field, f"stages on group {g} need {used} GPUs (sum of tp*cp*dp), "
                                 f"the group has {self.cluster[g].num_gpus}")
         if sum(self.stage_layers) != m.num_layers:
-            raise SpecError("layout.stages", f"stage layers sum to {sum(self.stage_layers)}, the model has {m.num_layers}")
-        check_batch(t, self.micro_batch_size, self.dp)
+            raise SpecError(field, f"stage layers sum to {sum(self.stage_layers)}, the model has {m.num_layers}")
+        if self.micro_batches is None:
+            check_batch(t, self.micro_batch_size, self.dp)
         return self
 
     # ------------------------------------------------------------------ derived quantities
@@ -310,6 +321,8 @@ class HeteroDims:
 
     @property
     def num_microbatches(self) -> int:
+        if self.micro_batches is not None:
+            return self.micro_batches
         return self.training.global_batch_size // (self.micro_batch_size * self.dp)
 
     def gpus_by_group(self) -> dict[int, int]:
@@ -322,11 +335,11 @@ class HeteroDims:
         """The homogeneous dims stage ``s`` prices itself with: its own TP, the shared pp/dp/cp/micro-batch/ZeRO."""
         tp = self.stage_tp[s]
         return ParallelDims(
-            tp=tp, pp=self.pp, dp=self.dp, cp=self.cp, ep=1, vpp=1, micro_batch_size=self.micro_batch_size,
-            sequence_parallel=tp > 1, zero_stage=self.zero_stage, recompute=self.recompute, tp_comm_overlap=False,
-            stage_layers=self.stage_layers, stage_recompute=self.stage_recompute,
-            world=tp * self.cp * self.pp * self.dp,
-            model=self.model, training=self.training,
+            tp=tp, pp=self.pp, dp=self.dp_total or self.dp, cp=self.cp, ep=1, vpp=1,
+            micro_batch_size=self.micro_batch_size, sequence_parallel=tp > 1, zero_stage=self.zero_stage,
+            recompute=self.recompute, tp_comm_overlap=False, stage_layers=self.stage_layers,
+            stage_recompute=self.stage_recompute, world=tp * self.cp * self.pp * (self.dp_total or self.dp),
+            model=self.model, training=self.training, microbatches=self.micro_batches,
         )
 
     def as_dict(self) -> dict:
@@ -342,3 +355,106 @@ class HeteroDims:
             ],
             "num_microbatches": self.num_microbatches,
         }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Heterogeneous data parallelism: replicas of different pipelines, each running its own number of micro-batches.
+
+
+@dataclass(frozen=True)
+class ReplicaDims:
+    """Several pipelines (each a HeteroDims: ``dp`` = its replica count, its own micro-batch count) training one
+    model together. They share the layer split, each stage's TP degree, CP, the micro-batch size, the ZeRO stage
+    and the baseline recompute mode, so that stage s holds the same parameter shards in every replica: its
+    gradients are synchronized (and ZeRO-sharded) over the stage-s GPUs of all replicas, across node groups when
+    the replicas sit on different ones. Placement and recompute counts may differ per replica."""
+
+    replicas: tuple[HeteroDims, ...]
+
+    @classmethod
+    def from_layout(cls, layout: Layout, job: Job) -> "ReplicaDims":
+        if layout.stages is not None:
+            raise SpecError("layout.stages", "give either layout.stages or layout.replicas, not both")
+        for key in ("ep", "vpp"):
+            if getattr(layout, key) != 1:
+                raise SpecError(f"layout.{key}", f"layouts with replicas need {key} = 1")
+        total = sum(r.count for r in layout.replicas)
+        if layout.dp is not None and layout.dp != total:
+            raise SpecError("layout.dp", f"dp ({layout.dp}) must equal the replicas' total count ({total})")
+        pp = len(layout.replicas[0].stages)
+        if "pp" in layout.model_fields_set and layout.pp != pp:
+            raise SpecError("layout.pp", f"pp ({layout.pp}) must equal the number of stages of each replica ({pp})")
+        reps = tuple(
+            HeteroDims.from_stages(r.stages, r.count, layout, job, f"layout.replicas[{i}].stages",
+                                   micro_batches=r.micro_batches, dp_total=total)
+            for i, r in enumerate(layout.replicas))
+        return cls(reps)
+
+    def check(self) -> "ReplicaDims":
+        first = self.replicas[0]
+        for i, r in enumerate(self.replicas):
+            field = f"layout.replicas[{i}].stages"
+            r.check(field)
+            if r.pp != first.pp:
+                raise SpecError(field, f"every replica needs the same number of stages ({r.pp} here, {first.pp} in replica 0)")
+            if r.stage_layers != first.stage_layers:
+                raise SpecError(field, "every replica needs the same layers per stage (stage s of each replica holds "
+                                f"the same parameters): {list(r.stage_layers)} here, {list(first.stage_layers)} in replica 0")
+            if r.stage_tp != first.stage_tp:
+                raise SpecError(field, "every replica needs the same tp per stage (their gradients are reduced shard "
+                                f"by shard): {list(r.stage_tp)} here, {list(first.stage_tp)} in replica 0")
+        for g, used in self.gpus_by_group().items():
+            if used > self.cluster[g].num_gpus:
+                raise SpecError("layout.replicas", f"the replicas need {used} GPUs of group {g}, "
+                                f"the group has {self.cluster[g].num_gpus}")
+        t = self.training
+        sequences = self.micro_batch_size * sum(r.dp * r.num_microbatches for r in self.replicas)
+        if sequences != t.global_batch_size:
+            raise SpecError("layout.replicas", f"micro_batch_size * sum(count * micro_batches) = {sequences} sequences, "
+                            f"but global_batch_size is {t.global_batch_size}")
+        return self
+
+    # ------------------------------------------------------------------ shared degrees and totals
+    def __getattr__(self, name):
+        """Degrees every replica shares (pp, cp, micro_batch_size, zero_stage, recompute, stage_layers,
+        stage_tp, model, training, cluster, ...) read from the first replica."""
+        if name.startswith("__") or name == "replicas":
+            raise AttributeError(name)
+        return getattr(self.replicas[0], name)
+
+    @property
+    def dp(self) -> int:
+        return sum(r.dp for r in self.replicas)
+
+    @property
+    def world(self) -> int:
+        return sum(r.world for r in self.replicas)
+
+    @property
+    def num_microbatches(self) -> int:
+        """Micro-batches of the busiest replica."""
+        return max(r.num_microbatches for r in self.replicas)
+
+    @property
+    def stage_recompute(self):
+        return None  # per replica
+
+    def gpus_by_group(self) -> dict[int, int]:
+        used = {g: 0 for g in range(len(self.cluster))}
+        for r in self.replicas:
+            for g, n in r.gpus_by_group().items():
+                used[g] += n
+        return used
+
+    def as_dict(self) -> dict:
+        """The plan-JSON layout: the shared degrees, and one entry per replica."""
+        out = self.replicas[0].as_dict()
+        out.pop("stages")
+        out["dp"] = self.dp
+        out["num_microbatches"] = self.num_microbatches
+        out["replicas"] = [
+            {"count": r.dp, "micro_batches": r.num_microbatches,
+             "stages": r.as_dict()["stages"]}
+            for r in self.replicas
+        ]
+        return out

@@ -6,13 +6,13 @@ from dataclasses import dataclass
 from planner.cost import flops as F
 from planner.cost import memory as M
 from planner.cost.calibration import Calibration
-from planner.cost.comm import between_groups_link
+from planner.cost.comm import between_groups_link, spanning_link
 from planner.cost.compute import peak_tflops
 from planner.cost.provider import AnalyticCosts
 from planner.cost.schedule import pipeline_time
 from planner.cost.stage import StageModel, StagePlan, split_kinds
 from planner.errors import SpecError
-from planner.parallel import HeteroDims, ParallelDims, dims_from_layout
+from planner.parallel import HeteroDims, ParallelDims, ReplicaDims, dims_from_layout
 from planner.spec import Job, Layout
 
 SCHEMA_VERSION = 1
@@ -26,6 +26,7 @@ class StageEstimate:
     time_s: dict[str, float]  # per micro-batch components
     memory_bytes: dict[str, float]
     peak_bytes: float
+    replica: int | None = None  # plans with layout.replicas: which replica entry
 
 
 @dataclass
@@ -39,12 +40,17 @@ class Estimate:
     peak_tflops_per_gpu: float
     stage_capacity_gib: list[float] | None = None  # heterogeneous plans: each stage's own GPU capacity
 
-    def capacity_of(self, stage: int) -> float:
-        return self.stage_capacity_gib[stage] if self.stage_capacity_gib else self.capacity_gib
+    def capacity_of(self, position: int) -> float:
+        """Capacity of ``stages[position]``'s GPU."""
+        return self.stage_capacity_gib[position] if self.stage_capacity_gib else self.capacity_gib
+
+    @property
+    def peak_position(self) -> int:
+        return max(range(len(self.stages)), key=lambda i: (self.stages[i].peak_bytes, -i))
 
     @property
     def peak_stage(self) -> StageEstimate:
-        return max(self.stages, key=lambda s: (s.peak_bytes, -s.index))
+        return self.stages[self.peak_position]
 
     @property
     def peak_memory_gib(self) -> float:
@@ -53,7 +59,7 @@ class Estimate:
     @property
     def fits(self) -> bool:
         """Every stage fits its own GPU (one capacity for homogeneous plans)."""
-        return all(st.peak_bytes / M.GIB <= self.capacity_of(st.index) for st in self.stages)
+        return all(st.peak_bytes / M.GIB <= self.capacity_of(i) for i, st in enumerate(self.stages))
 
     @property
     def tokens_per_s(self) -> float:
@@ -82,18 +88,24 @@ class Estimate:
             "peak_memory_gib": r(self.peak_memory_gib, 3),
             "memory_capacity_gib": r(self.capacity_gib, 3),
             "peak_memory_stage": self.peak_stage.index,
+            **({"peak_memory_replica": self.peak_stage.replica} if self.peak_stage.replica is not None else {}),
             "layout": self.dims.as_dict(),
             "time_breakdown_s": {k: r(v) for k, v in self.time_breakdown_s.items()},
             "memory_breakdown_gib": {k: r(v / M.GIB, 3) for k, v in self.peak_stage.memory_bytes.items()},
-            "stages": [self._stage_json(s, r) for s in self.stages],
+            "stages": [self._stage_json(i, r) for i in range(len(self.stages))],
         }
 
-    def _stage_json(self, s: StageEstimate, r) -> dict:
+    def _stage_json(self, i: int, r) -> dict:
+        s = self.stages[i]
         out = {"index": s.index, "layers": s.layers, "microbatch_time_s": r(s.microbatch_time_s),
                "peak_memory_gib": r(s.peak_bytes / M.GIB, 3)}
-        if self.stage_capacity_gib:
+        if s.replica is not None:
+            out["replica"] = s.replica
+            out["group"] = self.dims.replicas[s.replica].stage_groups[s.index]
+            out["memory_capacity_gib"] = r(self.stage_capacity_gib[i], 3)
+        elif self.stage_capacity_gib:
             out["group"] = self.dims.stage_groups[s.index]
-            out["memory_capacity_gib"] = r(self.stage_capacity_gib[s.index], 3)
+            out["memory_capacity_gib"] = r(self.stage_capacity_gib[i], 3)
         return out
 
 
@@ -105,6 +117,8 @@ def estimate(job: Job, layout: Layout | None = None, cal: Calibration | None = N
     if layout is None:
         raise SpecError("layout", "the job has no layout to evaluate; add one or run `planner plan`")
     dims = dims_from_layout(layout, job).check()
+    if isinstance(dims, ReplicaDims):
+        return estimate_replicas(job, dims, capacity_margin, cal)
     if isinstance(dims, HeteroDims):
         return estimate_hetero(job, dims, capacity_margin, cal)
     if len(job.cluster) != 1:
@@ -200,4 +214,53 @@ def evaluate_stages(job: Job, dims, models: list[StageModel], plans: list[StageP
         iteration_time_s=steady + bubble + dp_exposed + opt, time_breakdown_s=breakdown, stages=stages,
         model_flops=F.model_flops_per_iteration(job.model, t.seq_length, t.global_batch_size),
         peak_tflops_per_gpu=peak, stage_capacity_gib=caps if hetero else None,
+    )
+
+
+def replica_stage_models(job: Job, dims: ReplicaDims, costs_for) -> list[list[StageModel]]:
+    """Stage models of every replica; stage s's DP ring runs over the stage-s GPUs of all replicas, so where those
+    sit on several node groups its collectives use the slowest NVLink, NIC and inter-group link on the ring."""
+    per = [hetero_stage_models(job, r, costs_for) for r in dims.replicas]
+    for s in range(dims.pp):
+        groups = sorted({r.stage_groups[s] for r in dims.replicas})
+        if len(groups) == 1:
+            continue
+        rate = min([job.cluster[g].nic_gbps for g in groups]
+                   + [job.link_gbps(a, b) for i, a in enumerate(groups) for b in groups[i + 1:]])
+        sms = [models[s] for models in per]
+        per_node = min(sm.shard_per_node for sm in sms)
+        link = spanning_link([job.cluster[g] for g in groups], rate, sms[0].shard, per_node, sms[0].cal)
+        slowest = min((sm.shard_link for sm in sms), key=lambda x: x.busbw)
+        if slowest.busbw < link.busbw:
+            link = type(link)(slowest.busbw, link.latency, link.size)
+        for models in per:
+            models[s] = models[s].with_dp_link(link)
+    return per
+
+
+def estimate_replicas(job: Job, dims: ReplicaDims, capacity_margin: float = 0.0,
+                      cal: Calibration | None = None) -> Estimate:
+    """Evaluate replicas that differ in placement and micro-batch count. Each replica runs its own pipeline
+    schedule; the gradient synchronization waits for the slowest, so the iteration is the slowest replica's
+    (schedule + exposed DP tail + optimizer step, planner/cost/estimate.evaluate_stages)."""
+    per = replica_stage_models(job, dims, costs_by_group(job, cal))
+    ests = []
+    for r, models in zip(dims.replicas, per):
+        plans = split_kinds(job, r.stage_layers, r.stage_recompute, r.recompute == "full")
+        ests.append(evaluate_stages(job, r, models, plans, capacity_margin))
+    slow = max(range(len(ests)), key=lambda i: (ests[i].iteration_time_s, -i))
+    stages, caps = [], []
+    for i, e in enumerate(ests):
+        for st, cap in zip(e.stages, e.stage_capacity_gib):
+            st.replica = i
+            stages.append(st)
+            caps.append(cap)
+    gpus = [job.cluster[g].gpu for r in dims.replicas for g in r.stage_groups]
+    weights = [tp * r.cp * r.dp for r in dims.replicas for tp in r.stage_tp]
+    peak = sum(w * peak_tflops(g, job.training.precision) for w, g in zip(weights, gpus)) / sum(weights)
+    top = max(range(len(stages)), key=lambda i: (stages[i].peak_bytes, -i))
+    return Estimate(
+        dims=dims, capacity_gib=caps[top], iteration_time_s=ests[slow].iteration_time_s,
+        time_breakdown_s=ests[slow].time_breakdown_s, stages=stages, model_flops=ests[slow].model_flops,
+        peak_tflops_per_gpu=peak, stage_capacity_gib=caps,
     )

@@ -130,7 +130,8 @@ class StageModel:
 
         _, dp_per_node = dims.group_span("dp", gpn)
         self.shard = dims.dp * dims.cp
-        self.shard_link = costs.link(self.shard, min(self.shard, dp_per_node * dims.group_span("cp", gpn)[1]))
+        self.shard_per_node = min(self.shard, dp_per_node * dims.group_span("cp", gpn)[1])
+        self.shard_link = costs.link(self.shard, self.shard_per_node)
         self.exp_shard = dims.expert_dp
         self.exp_link = costs.link(self.exp_shard, min(self.exp_shard, dp_per_node))
         p2p = costs.p2p(dims.tp * dims.cp * dims.dp >= gpn)
@@ -162,6 +163,14 @@ class StageModel:
         out = copy.copy(self)
         out.original = self.original  # the memory model is the original's
         out.pp_time = (prev or self.own_p2p).p2p(self.send_bytes) + (nxt or self.own_p2p).p2p(self.send_bytes)
+        return out
+
+    def with_dp_link(self, link: Link) -> "StageModel":
+        """This model with its DP*CP gradient/parameter collectives on ``link`` (a ring that spans node groups,
+        planner/cost/comm.spanning_link). A shallow copy; memory and compute are shared."""
+        out = copy.copy(self)
+        out.original = self.original
+        out.shard_link = out.exp_link = link
         return out
 
     def lower_bound(self) -> float:
