@@ -86,7 +86,7 @@ def brute_force_best(j, opts):
 
 def test_hetero_search_matches_brute_force():
     j = small_job()
-    result = search_hetero(j, top=1, time_limit_s=60, options=OPTS, single_type=False)
+    result = search_hetero(j, top=1, time_limit_s=60, options=OPTS, single_type=False, replicas=False)
     expected = brute_force_best(j, OPTS)
     assert result.plans and result.complete and result.plans[0].status == "optimal"
     assert result.plans[0].time == pytest.approx(expected, rel=RESOLUTION)
@@ -99,7 +99,8 @@ def test_every_stage_fits_its_own_gpu():
     for plan in result.plans:
         d = plan.estimate.dims
         for st in plan.estimate.stages:
-            cap = j.cluster[d.stage_groups[st.index]].gpu.memory_gib * (1 - OPTS.memory_margin)
+            pipe = d.replicas[st.replica] if st.replica is not None else d
+            cap = j.cluster[pipe.stage_groups[st.index]].gpu.memory_gib * (1 - OPTS.memory_margin)
             assert st.peak_bytes / GIB <= cap + 1e-9
 
 
@@ -162,3 +163,62 @@ def test_links_slow_down_sends_between_groups():
     assert pp(slow)[0] == pp(fast)[0] and pp(slow)[3] == pp(fast)[3]
     assert pp(slow)[1] > 5 * pp(fast)[1] and pp(slow)[2] > 5 * pp(fast)[2]
     assert slow.iteration_time_s > fast.iteration_time_s
+
+
+REPLICAS = """
+layout:
+  micro_batch_size: 1
+  zero_stage: 1
+  recompute: none
+  replicas:
+    - {count: 4, micro_batches: 40, stages: [{group: 0, tp: 4, layers: 16, gpus: 16}, {group: 0, tp: 4, layers: 16, gpus: 16}]}
+    - {count: 4, micro_batches: 24, stages: [{group: 1, tp: 4, layers: 16, gpus: 16}, {group: 1, tp: 4, layers: 16, gpus: 16}]}
+"""
+
+
+def test_estimate_replicas_layout(tmp_path):
+    """Replicas on two GPU types with their own micro-batch counts: the slowest replica sets the iteration, and
+    the gradient ring over both groups runs at the slower NIC (or the `links` rate)."""
+    path = tmp_path / "job.yaml"
+    path.write_text((ROOT / "examples" / "hetero" / "gpt-32l-2x32.yaml").read_text() + REPLICAS)
+    est = json.loads(run("estimate", path, "--json"))
+    assert est["fits"] and [r["micro_batches"] for r in est["layout"]["replicas"]] == [40, 24]
+    assert [(s["replica"], s["index"], s["group"]) for s in est["stages"]] == [(0, 0, 0), (0, 1, 0), (1, 0, 1), (1, 1, 1)]
+    # the A100 replica is slower per micro-batch and runs 24 of them; the H100 one 40
+    per = {s["replica"]: s["microbatch_time_s"] for s in est["stages"]}
+    assert est["iteration_time_s"] >= 24 * per[1]
+    slow_link = path.read_text() + "links:\n  - {groups: [0, 1], gbps: 25}\n"
+    path.write_text(slow_link)
+    slow = json.loads(run("estimate", path, "--json"))
+    assert slow["time_breakdown_s"]["dp_comm"] > est["time_breakdown_s"]["dp_comm"]
+
+
+def test_balance_splits_the_batch_exactly():
+    from planner.search.replicas import _balance
+
+    for M, counts, slopes, offsets in ((256, ((0, 4), (1, 4)), [0.026, 0.065], [0.05, 0.1]),
+                                       (2048, ((0, 9), (1, 5), (2, 3)), [0.02, 0.05, 0.06], [1.0, 2.0, 2.5])):
+        ms = _balance(M, counts, slopes, offsets)
+        assert sum(d * m for (_, d), m in zip(counts, ms)) == M
+        times = [a * m + b for a, b, m in zip(slopes, offsets, ms)]
+        # balanced: moving one micro-batch of the slowest group's replicas elsewhere cannot help by much
+        assert max(times) - min(times) <= max(slopes) * max(d for _, d in counts) + 1e-9
+
+
+@pytest.fixture(scope="module")
+def replica_doc():
+    return json.loads(run("plan", ROOT / "examples" / "hetero" / "gpt-32l-2x32.yaml", "--json", "--no-timing",
+                          "--top", "3"))
+
+
+def test_plan_finds_replicas_on_two_types(replica_doc):
+    """DP across GPU types: the best plan of the 2x32 benchmark runs replicas on both types with different
+    micro-batch counts, fits every stage's own GPU, and covers exactly the global batch."""
+    best = replica_doc["plans"][0]
+    lay = best["layout"]
+    assert lay.get("replicas") and best["optimality"]["status"] == "feasible"
+    assert len({r["micro_batches"] for r in lay["replicas"]}) > 1
+    assert sum(r["count"] * r["micro_batches"] for r in lay["replicas"]) * lay["micro_batch_size"] == 256
+    assert all(s["peak_memory_gib"] <= s["memory_capacity_gib"] for s in best["estimate"]["stages"])
+    assert best["estimate"]["iteration_time_s"] < replica_doc["search"]["single_type_best_s"]
+    jsonschema.validate(replica_doc, json.loads(run("schema", "plan")))

@@ -137,7 +137,11 @@ def estimate_dims(job: Job, dims: ParallelDims, costs: AnalyticCosts, capacity_m
 
 def hetero_stage_models(job: Job, dims: HeteroDims, costs_for) -> list[StageModel]:
     """One StageModel per stage, priced on the stage's own node group (``costs_for(group) -> AnalyticCosts``)."""
-    sms = [StageModel(job, dims.stage_dims(s), costs_for(g)) for s, g in enumerate(dims.stage_groups)]
+    by_kind: dict = {}  # stages on the same group with the same TP share one model
+    for s, g in enumerate(dims.stage_groups):
+        if (g, dims.stage_tp[s]) not in by_kind:
+            by_kind[g, dims.stage_tp[s]] = StageModel(job, dims.stage_dims(s), costs_for(g))
+    sms = [by_kind[g, tp] for g, tp in zip(dims.stage_groups, dims.stage_tp)]
     return with_group_sends(job, dims.stage_groups, sms)
 
 

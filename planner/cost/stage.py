@@ -58,6 +58,12 @@ class StagePlan:
     def recomputed(self) -> int:
         return self.r_dense + self.r_moe
 
+    def with_recompute(self, r: int) -> "StagePlan":
+        """The same layers with ``r`` of them fully recomputed: MoE layers first (their activations are the
+        largest), then dense ones."""
+        r_moe = min(r, self.moe)
+        return StagePlan(self.dense, self.moe, r - r_moe, r_moe)
+
 
 def kind_coeffs(job: Job, costs: AnalyticCosts, tokens: int, tp: int, cp: int, ep: int, sp: bool,
                 base_rc: str) -> dict[str, KindCoeffs]:
@@ -310,13 +316,11 @@ class StageModel:
 
 def split_kinds(job: Job, stage_layers: tuple[int, ...], recompute_layers: tuple[int, ...] | None,
                 full: bool) -> list[StagePlan]:
-    """StagePlans for contiguous stages. Of a stage's ``r`` fully recomputed layers, MoE layers are taken first
-    (their activations are the largest), then dense ones."""
+    """StagePlans for contiguous stages (recomputed layers placed by StagePlan.with_recompute)."""
     plans, first = [], 0
     for i, n in enumerate(stage_layers):
         moe = job.model.moe_layers_before(first + n) - job.model.moe_layers_before(first)
         r = n if full else (recompute_layers[i] if recompute_layers else 0)
-        r_moe = min(r, moe)
-        plans.append(StagePlan(dense=n - moe, moe=moe, r_dense=r - r_moe, r_moe=r_moe))
+        plans.append(StagePlan(dense=n - moe, moe=moe).with_recompute(r))
         first += n
     return plans

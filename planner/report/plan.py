@@ -8,6 +8,9 @@ from planner.report.estimate import _layout_line
 
 
 def _stages(layout: dict) -> str:
+    if layout.get("replicas"):
+        return "; ".join(f"{r['count']}x({_stages({'stages': r['stages']})}) m{r['micro_batches']}"
+                         for r in layout["replicas"])
     layers = [s["layers"] for s in layout["stages"]]
     if layout["stages"] and layout["stages"][0].get("group") is not None:
         return " ".join(f"g{s['group']}:tp{s['tp']}x{s['layers']}" + (f"r{s['recompute_layers']}" if s.get("recompute_layers") else "")
@@ -32,7 +35,8 @@ def render_plan(doc: dict) -> Group:
             degrees += f" ({p['placement']['idle_gpus']} GPUs idle)"
         top.add_row(str(p["rank"]), degrees, _stages(lay), f"{est['iteration_time_s']:.3f}",
                     f"{est['tokens_per_s_per_gpu']:,.0f}", f"{est['mfu'] * 100:.1f}%", f"{est['peak_memory_gib']:.1f}",
-                    "optimal" if opt["status"] == "optimal" else f"gap {opt['gap'] * 100:.2f}%")
+                    "optimal" if opt["status"] == "optimal"
+                    else f"gap {opt['gap'] * 100:.2f}%" if opt["gap"] > 0 else "feasible")
     parts = [top]
     if doc["plans"]:
         parts.append(render_why(doc))

@@ -9,7 +9,7 @@ from typing import Literal, Optional
 from pydantic import BaseModel, ConfigDict
 
 from planner.cost.estimate import SCHEMA_VERSION, Estimate
-from planner.parallel import RANK_ORDER, HeteroDims
+from planner.parallel import RANK_ORDER, HeteroDims, ReplicaDims
 from planner.search.planner import SearchResult
 from planner.spec import Job
 
@@ -23,7 +23,13 @@ class StageOut(_Out):
     recompute_layers: Optional[int] = None
     group: Optional[int] = None   # heterogeneous plans: node group (index into the job's cluster)
     tp: Optional[int] = None      # heterogeneous plans: this stage's TP degree
-    gpus: Optional[int] = None    # heterogeneous plans: tp*dp GPUs of the stage
+    gpus: Optional[int] = None    # heterogeneous plans: tp*cp*dp GPUs of the stage (tp*cp*count in a replica)
+
+
+class ReplicaOut(_Out):
+    count: int             # identical replicas of this pipeline
+    micro_batches: int     # micro-batches each of them runs per iteration
+    stages: list[StageOut]
 
 
 class LayoutOut(_Out):
@@ -38,7 +44,8 @@ class LayoutOut(_Out):
     zero_stage: int
     recompute: Literal["none", "selective", "full"]
     tp_comm_overlap: bool
-    stages: list[StageOut]
+    stages: Optional[list[StageOut]] = None        # absent when replicas differ (then see replicas)
+    replicas: Optional[list[ReplicaOut]] = None    # DP replicas that differ in placement and micro-batch count
     num_microbatches: int
 
 
@@ -49,6 +56,7 @@ class StageEstimateOut(_Out):
     peak_memory_gib: float
     group: Optional[int] = None                 # heterogeneous plans
     memory_capacity_gib: Optional[float] = None  # heterogeneous plans: this stage's GPU capacity with the margin
+    replica: Optional[int] = None               # plans with replicas: index into layout.replicas
 
 
 class EstimateOut(_Out):
@@ -63,6 +71,7 @@ class EstimateOut(_Out):
     peak_memory_gib: float
     memory_capacity_gib: float
     peak_memory_stage: int
+    peak_memory_replica: Optional[int] = None
     layout: LayoutOut
     time_breakdown_s: dict[str, float]
     memory_breakdown_gib: dict[str, float]
@@ -76,6 +85,7 @@ class Optimality(_Out):
 
 class StagePlacement(_Out):
     stage: int
+    replica: Optional[int] = None
     group: int
     gpu: str
     first_rank: int
@@ -131,6 +141,8 @@ class PlanDocument(_Out):
 def placement(job: Job, est: Estimate) -> dict:
     """Which ranks and nodes host each pipeline stage under Megatron's tp-cp-ep-dp-pp order (PP outermost)."""
     d = est.dims
+    if isinstance(d, ReplicaDims):
+        return replica_placement(job, d)
     if isinstance(d, HeteroDims):
         return hetero_placement(job, d)
     group = job.cluster[0]
@@ -146,17 +158,28 @@ def placement(job: Job, est: Estimate) -> dict:
 
 
 def hetero_placement(job: Job, d: HeteroDims) -> dict:
-    """Stage s takes the next tp_s*dp GPUs of its node group (groups numbered from their own first node);
+    """Stage s takes the next tp_s*cp*dp GPUs of its node group (groups numbered from their own first node);
     global ranks run over the stages in pipeline order (PP outermost). GPUs a group does not use stay idle."""
+    return _placed(job, d, [(None, d)])
+
+
+def replica_placement(job: Job, d: ReplicaDims) -> dict:
+    """As hetero_placement, replica entry after replica entry (each entry's stages in pipeline order)."""
+    return _placed(job, d, list(enumerate(d.replicas)))
+
+
+def _placed(job: Job, d, pipelines) -> dict:
     stages, rank, nxt = [], 0, {}
-    for s, (g, tp) in enumerate(zip(d.stage_groups, d.stage_tp)):
-        grp = job.cluster[g]
-        n = tp * d.dp
-        local = nxt.get(g, 0)
-        nxt[g] = local + n
-        stages.append({"stage": s, "group": g, "gpu": grp.gpu.name, "first_rank": rank, "last_rank": rank + n - 1,
-                       "first_node": local // grp.gpus_per_node, "last_node": (local + n - 1) // grp.gpus_per_node})
-        rank += n
+    for r, pipe in pipelines:
+        for s, (g, tp) in enumerate(zip(pipe.stage_groups, pipe.stage_tp)):
+            grp = job.cluster[g]
+            n = tp * pipe.cp * pipe.dp
+            local = nxt.get(g, 0)
+            nxt[g] = local + n
+            stages.append({"stage": s, **({"replica": r} if r is not None else {}), "group": g, "gpu": grp.gpu.name,
+                           "first_rank": rank, "last_rank": rank + n - 1, "first_node": local // grp.gpus_per_node,
+                           "last_node": (local + n - 1) // grp.gpus_per_node})
+            rank += n
     used = d.gpus_by_group()
     groups = [{"group": g, "gpu": grp.gpu.name, "used_gpus": used[g], "idle_gpus": grp.num_gpus - used[g]}
               for g, grp in enumerate(job.cluster)]

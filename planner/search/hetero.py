@@ -24,6 +24,7 @@ from planner.parallel import HeteroDims, cp_error, group_order, tp_heads_error
 from planner.search import quick
 from planner.search.partition import solve_partition
 from planner.search.planner import Plan, SearchResult, _keep, _stage_tuple, settle_open_solves, solve_limit
+from planner.search.replicas import search_replicas
 from planner.search.space import SearchOptions, divisors
 from planner.spec import Job
 
@@ -385,12 +386,16 @@ def _solve(ctx: _Ctx, c: HeteroCandidate, sms, cap_s: float, remaining: float, w
 
 
 def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers: int = 1,
-                  options: SearchOptions | None = None, single_type: bool = True) -> SearchResult:
+                  options: SearchOptions | None = None, single_type: bool = True,
+                  replicas: bool = True) -> SearchResult:
     """Best heterogeneous plans of a multi-group job (see the module docstring). With ``single_type`` the best
-    plan on each node group alone (the homogeneous search) is reported for comparison."""
+    plan on each node group alone (the homogeneous search) is reported for comparison; with ``replicas`` plans
+    whose DP replicas sit on different GPU types (planner/search/replicas.py) join the top list."""
     opts = options or SearchOptions()
     start = time.monotonic()
-    deadline = start + time_limit_s * (0.6 if single_type else 1.0)
+    # shares of the time limit: mixed pipelines, then replicas on different types, then the single-type searches
+    share = 0.6 if single_type else 1.0
+    deadline = start + time_limit_s * share * 0.7
     ctx = _Ctx(job, opts, opts.framework, costs_by_group(job), group_order(job.cluster))
     L = job.model.num_layers
     heap = [(lb, i, fam, box) for i, (lb, fam, box) in enumerate(_families(ctx))]
@@ -436,6 +441,11 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
             if est is not None and est.fits:
                 _keep(best, Plan(c, est, res.status), top)
     complete, open_bound = settle_open_solves(complete, open_bounds, best, top)
+    if replicas and len(job.cluster) > 1 and opts.framework is None:  # stock frameworks: one count per replica
+        beat = best[top - 1].time if len(best) >= top else float("inf")
+        stop = min(start + time_limit_s * share, time.monotonic() + 0.25 * time_limit_s * share)
+        for cand, est in search_replicas(ctx, beat, stop, workers):
+            _keep(best, Plan(cand, est, "feasible"), top)
     frontier = min(frontier, open_bound)
     final = [p if complete else Plan(p.candidate, p.estimate, "feasible") for p in best]
     gap = 0.0

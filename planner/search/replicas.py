@@ -1,0 +1,238 @@
+"""Heterogeneous data parallelism: DP replicas on different GPU types, each running its own number of
+micro-batches so that they finish together (layout.replicas, planner.parallel.ReplicaDims).
+
+A shape fixes tp, cp, pp, micro-batch, ZeRO stage and baseline recompute, and a set of >= 2 node groups; group g
+then runs d_g = GPUs_g // (tp*cp*pp) replicas of a pipeline placed entirely on g. The replicas share the layer
+split and TP (their gradients are reduced stage by stage over a ring that spans the groups); recompute counts
+and micro-batch counts are per replica. For a shape:
+  1. each group's balanced split on its own GPUs (the homogeneous search's greedy splits, planner/search/quick.py,
+     else CP-SAT);
+  2. every group's split is tried for all replicas, each replica recomputing the fewest layers that fit its GPUs;
+  3. the micro-batch counts m_g (sum_g d_g m_g = global batch / micro-batch) are chosen to minimize the slowest
+     replica's time, and the plan is evaluated exactly (planner/cost/estimate.estimate_replicas).
+Steps 2-3 fix choices the model does not prove optimal, so these plans are reported as feasible. Shapes are
+visited best-first by a throughput bound (the M micro-batches and each replica's pipeline fill over the groups'
+fastest possible micro-batch rates) and the search stops when the bound reaches the best plan already known.
+"""
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass
+
+from planner.cost.estimate import estimate_replicas, evaluate_stages, replica_stage_models
+from planner.cost import flops as F
+from planner.cost import memory as M
+from planner.cost.memory import GIB
+from planner.cost.stage import StageModel, split_kinds
+from planner.parallel import HeteroDims, ParallelDims, ReplicaDims, cp_error, tp_heads_error
+from planner.search import quick
+from planner.search.partition import solve_partition
+from planner.search.space import divisors
+
+REPLICA_ZERO = (1, 0, 3)
+
+
+@dataclass(frozen=True)
+class ReplicaCandidate:
+    """A shape (see the module docstring) and the replica counts per used group."""
+    tp: int
+    cp: int
+    pp: int
+    mbs: int
+    zero: int
+    recompute: str
+    counts: tuple[tuple[int, int], ...]  # (group, replicas) per used group
+    lower_bound_s: float
+
+    @property
+    def dp(self) -> int:
+        return sum(d for _, d in self.counts)
+
+    def sort_key(self):
+        return (self.lower_bound_s, self.dp, self.cp, self.mbs, self.zero, self.recompute,
+                tuple((g, self.tp, d) for g, d in self.counts))
+
+
+def _shapes(ctx, deadline: float):
+    """(bound, shape) for every tp, cp, pp, micro-batch, baseline recompute and set of >= 2 used groups."""
+    from planner.search.hetero import _end_pair, _per_layer  # the mixed search's per-layer and end-cost bounds
+
+    job = ctx.job
+    m, t = job.model, job.training
+    L = m.num_layers
+    groups = ctx.order
+    bases = ["none"] if t.attention == "flash" else ["none", "selective"]
+    gpn_all = [job.cluster[g].gpus_per_node for g in groups]
+    cps = [cp for cp in divisors(max(job.cluster[g].num_gpus for g in groups))
+           if cp_error(t, cp) is None and (ctx.fw is None or cp == 1 or ctx.fw.context_parallel)]
+    subsets = [s for k in range(2, len(groups) + 1) for s in itertools.combinations(groups, k)]
+    out = []
+    for tp in divisors(min(gpn_all)):
+        if tp_heads_error(m, tp) is not None or any(gpn % tp for gpn in gpn_all):
+            continue
+        for cp in cps:
+            if tp > 1 and t.seq_length // cp % tp:
+                continue
+            for mbs in (x for x in divisors(t.global_batch_size) if x <= ctx.opts.max_micro_batch):
+                M = t.global_batch_size // mbs
+                for base in bases:
+                    per_mb = {g: L * _per_layer(job, ctx.costs(g), tp, cp, mbs, base)
+                              + sum(_end_pair(ctx, (g, tp), (g, tp), cp, mbs)) for g in groups}
+                    for pp in range(1, L + 1):
+                        if ctx.opts.even_layers and L % pp:
+                            continue
+                        if time.monotonic() > deadline:
+                            return out
+                        for used in subsets:
+                            counts = tuple((g, job.cluster[g].num_gpus // (tp * cp * pp)) for g in used)
+                            if any(d < 1 for _, d in counts) or sum(d for _, d in counts) > M:
+                                continue
+                            # a replica of g running m micro-batches takes >= (m + pp - 1) W_g / pp (1F1B with
+                            # the per-micro-batch work W_g spread evenly), and sum_g d_g m_g = M
+                            rate = sum(d * pp / per_mb[g] for g, d in counts)
+                            bound = (M + (pp - 1) * sum(d for _, d in counts)) / rate
+                            out.append((bound, (tp, cp, pp, mbs, base, counts)))
+    return out
+
+
+def _min_recompute(job, sms: list[StageModel], layers, caps: list[float], base_full: bool):
+    """Per stage, the fewest fully recomputed layers that fit the stage's GPU (None if even all do not)."""
+    if base_full:
+        return tuple(layers)
+    rec = []
+    bare = split_kinds(job, layers, None, False)
+    for s, (sm, n) in enumerate(zip(sms, layers)):
+        for r in range(n + 1):
+            if sum(sm.memory(s, bare[s].with_recompute(r)).values()) / GIB <= caps[s]:
+                rec.append(r)
+                break
+        else:
+            return None
+    return tuple(rec)
+
+
+def _balance(M: int, counts, slopes: list[float], offsets: list[float], window: int = 48):
+    """Micro-batch counts m_g >= 1 with sum d_g m_g = M minimizing max_g (slope_g m_g + offset_g): the continuous
+    optimum, then every integer choice within ``window`` of it for all groups but the last (which is implied)."""
+    d = [c for _, c in counts]
+    X = (M + sum(di * b / a for di, a, b in zip(d, slopes, offsets))) / sum(di / a for di, a in zip(d, slopes))
+    centre = [(X - b) / a for a, b in zip(slopes, offsets)]
+    ranges = [range(max(1, int(c) - window), max(1, int(c) + window) + 1) for c in centre[:-1]]
+    best = None
+    for ms in itertools.product(*ranges):
+        rest = M - sum(di * mi for di, mi in zip(d, ms))
+        if rest < d[-1] or rest % d[-1]:
+            continue
+        full = ms + (rest // d[-1],)
+        t = max(a * mi + b for a, b, mi in zip(slopes, offsets, full))
+        if best is None or t < best[0]:
+            best = (t, full)
+    return best[1] if best else None
+
+
+def _replica_dims(job, shape, zero, counts, layers, recs, ms, base) -> ReplicaDims:
+    tp, cp, pp, mbs = shape[:4]
+    total = sum(d for _, d in counts)
+    reps = []
+    for (g, d), rec, mi in zip(counts, recs, ms):
+        full = all(r == n for r, n in zip(rec, layers))
+        reps.append(HeteroDims(
+            stage_groups=(g,) * pp, stage_tp=(tp,) * pp, dp=d, micro_batch_size=mbs, zero_stage=zero,
+            recompute="full" if full else base, stage_layers=tuple(layers),
+            stage_recompute=None if full or not any(rec) else tuple(rec), cluster=job.cluster, model=job.model,
+            training=job.training, cp=cp, micro_batches=mi, dp_total=total))
+    return ReplicaDims(tuple(reps))
+
+
+def _evaluate_shape(ctx, cand: ReplicaCandidate, remaining: float, workers: int):
+    """The best replica plan of one shape and ZeRO stage (module docstring, steps 1-3), or None."""
+    job = ctx.job
+    shape = (cand.tp, cand.cp, cand.pp, cand.mbs)
+    M = job.training.global_batch_size // cand.mbs
+    total = cand.dp
+    guess = max(1, M // total)
+    splits = []
+    for g, _ in cand.counts:
+        dims = ParallelDims(
+            tp=cand.tp, pp=cand.pp, dp=total, cp=cand.cp, ep=1, vpp=1, micro_batch_size=cand.mbs,
+            sequence_parallel=cand.tp > 1, zero_stage=cand.zero, recompute=cand.recompute, tp_comm_overlap=False,
+            stage_layers=tuple([job.model.num_layers // cand.pp] * cand.pp), stage_recompute=None,
+            world=cand.tp * cand.cp * cand.pp * total, model=job.model, training=job.training, microbatches=guess)
+        sm = StageModel(job, dims, ctx.costs(g))
+        plans = None
+        if not ctx.opts.even_layers:  # the balanced splits of the homogeneous search, then CP-SAT
+            plans = quick.greedy_partition(sm, ctx.capacity(g)) or quick.greedy_recompute_partition(sm, ctx.capacity(g))
+        if plans is None:
+            plans = solve_partition(sm, ctx.capacity(g), partial_recompute=ctx.opts.partial_recompute,
+                                    time_limit_s=max(0.05, remaining / 4), workers=workers,
+                                    even_layers=ctx.opts.even_layers,
+                                    uniform_recompute=ctx.opts.uniform_recompute).plans
+        if plans is not None:
+            layers = tuple(p.layers for p in plans)
+            if layers not in splits:
+                splits.append(layers)
+    best = None
+    for layers in splits:
+        probe = _replica_dims(job, shape, cand.zero, cand.counts, layers, [(0,) * cand.pp] * len(cand.counts),
+                              [guess] * len(cand.counts), cand.recompute)
+        per = replica_stage_models(job, probe, ctx.costs)
+        recs = []
+        for (g, _), sms in zip(cand.counts, per):
+            rec = _min_recompute(job, sms, layers, [ctx.capacity(g)] * cand.pp, cand.recompute == "full")
+            if rec is None or (ctx.opts.uniform_recompute and len(set(rec)) > 1):
+                break
+            recs.append(rec)
+        else:
+            slopes, offsets = [], []
+            for r, sms, rec in zip(probe.replicas, per, recs):
+                plans = split_kinds(job, layers, rec, cand.recompute == "full")
+                est = evaluate_stages(job, r, sms, plans)
+                slow = max(st.microbatch_time_s for st in est.stages)
+                slopes.append(slow)
+                offsets.append(est.iteration_time_s - guess * slow)
+            ms = _balance(M, cand.counts, slopes, offsets)
+            if ms is None:
+                continue
+            dims = _replica_dims(job, shape, cand.zero, cand.counts, layers, recs, ms, cand.recompute)
+            est = estimate_replicas(job, dims, ctx.opts.memory_margin)
+            if est.fits and (best is None or est.iteration_time_s < best.iteration_time_s):
+                best = est
+    return best
+
+
+def _states_fit(ctx, tp: int, cp: int, pp: int, zero: int, counts) -> bool:
+    """A necessary memory condition: some stage holds at least the average 1/pp of the model, so its weights,
+    gradients and optimizer states (planner/cost/memory.model_state_bytes, sharded over all replicas' DP*CP
+    under ZeRO) must fit the smallest used GPU."""
+    t = ctx.job.training
+    shard = cp * sum(d for _, d in counts)
+    per_param = sum(M.model_state_bytes(1.0, shard, zero, t.grad_dtype, t.optimizer).values())
+    need = per_param * F.total_params(ctx.job.model) / (tp * pp)
+    return need <= min(ctx.capacity(g) for g, _ in counts) * GIB
+
+
+def search_replicas(ctx, incumbent_s: float, deadline: float, workers: int) -> list:
+    """(candidate, estimate) of replica plans faster than ``incumbent_s``, best-first until the bound reaches the
+    best time known or the deadline passes."""
+    shapes = _shapes(ctx, deadline)
+    shapes.sort(key=lambda x: (x[0], x[1][:5], x[1][5]))
+    found = []
+    best = incumbent_s
+    for bound, (tp, cp, pp, mbs, base, counts) in shapes:
+        if bound >= best or time.monotonic() > deadline:
+            break
+        for zero in REPLICA_ZERO:
+            if zero not in ctx.opts.zero_stages or (ctx.fw is not None and zero not in ctx.fw.zero_stages(pp)):
+                continue
+            if not _states_fit(ctx, tp, cp, pp, zero, counts):
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                break
+            cand = ReplicaCandidate(tp, cp, pp, mbs, zero, base, counts, bound)
+            est = _evaluate_shape(ctx, cand, remaining, workers)
+            if est is not None:
+                found.append((cand, est))
+                best = min(best, est.iteration_time_s)
+    return found
