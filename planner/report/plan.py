@@ -1,6 +1,8 @@
 """Rich rendering of `planner plan`: the top plans and why the winner wins."""
 from __future__ import annotations
 
+import itertools
+
 from rich.console import Group
 from rich.table import Table
 
@@ -13,8 +15,10 @@ def _stages(layout: dict) -> str:
                          for r in layout["replicas"])
     layers = [s["layers"] for s in layout["stages"]]
     if layout["stages"] and layout["stages"][0].get("group") is not None:
-        return " ".join(f"g{s['group']}:tp{s['tp']}x{s['layers']}" + (f"r{s['recompute_layers']}" if s.get("recompute_layers") else "")
-                        for s in layout["stages"])
+        words = [f"g{s['group']}:tp{s['tp']}x{s['layers']}" + (f"r{s['recompute_layers']}" if s.get("recompute_layers") else "")
+                 for s in layout["stages"]]
+        runs = [(w, len(list(g))) for w, g in itertools.groupby(words)]  # g0:tp2x3 (x31): 31 such stages in a row
+        return " ".join(w if n == 1 else f"{w}(x{n})" for w, n in runs)
     rec = [s.get("recompute_layers") or 0 for s in layout["stages"]]
     text = "even" if len(set(layers)) == 1 else "/".join(map(str, layers))
     if any(rec):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import functools
 import heapq
+import math
 import itertools
 import time
 from dataclasses import dataclass, field
@@ -43,15 +44,15 @@ class HeteroCandidate:
     groups: tuple[tuple[int, int, int], ...]  # (group, tp, stages) in pipeline order, stages >= 1
     lower_bound_s: float
 
-    @property
+    @functools.cached_property
     def pp(self) -> int:
         return sum(k for _, _, k in self.groups)
 
-    @property
+    @functools.cached_property
     def stage_groups(self) -> tuple[int, ...]:
         return tuple(g for g, _, k in self.groups for _ in range(k))
 
-    @property
+    @functools.cached_property
     def stage_tp(self) -> tuple[int, ...]:
         return tuple(tp for _, tp, k in self.groups for _ in range(k))
 
@@ -77,23 +78,30 @@ def _per_layer(job: Job, costs, tp: int, cp: int, mbs: int, base: str) -> float:
     return min(k.compute + k.tp + k.cp for k in kind_coeffs(job, costs, tokens, tp, cp, 1, tp > 1, base).values())
 
 
-def box_bound(a: list[float], lo: tuple[int, ...], hi: tuple[int, ...], emb: float, logits: float, L: int,
-              m: int) -> float:
+def box_bound(a, lo: tuple[int, ...], hi: tuple[int, ...], emb: float, logits: float, L: int, m: int,
+              send=None) -> float:
     """Iteration seconds no candidate with lo_g <= k_g <= hi_g stages per used group g beats (lo = hi: one
-    candidate). Each stage of group g takes at least a_g seconds per layer; the first stage adds the embedding
-    and the last the logits (``emb``, ``logits`` per micro-batch). With stage times t_s >= n_s a_s + c_s the
-    1F1B schedule takes (m-1) max_s t_s + sum_s t_s (planner/cost/schedule.py):
+    candidate). Each stage of group g takes at least a_g seconds per layer and, when there are >= 2 stages,
+    send_g seconds of pipeline sends per micro-batch (on its own links: a neighbour on another group is no
+    faster); the first stage adds the embedding and the last the logits (``emb``, ``logits`` per micro-batch).
+    With stage times t_s >= n_s a_s + c_s the 1F1B schedule takes (m-1) max_s t_s + sum_s t_s
+    (planner/cost/schedule.py):
       - max_s t_s >= the smallest T with sum_s (T - c_s)/a_s >= L, since every n_s <= (T - c_s)/a_s and the n_s
-        sum to L (and T >= c_s + a_s, every stage holding a layer); more stages only lower it, so k = hi;
-      - sum_s t_s >= emb + logits + the least work: one layer per stage, the rest at the fastest a_g, which is
-        L*min(a) + sum_g k_g (a_g - min(a)), smallest at k = lo.
-    Communication beyond TP and CP, the DP tail and the optimizer step are >= 0 and left out."""
+        sum to L (and T >= c_s + a_s, every stage holding a layer). Adding a stage of g moves T towards send_g,
+        so while every send_g <= T more stages only lower it and k = hi bounds the box (else sends are dropped);
+      - sum_s t_s >= emb + logits + sum_s send_s + the least work: one layer per stage, the rest at the fastest
+        a_g, which is L*min(a) + sum_g k_g (a_g - min(a)), smallest at k = lo.
+    Communication beyond TP, CP and pipeline sends, the DP tail and the optimizer step are >= 0 and left out."""
+    e = send if send is not None and sum(lo) >= 2 else (0.0,) * len(a)
     inv = sum(k / x for k, x in zip(hi, a))
     single = sum(hi) == 1  # one stage holds both ends
-    top = max(max(a), a[0] + emb + (logits if single else 0.0), a[-1] + logits)
-    T = max(top, (L + emb / a[0] + logits / a[-1]) / inv)
+    top = max(max(x + y for x, y in zip(a, e)), a[0] + e[0] + emb + (logits if single else 0.0),
+              a[-1] + e[-1] + logits)
+    T = max(top, (L + emb / a[0] + logits / a[-1] + sum(k * y / x for k, x, y in zip(hi, a, e))) / inv)
+    if max(e) > T:  # the monotonicity above fails: drop the sends
+        return box_bound(a, lo, hi, emb, logits, L, m)
     fast = min(a)
-    work = L * fast + sum(k * (x - fast) for k, x in zip(lo, a))
+    work = L * fast + sum(k * (x - fast + y) for k, x, y in zip(lo, a, e))
     return (m - 1) * T + emb + logits + work
 
 
@@ -129,11 +137,13 @@ class _Ctx:
             self.memo[key] = (sm, quick._stage_memory_terms(sm, self.capacity(g)))
         return self.memo[key][1]
 
-    def max_layers(self, sm: StageModel, s: int, g: int) -> int:
+    def max_layers(self, sm: StageModel, g: int) -> list[int]:
+        """max_layers of every stage position of a StageModel on group g, once per model."""
         sm = sm.original
-        key = ("cap", id(sm), s)
+        key = ("cap", id(sm))
         if key not in self.memo:
-            self.memo[key] = (sm, max_layers(sm, s, self.memory_terms(sm, g)[s][0]))
+            terms = self.memory_terms(sm, g)
+            self.memo[key] = (sm, [max_layers(sm, s, terms[s][0]) for s in range(sm.dims.pp)])
         return self.memo[key][1]
 
     def capacity(self, g: int) -> float:
@@ -185,10 +195,24 @@ def _families(ctx: _Ctx):
                     a_used = tuple(a_of[u] for u in used)
                     hi = tuple(kmax_of[g][tp] for g, tp in used)
                     emb, logits = _end_pair(ctx, used[0], used[-1], cp, mbs)
-                    fam = _Family(dp, cp, mbs, tuple(zeros), base, tuple(used), a_used, emb, logits, mb)
+                    send = tuple(_send(ctx, g, tp, cp, dp, mbs) for g, tp in used)
+                    fam = _Family(dp, cp, mbs, tuple(zeros), base, tuple(used), a_used, emb, logits, mb, send)
                     box = (1,) * len(used), hi
                     out.append((fam.bound(L, *box), fam, box))
     return out
+
+
+def _send(ctx: _Ctx, g: int, tp: int, cp: int, dp: int, mbs: int) -> float:
+    """Pipeline-send seconds per micro-batch of a stage on group g over its own links (planner/cost/stage.py:
+    an activation forward and a gradient back)."""
+    key = ("send", g, tp, cp, dp, mbs)
+    if key not in ctx.memo:
+        job = ctx.job
+        tokens = mbs * job.training.seq_length // cp
+        act = 2.0 * tokens * job.model.hidden_size / tp
+        link = ctx.costs(g).p2p(tp * cp * dp >= job.cluster[g].gpus_per_node)
+        ctx.memo[key] = 2 * link.p2p(act)
+    return ctx.memo[key]
 
 
 def _end_pair(ctx: _Ctx, first, last, cp: int, mbs: int) -> tuple[float, float]:
@@ -221,9 +245,10 @@ class _Family:
     emb: float
     logits: float
     mb: int
+    send: tuple[float, ...]            # pipeline-send seconds per micro-batch of a stage of each used group
 
     def bound(self, L: int, lo, hi) -> float:
-        return box_bound(self.a, lo, hi, self.emb, self.logits, L, self.mb)
+        return box_bound(self.a, lo, hi, self.emb, self.logits, L, self.mb, self.send)
 
     def candidates(self, ctx: "_Ctx", ks, lb: float) -> list[HeteroCandidate]:
         """The candidates of one stage-count choice (one per ZeRO stage) that are in the space: at most one stage
@@ -247,6 +272,8 @@ def _split(lo, hi) -> list[tuple]:
 @functools.lru_cache(maxsize=4096)
 def _box_size(lo, hi, L: int) -> int:
     """Stage-count vectors in a box with at most L stages in all (the candidates it stands for)."""
+    if sum(hi) <= L:
+        return math.prod(b - a + 1 for a, b in zip(lo, hi))
     ways = {0: 1}
     for a, b in zip(lo, hi):
         nxt: dict[int, int] = {}
@@ -284,7 +311,7 @@ def _refined_bound(ctx: _Ctx, c: HeteroCandidate, sms: list[StageModel], target:
     cannot fit at all. Only whether it reaches ``target`` is decided exactly (the bottleneck terms are probed at
     the value that would reach it), which is all pruning needs."""
     L = ctx.job.model.num_layers
-    caps = [ctx.max_layers(sm, s, g) for s, (sm, g) in enumerate(zip(sms, c.stage_groups))]
+    caps = [ctx.max_layers(sm, g)[s] for s, (sm, g) in enumerate(zip(sms, c.stage_groups))]
     if min(caps) < 1 or sum(caps) < L:
         return float("inf")
     a = [min(k.compute + k.tp + k.cp for k in sm.kinds.values()) for sm in sms]

@@ -54,8 +54,9 @@ class ReplicaCandidate:
                 tuple((g, self.tp, d) for g, d in self.counts))
 
 
-def _shapes(ctx, deadline: float):
-    """(bound, shape) for every tp, cp, pp, micro-batch, baseline recompute and set of >= 2 used groups."""
+def _shapes(ctx, deadline: float, beat: float):
+    """(bound, shape) for every tp, cp, pp, micro-batch, baseline recompute and set of >= 2 used groups whose
+    bound is below ``beat``."""
     from planner.search.hetero import _end_pair, _per_layer  # the mixed search's per-layer and end-cost bounds
 
     job = ctx.job
@@ -92,7 +93,8 @@ def _shapes(ctx, deadline: float):
                             # the per-micro-batch work W_g spread evenly), and sum_g d_g m_g = M
                             rate = sum(d * pp / per_mb[g] for g, d in counts)
                             bound = (M + (pp - 1) * sum(d for _, d in counts)) / rate
-                            out.append((bound, (tp, cp, pp, mbs, base, counts)))
+                            if bound < beat:
+                                out.append((bound, (tp, cp, pp, mbs, base, counts)))
     return out
 
 
@@ -112,9 +114,19 @@ def _min_recompute(job, sms: list[StageModel], layers, caps: list[float], base_f
     return tuple(rec)
 
 
-def _balance(M: int, counts, slopes: list[float], offsets: list[float], window: int = 48):
+def _balance(M: int, counts, slopes: list[float], offsets: list[float]):
     """Micro-batch counts m_g >= 1 with sum d_g m_g = M minimizing max_g (slope_g m_g + offset_g): the continuous
-    optimum, then every integer choice within ``window`` of it for all groups but the last (which is implied)."""
+    optimum, then every integer choice near it for all groups but the last (which is implied), widening the
+    neighbourhood until one splits the batch exactly."""
+    window = 4
+    while True:
+        best = _balance_within(M, counts, slopes, offsets, window)
+        if best is not None or window > M:
+            return best
+        window *= 4
+
+
+def _balance_within(M: int, counts, slopes: list[float], offsets: list[float], window: int):
     d = [c for _, c in counts]
     X = (M + sum(di * b / a for di, a, b in zip(d, slopes, offsets))) / sum(di / a for di, a in zip(d, slopes))
     centre = [(X - b) / a for a, b in zip(slopes, offsets)]
@@ -215,7 +227,7 @@ def _states_fit(ctx, tp: int, cp: int, pp: int, zero: int, counts) -> bool:
 def search_replicas(ctx, incumbent_s: float, deadline: float, workers: int) -> list:
     """(candidate, estimate) of replica plans faster than ``incumbent_s``, best-first until the bound reaches the
     best time known or the deadline passes."""
-    shapes = _shapes(ctx, deadline)
+    shapes = _shapes(ctx, deadline, incumbent_s)
     shapes.sort(key=lambda x: (x[0], x[1][:5], x[1][5]))
     found = []
     best = incumbent_s
