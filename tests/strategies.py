@@ -116,6 +116,22 @@ def gen_cluster(ch: Chooser) -> list[dict]:
     return [{"gpu": gen_gpu(ch), "nodes": nodes, "gpus_per_node": gpn}]
 
 
+def gen_mixed_cluster(ch: Chooser) -> list[dict]:
+    """2-3 node groups of different GPUs, at most 32 GPUs in all (mixed-GPU searches are costlier)."""
+    groups = []
+    for _ in range(ch.integer(2, 3)):
+        gpn = ch.choice((1, 2, 4, 8))
+        groups.append({"gpu": gen_gpu(ch), "nodes": ch.integer(1, max(1, 8 // gpn)), "gpus_per_node": gpn})
+    return groups
+
+
+def gen_mixed_case(ch: Chooser) -> tuple[dict, SearchSettings]:
+    raw = {"model": gen_model(ch), "cluster": gen_mixed_cluster(ch), "training": gen_training(ch)}
+    if ch.boolean(0.3):
+        raw["links"] = [{"groups": [0, 1], "gbps": float(ch.choice((10, 50, 200)))}]
+    return raw, gen_settings(ch)
+
+
 def gen_training(ch: Chooser) -> dict:
     return {
         "seq_length": 2 ** ch.integer(8, 13), "global_batch_size": ch.integer(1, 512),
@@ -170,6 +186,11 @@ def cases():
     return _composite(gen_case)
 
 
+def mixed_cases():
+    """hypothesis strategy of (raw job on 2-3 GPU types, SearchSettings)."""
+    return _composite(gen_mixed_case)
+
+
 # ----------------------------------------------------------------------------- one case, end to end
 
 
@@ -188,4 +209,23 @@ def run_case(raw: dict, settings: SearchSettings, *, top: int = 3, time_limit_s:
     violations = check_result(job, result, settings.memory_margin, top=top)
     violations += check_plan(job, doc, settings.memory_margin, allow_cross_node_tp=settings.allow_cross_node_tp,
                              top=top)
+    return job, result, doc, violations
+
+
+def run_mixed_case(raw: dict, settings: SearchSettings, *, top: int = 3, time_limit_s: float = 5.0):
+    """Parse, run the mixed-GPU search and check every plan with tests/invariants_mixed.py."""
+    from planner.report.plan_json import plan_document
+    from planner.search.hetero import search_hetero
+    from planner.spec import parse_job
+
+    from invariants_mixed import check_mixed_plan
+
+    job = parse_job(raw)
+    result = search_hetero(job, top=top, time_limit_s=time_limit_s, options=settings.options(), single_type=False)
+    doc = plan_document(job, result, None, timing=False)
+    violations = [f"plan {p['rank']}: {msg}" for p in doc["plans"]
+                  for msg in check_mixed_plan(job, p, settings.memory_margin)]
+    times = [p["estimate"]["iteration_time_s"] for p in doc["plans"]]
+    if times != sorted(times):
+        violations.append(f"plans not sorted by time: {times}")
     return job, result, doc, violations

@@ -222,3 +222,26 @@ def test_plan_finds_replicas_on_two_types(replica_doc):
     assert all(s["peak_memory_gib"] <= s["memory_capacity_gib"] for s in best["estimate"]["stages"])
     assert best["estimate"]["iteration_time_s"] < replica_doc["search"]["single_type_best_s"]
     jsonschema.validate(replica_doc, json.loads(run("schema", "plan")))
+
+
+def test_mixed_checker_catches_broken_plans(replica_doc):
+    """The independent checker is not vacuous: each broken copy of a real plan is caught."""
+    import copy
+
+    from invariants_mixed import check_mixed_plan
+    from planner.spec import load_job
+
+    job = load_job(ROOT / "examples" / "hetero" / "gpt-32l-2x32.yaml")
+    good = replica_doc["plans"][0]
+    assert check_mixed_plan(job, good, 0.05) == []
+
+    def broken(edit):
+        p = copy.deepcopy(good)
+        edit(p)
+        return check_mixed_plan(job, p, 0.05)
+
+    assert broken(lambda p: p["layout"]["replicas"][0].update(micro_batches=p["layout"]["replicas"][0]["micro_batches"] + 1))
+    assert broken(lambda p: p["layout"]["replicas"][1]["stages"][0].update(tp=2))
+    assert broken(lambda p: p["layout"]["replicas"][0].update(count=p["layout"]["replicas"][0]["count"] * 4))
+    assert broken(lambda p: p["estimate"]["stages"][0].update(peak_memory_gib=500.0))
+    assert broken(lambda p: p["placement"].update(world_size=1))

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 from invariants import check_layout, check_plan, gpus_used
 from planner.errors import SpecError
 from planner.spec import parse_job
-from strategies import cases, raw_jobs, run_case
+from strategies import cases, mixed_cases, raw_jobs, run_case, run_mixed_case
 
 settings.register_profile(
     "ci", max_examples=100, deadline=None, print_blob=True,
@@ -126,3 +126,17 @@ def test_checker_idle_gpu_accounting():
            "stages": [{"layers": 4}]}
     assert check_layout(job, lay, world=24) == []
     assert check_layout(job, lay)  # 24 != 28 when no GPU is reported idle
+
+
+@given(mixed_cases())
+@settings(max_examples=max(1, settings().max_examples // 4))
+def test_mixed_gpu_plans_pass_invariants(case):
+    """Clusters of 2-3 GPU types: every plan (mixed pipelines and replicas on different types) passes the
+    independent mixed-plan checker (tests/invariants_mixed.py): degree rules per stage, the batch split over
+    replicas, GPUs per group, and each stage's memory within its own GPU."""
+    raw, opts = case
+    _parse(raw)
+    job, result, doc, violations = run_mixed_case(raw, opts, top=3, time_limit_s=5)
+    event("plans found" if result.plans else "nothing fits")
+    event("replicas" if any(p["layout"].get("replicas") for p in doc["plans"]) else "mixed pipelines only")
+    assert not violations, "\n".join(violations)

@@ -49,6 +49,11 @@ def render_plan(doc: dict) -> Group:
     parts.append(f"searched {s['candidates']:,} candidates ({s['pruned']:,} pruned, {s['solved']:,} CP-SAT solves)"
                  f"{secs}; {'complete' if s['complete'] else 'stopped by the time limit'}")
     parts += _comparisons(doc)
+    if doc["plans"]:
+        for grp in doc["plans"][0]["placement"].get("groups") or []:
+            if grp["idle_gpus"]:
+                parts.append(f"plan 1 leaves {grp['idle_gpus']} of {grp['idle_gpus'] + grp['used_gpus']} GPUs of group "
+                             f"{grp['group']} ({grp['gpu']}) idle: {grp['idle_reason']}")
     return Group(*parts)
 
 

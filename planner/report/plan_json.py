@@ -99,6 +99,7 @@ class GroupIdle(_Out):
     gpu: str
     used_gpus: int
     idle_gpus: int
+    idle_reason: Optional[str] = None  # why the idle GPUs are not used
 
 
 class Placement(_Out):
@@ -181,10 +182,34 @@ def _placed(job: Job, d, pipelines) -> dict:
                            "last_node": (local + n - 1) // grp.gpus_per_node})
             rank += n
     used = d.gpus_by_group()
-    groups = [{"group": g, "gpu": grp.gpu.name, "used_gpus": used[g], "idle_gpus": grp.num_gpus - used[g]}
-              for g, grp in enumerate(job.cluster)]
+    groups = []
+    for g, grp in enumerate(job.cluster):
+        idle = grp.num_gpus - used[g]
+        groups.append({"group": g, "gpu": grp.gpu.name, "used_gpus": used[g], "idle_gpus": idle,
+                       **({"idle_reason": idle_reason(d, pipelines, g, idle)} if idle else {})})
     return {"rank_order": RANK_ORDER, "world_size": d.world, "idle_gpus": job.num_gpus - d.world,
             "gpus_per_node": job.cluster[0].gpus_per_node, "stages": stages, "groups": groups}
+
+
+def idle_reason(d, pipelines, g: int, idle: int) -> str:
+    """Why a node group's GPUs stay idle: too few for one more stage (or replica) of the plan's shape, or using
+    them would not be faster (the search compared the plans that do)."""
+    if not used_anywhere(pipelines, g):
+        return "the group is left out: no plan that uses it is faster"
+    sizes = sorted({tp * pipe.cp * pipe.dp for _, pipe in pipelines
+                    for gg, tp in zip(pipe.stage_groups, pipe.stage_tp) if gg == g})
+    if isinstance(d, ReplicaDims):
+        pipe = next(p for _, p in pipelines if g in p.stage_groups)
+        need = sum(tp * pipe.cp for tp in pipe.stage_tp)
+        if idle < need:
+            return f"one more replica needs {need} GPUs, {idle} are left"
+    elif idle < min(sizes):
+        return f"one more stage needs {min(sizes)} GPUs (tp*cp*dp), {idle} are left"
+    return "a plan that also uses them is not faster (more stages add pipeline sends and fill time)"
+
+
+def used_anywhere(pipelines, g: int) -> bool:
+    return any(g in pipe.stage_groups for _, pipe in pipelines)
 
 
 def _search_extras(result: SearchResult, framework: str | None) -> dict:
