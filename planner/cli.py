@@ -148,8 +148,11 @@ def plan(
         from planner.search.advice import suggestions
 
         if len(spec.cluster) > 1:
-            print(f"error: nothing fits: no heterogeneous layout of {spec.model.name} on these node groups fits "
-                  f"with --memory-margin {memory_margin:g}; add nodes or GPUs with more memory", file=sys.stderr)
+            from planner.search.advice import hetero_suggestions
+
+            reasons = "; ".join(hetero_suggestions(spec, opts))
+            print(f"error: nothing fits: no layout of {spec.model.name} on these {len(spec.cluster)} node groups fits "
+                  f"with --memory-margin {memory_margin:g}. To make it fit: {reasons}", file=sys.stderr)
             sys.exit(EXIT_NO_FIT)
         reasons = "; ".join(suggestions(spec, opts))
         print(f"error: nothing fits: no layout of {spec.model.name} on {spec.num_gpus} GPUs fits in "

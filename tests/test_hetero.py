@@ -245,3 +245,15 @@ def test_mixed_checker_catches_broken_plans(replica_doc):
     assert broken(lambda p: p["layout"]["replicas"][0].update(count=p["layout"]["replicas"][0]["count"] * 4))
     assert broken(lambda p: p["estimate"]["stages"][0].update(peak_memory_gib=500.0))
     assert broken(lambda p: p["placement"].update(world_size=1))
+
+
+def test_nothing_fits_on_mixed_cluster_says_what_would(tmp_path):
+    tiny = {**SMALL_GPU, "memory_gib": 4.0, "name": "tiny"}
+    raw = {"model": SMALL, "training": {"seq_length": 16384, "global_batch_size": 8, "attention": "eager"},
+           "cluster": [{"gpu": tiny, "nodes": 1, "gpus_per_node": 2}, {"gpu": {**tiny, "memory_gib": 3.9}, "nodes": 1, "gpus_per_node": 2}]}
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(raw))
+    proc = subprocess.run([sys.executable, "-m", "planner", "plan", str(path)], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 3, proc.stderr
+    assert proc.stderr.startswith("error: nothing fits:") and "To make it fit: use at least" in proc.stderr
+    assert proc.stderr.count("\n") == 1

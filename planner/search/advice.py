@@ -57,3 +57,34 @@ def suggestions(job: Job, opts: SearchOptions, budget_s: float = 10.0) -> list[s
     if opts.memory_margin > 0:
         out.append(f"a smaller --memory-margin (now {opts.memory_margin:.0%}) leaves more room, at the risk of OOM")
     return out
+
+
+def hetero_suggestions(job: Job, opts: SearchOptions, budget_s: float = 10.0) -> list[str]:
+    """What would make a mixed-GPU job fit: more nodes in every group (the smallest multiple that fits), or the
+    roomiest group's GPU type with enough nodes on its own."""
+    from planner.search.hetero import search_hetero
+    from planner.parallel import group_order
+
+    out = []
+    for factor in (2, 4, 8, 16, 32):
+        bigger = job.model_copy(update={"cluster": tuple(g.model_copy(update={"nodes": g.nodes * factor})
+                                                         for g in job.cluster)})
+        if bigger.num_gpus > 1_000_000:
+            break
+        if search_hetero(bigger, top=1, time_limit_s=budget_s / 8, options=opts, single_type=False,
+                         replicas=False).plans:
+            out.append("use at least " + ", ".join(f"{g.nodes} nodes of {g.gpu.name}" for g in bigger.cluster)
+                       + f" ({factor}x every group)")
+            break
+    roomy = job.cluster[group_order(job.cluster)[0]]
+    alone = job.model_copy(update={"cluster": (roomy,), "layout": None})
+    for factor in (1, 2, 4, 8, 16, 32):
+        more = alone.model_copy(update={"cluster": (roomy.model_copy(update={"nodes": roomy.nodes * factor}),)})
+        if more.num_gpus <= 1_000_000 and any_fits(more, opts, budget_s / 12):
+            out.append(f"or {more.cluster[0].nodes} nodes of {roomy.gpu.name} alone")
+            break
+    out.append("the search already tried every stage placement, micro-batch size, recompute placement and "
+               "ZeRO stage 0, 1 and 3")
+    if opts.memory_margin > 0:
+        out.append(f"a smaller --memory-margin (now {opts.memory_margin:.0%}) leaves more room, at the risk of OOM")
+    return out
