@@ -471,13 +471,20 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
     if replicas and len(job.cluster) > 1 and opts.framework is None:  # stock frameworks: one count per replica
         beat = best[top - 1].time if len(best) >= top else float("inf")
         stop = min(start + time_limit_s * share, time.monotonic() + 0.25 * time_limit_s * share)
-        for cand, est in search_replicas(ctx, beat, stop, workers):
+        found, replica_low = search_replicas(ctx, beat, stop, workers)
+        for cand, est in found:
             _keep(best, Plan(cand, est, "feasible"), top)
+    else:
+        replica_low = float("inf")
     frontier = min(frontier, open_bound)
-    final = [p if complete else Plan(p.candidate, p.estimate, "feasible") for p in best]
+    # the top K are proven only if no replica plan can enter them (replica plans themselves are not proven)
+    kth = best[top - 1].time if len(best) >= top else float("inf")
+    proven = complete and replica_low >= kth * (1 - 1e-9)
+    final = [p if proven else Plan(p.candidate, p.estimate, "feasible") for p in best]
     gap = 0.0
-    if not complete and final:
-        gap = max(0.0, (final[0].time - min(frontier, final[0].time)) / final[0].time)
+    if not proven and final:
+        low = min(replica_low, frontier if not complete else float("inf"), final[0].time)
+        gap = max(0.0, (final[0].time - low) / final[0].time)
     # candidates: every (family, stage counts) in the space; all but the solved ones were pruned by a bound
     result = SearchResult(final, counted, counted - solved, solved, 0.0, complete, gap)
     if single_type:

@@ -224,9 +224,10 @@ def _states_fit(ctx, tp: int, cp: int, pp: int, zero: int, counts) -> bool:
     return need <= min(ctx.capacity(g) for g, _ in counts) * GIB
 
 
-def search_replicas(ctx, incumbent_s: float, deadline: float, workers: int) -> list:
+def search_replicas(ctx, incumbent_s: float, deadline: float, workers: int) -> tuple[list, float]:
     """(candidate, estimate) of replica plans faster than ``incumbent_s``, best-first until the bound reaches the
-    best time known or the deadline passes."""
+    best time known or the deadline passes; and the smallest bound of any replica shape that could beat
+    ``incumbent_s`` (inf if none): no replica plan is faster than that, which is all these heuristic plans prove."""
     shapes = _shapes(ctx, deadline, incumbent_s)
     shapes.sort(key=lambda x: (x[0], x[1][:5], x[1][5]))
     found = []
@@ -247,4 +248,4 @@ def search_replicas(ctx, incumbent_s: float, deadline: float, workers: int) -> l
             if est is not None:
                 found.append((cand, est))
                 best = min(best, est.iteration_time_s)
-    return found
+    return found, (shapes[0][0] if shapes else float("inf"))
