@@ -129,22 +129,17 @@ class _Ctx:
     order: list[int]
     memo: dict = field(default_factory=dict)  # end costs; per-StageModel memory terms (the model is kept alive)
 
-    def memory_terms(self, sm: StageModel, g: int) -> list:
-        """quick._stage_memory_terms of a StageModel on group g, once per model (sends do not change memory)."""
-        sm = sm.original
-        key = ("terms", id(sm))
-        if key not in self.memo:
-            self.memo[key] = (sm, quick._stage_memory_terms(sm, self.capacity(g)))
-        return self.memo[key][1]
-
-    def max_layers(self, sm: StageModel, g: int) -> list[int]:
-        """max_layers of every stage position of a StageModel on group g, once per model."""
-        sm = sm.original
-        key = ("cap", id(sm))
-        if key not in self.memo:
-            terms = self.memory_terms(sm, g)
-            self.memo[key] = (sm, [max_layers(sm, s, terms[s][0]) for s in range(sm.dims.pp)])
-        return self.memo[key][1]
+    def stage_terms(self, sm: StageModel, g: int, s: int) -> tuple[float, float, float, int]:
+        """(room, alpha, beta) of quick.stage_memory_term and max_layers for stage s of a model from
+        _stage_models on group g. They depend on the pipeline depth only through the stage's in-flight
+        micro-batches and whether it is first or last, so they are shared across depths."""
+        sm = sm.original  # sends do not change memory
+        key = ("terms", sm.family_key, sm.inflight(s), s == 0, s == sm.dims.pp - 1)
+        hit = self.memo.get(key)
+        if hit is None:
+            room, alpha, beta = quick.stage_memory_term(sm, self.capacity(g), s)
+            hit = self.memo[key] = (room, alpha, beta, max_layers(sm, s, room))
+        return hit
 
     def capacity(self, g: int) -> float:
         return self.job.cluster[g].gpu.memory_gib * (1 - self.opts.memory_margin)
@@ -291,6 +286,7 @@ def _stage_models(ctx: _Ctx, c: HeteroCandidate, cache: dict) -> list[StageModel
         key = (g, tp, c.dp, c.cp, c.mbs, c.zero, c.recompute, c.pp)
         if key not in cache:
             cache[key] = StageModel(ctx.job, dims.stage_dims(s), ctx.costs(g))
+            cache[key].family_key = key[:-1]  # everything but the depth (ctx.stage_terms)
         out.append(cache[key])
     return with_group_sends(ctx.job, c.stage_groups, out)
 
@@ -311,7 +307,7 @@ def _refined_bound(ctx: _Ctx, c: HeteroCandidate, sms: list[StageModel], target:
     cannot fit at all. Only whether it reaches ``target`` is decided exactly (the bottleneck terms are probed at
     the value that would reach it), which is all pruning needs."""
     L = ctx.job.model.num_layers
-    caps = [ctx.max_layers(sm, g)[s] for s, (sm, g) in enumerate(zip(sms, c.stage_groups))]
+    caps = [ctx.stage_terms(sm, g, s)[3] for s, (sm, g) in enumerate(zip(sms, c.stage_groups))]
     if min(caps) < 1 or sum(caps) < L:
         return float("inf")
     a = [min(k.compute + k.tp + k.cp for k in sm.kinds.values()) for sm in sms]
@@ -340,7 +336,7 @@ def _memory_bottleneck(ctx: _Ctx, c: HeteroCandidate, sms: list[StageModel], cst
     need = m.num_moe_layers if m.moe is not None else m.num_layers
     stages = []
     for s, (sm, g) in enumerate(zip(sms, c.stage_groups)):
-        room, alpha, beta = ctx.memory_terms(sm, g)[s]
+        room, alpha, beta, _ = ctx.stage_terms(sm, g, s)
         k = sm.kinds[heavy_name]
         stages.append((room, alpha, beta, k.compute + k.tp + k.cp, k.recompute_extra + k.tp_recompute, cst[s]))
 

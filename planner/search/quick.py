@@ -123,6 +123,11 @@ def forced_recompute(sm: StageModel, capacity_gib: float) -> float | None:
 def _stage_memory_terms(sm: StageModel, capacity_gib: float):
     """Per stage (room, alpha, beta): allocatable bytes left after the stage's fixed items, bytes per layer of the
     heaviest kind, and bytes saved per fully recomputed layer."""
+    return [stage_memory_term(sm, capacity_gib, i) for i in range(sm.dims.pp)]
+
+
+def stage_memory_term(sm: StageModel, capacity_gib: float, i: int) -> tuple[float, float, float]:
+    """(room, alpha, beta) of stage i (see _stage_memory_terms)."""
     d, cal = sm.dims, sm.cal
     p = d.pp
     cap = (capacity_gib * M.GIB - cal.memory_fixed_gib * M.GIB) / (1 + cal.memory_fragmentation)
@@ -131,13 +136,10 @@ def _stage_memory_terms(sm: StageModel, capacity_gib: float):
     heavy = "moe" if "moe" in sm.kinds else "dense"
     k = sm.kinds[heavy]
     states = k.params_dense * per_d + k.params_expert * per_e
-    out = []
-    for i in range(p):
-        inflight = sm.inflight(i)
-        base = sm.position_params(i) * per_d + (4.0 * sm.largest_layer if d.zero_stage >= 3 else 0.0)
-        base += (inflight * sm.emb_act if i == 0 else 0.0) + (sm.logits_act if i == p - 1 else 0.0)
-        out.append((cap - base, states + inflight * k.act, inflight * (k.act - k.act_recomputed)))
-    return out
+    inflight = sm.inflight(i)
+    base = sm.position_params(i) * per_d + (4.0 * sm.largest_layer if d.zero_stage >= 3 else 0.0)
+    base += (inflight * sm.emb_act if i == 0 else 0.0) + (sm.logits_act if i == p - 1 else 0.0)
+    return cap - base, states + inflight * k.act, inflight * (k.act - k.act_recomputed)
 
 
 def memory_bottleneck(sm: StageModel, capacity_gib: float, effective_layers: float,

@@ -92,9 +92,12 @@ def _shapes(ctx, deadline: float, beat: float):
                             # a replica of g running m micro-batches takes >= (m + pp - 1) W_g / pp (1F1B with
                             # the per-micro-batch work W_g spread evenly), and sum_g d_g m_g = M
                             rate = sum(d * pp / per_mb[g] for g, d in counts)
-                            bound = (M + (pp - 1) * sum(d for _, d in counts)) / rate
+                            # ... and every replica runs at least one micro-batch: >= W_g
+                            bound = max((M + (pp - 1) * sum(d for _, d in counts)) / rate,
+                                        max(per_mb[g] for g, _ in counts))
                             if bound < beat:
-                                out.append((bound, (tp, cp, pp, mbs, base, counts)))
+                                work = tuple(per_mb[g] for g, _ in counts)
+                                out.append((bound, (tp, cp, pp, mbs, base, counts), work))
     return out
 
 
@@ -158,7 +161,9 @@ def _replica_dims(job, shape, zero, counts, layers, recs, ms, base) -> ReplicaDi
 
 
 def _evaluate_shape(ctx, cand: ReplicaCandidate, remaining: float, workers: int):
-    """The best replica plan of one shape and ZeRO stage (module docstring, steps 1-3), or None."""
+    """(the best replica plan of one shape and ZeRO stage or None, whether the shape is proven infeasible).
+    Module docstring, steps 1-3. With one stage the split is forced and each replica's recompute count is the
+    exact minimum, so a replica that cannot fit proves the shape infeasible."""
     job = ctx.job
     shape = (cand.tp, cand.cp, cand.pp, cand.mbs)
     M = job.training.global_batch_size // cand.mbs
@@ -192,6 +197,8 @@ def _evaluate_shape(ctx, cand: ReplicaCandidate, remaining: float, workers: int)
         recs = []
         for (g, _), sms in zip(cand.counts, per):
             rec = _min_recompute(job, sms, layers, [ctx.capacity(g)] * cand.pp, cand.recompute == "full")
+            if rec is None and cand.pp == 1 and cand.recompute != "full":
+                return None, True
             if rec is None or (ctx.opts.uniform_recompute and len(set(rec)) > 1):
                 break
             recs.append(rec)
@@ -210,7 +217,7 @@ def _evaluate_shape(ctx, cand: ReplicaCandidate, remaining: float, workers: int)
             est = estimate_replicas(job, dims, ctx.opts.memory_margin)
             if est.fits and (best is None or est.iteration_time_s < best.iteration_time_s):
                 best = est
-    return best
+    return best, False
 
 
 def _states_fit(ctx, tp: int, cp: int, pp: int, zero: int, counts) -> bool:
@@ -224,28 +231,66 @@ def _states_fit(ctx, tp: int, cp: int, pp: int, zero: int, counts) -> bool:
     return need <= min(ctx.capacity(g) for g, _ in counts) * GIB
 
 
+def _sharded_bound(ctx, zero: int, tp: int, cp: int, pp: int, mbs: int, counts, work, grad_wire: float,
+                   params: float) -> float:
+    """The shape bound with ZeRO-2/3's per-micro-batch traffic (planner/cost/stage.StageModel.sharded_comm):
+    each stage reduce-scatters its gradients (ZeRO-3 also all-gathers its 16-bit weights twice) over all
+    replicas' DP*CP ranks (at best at the ring's fastest possible bus bandwidth), and only fsdp_overlap of the stage's
+    compute hides it. A stage holds >= 1/pp of the parameters on average, and its time is compute + exposed."""
+    t = ctx.job.training
+    M = t.global_batch_size // mbs
+    n = cp * sum(d for _, d in counts)
+    cal = ctx.costs(counts[0][0]).cal
+    job = ctx.job
+    groups = [g for g, _ in counts]
+    # the ring spans the groups' nodes (planner/cost/comm.spanning_link): no faster than the best NVLink, nor than
+    # a full node of GPUs sending at the slowest NIC or inter-group rate on the ring
+    rate = min([job.cluster[g].nic_gbps for g in groups]
+               + [job.link_gbps(a, b) for i, a in enumerate(groups) for b in groups[i + 1:]])
+    fastest = min(max(job.cluster[g].gpu.intra_node_gbps for g in groups) * 1e9 * cal.nvlink_efficiency,
+                  max(job.cluster[g].gpus_per_node for g in groups) * rate / 8 * 1e9 * cal.network_efficiency)
+    per_gpu = params / (tp * pp) * (grad_wire + (4.0 if zero >= 3 else 0.0))
+    comm = (n - 1) / n * per_gpu / fastest
+    rate, single = 0.0, 0.0
+    for (g, d), w in zip(counts, work):
+        stage = w / pp
+        step = stage + max(0.0, comm - ctx.costs(g).cal.fsdp_overlap * stage)
+        rate += d / step
+        single = max(single, pp * step)  # one micro-batch through the pipeline
+    return max((M + (pp - 1) * sum(d for _, d in counts)) / rate, single)
+
+
 def search_replicas(ctx, incumbent_s: float, deadline: float, workers: int) -> tuple[list, float]:
     """(candidate, estimate) of replica plans faster than ``incumbent_s``, best-first until the bound reaches the
     best time known or the deadline passes; and the smallest bound of any replica shape that could beat
     ``incumbent_s`` (inf if none): no replica plan is faster than that, which is all these heuristic plans prove."""
     shapes = _shapes(ctx, deadline, incumbent_s)
     shapes.sort(key=lambda x: (x[0], x[1][:5], x[1][5]))
+    t = ctx.job.training
+    grad_wire = 2.0 if t.grad_dtype == "bf16" else 4.0
+    params = F.total_params(ctx.job.model)
     found = []
     best = incumbent_s
-    for bound, (tp, cp, pp, mbs, base, counts) in shapes:
+    low = float("inf")  # no replica plan beats this: the least bound of a (shape, ZeRO) not proven infeasible
+    for bound, (tp, cp, pp, mbs, base, counts), work in shapes:
         if bound >= best or time.monotonic() > deadline:
+            low = min(low, bound)  # this shape and all after it are unexplored
             break
         for zero in REPLICA_ZERO:
             if zero not in ctx.opts.zero_stages or (ctx.fw is not None and zero not in ctx.fw.zero_stages(pp)):
                 continue
             if not _states_fit(ctx, tp, cp, pp, zero, counts):
-                continue
+                continue  # proven: the model states alone do not fit
+            zbound = bound if zero < 2 else _sharded_bound(ctx, zero, tp, cp, pp, mbs, counts, work, grad_wire, params)
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                break
+            if zbound >= best or remaining <= 0:
+                low = min(low, zbound)
+                continue
             cand = ReplicaCandidate(tp, cp, pp, mbs, zero, base, counts, bound)
-            est = _evaluate_shape(ctx, cand, remaining, workers)
+            est, infeasible = _evaluate_shape(ctx, cand, remaining, workers)
+            if not infeasible:
+                low = min(low, zbound)
             if est is not None:
                 found.append((cand, est))
                 best = min(best, est.iteration_time_s)
-    return found, (shapes[0][0] if shapes else float("inf"))
+    return found, low
