@@ -3,6 +3,7 @@
     python scripts/fuzz.py                      # 10,000 cases, seed 0
     python scripts/fuzz.py --cases 300 --procs 2
     python scripts/fuzz.py --seed 0 --only 1234 # re-run one case, print its job as YAML
+    python scripts/fuzz.py --mixed --cases 1000 # clusters of 2-3 GPU types, tests/invariants_mixed.py
 
 Each case i draws its job from random.Random(f"{seed}:{i}") with the generators of tests/strategies.py (the
 ones the hypothesis properties use), so a case is reproducible on its own whatever --procs is. A few cases
@@ -24,7 +25,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
 
-from strategies import RandomChooser, gen_case  # noqa: E402
+from strategies import RandomChooser, gen_case, gen_mixed_case  # noqa: E402
 
 
 def _break_one_field(raw: dict, rng: random.Random) -> str:
@@ -53,21 +54,21 @@ def _break_one_field(raw: dict, rng: random.Random) -> str:
     return how
 
 
-def make_case(seed: int, index: int, invalid_rate: float):
+def make_case(seed: int, index: int, invalid_rate: float, mixed: bool = False):
     rng = random.Random(f"{seed}:{index}")
-    raw, settings = gen_case(RandomChooser(rng))
+    raw, settings = (gen_mixed_case if mixed else gen_case)(RandomChooser(rng))
     broken = _break_one_field(raw, rng) if rng.random() < invalid_rate else None
     return raw, settings, broken
 
 
 def run_one(args: tuple) -> dict:
     """One case -> a small picklable record."""
-    seed, index, invalid_rate, time_limit, top = args
+    seed, index, invalid_rate, time_limit, top, mixed = args
     from planner.errors import SpecError
     from planner.spec import parse_job
-    from strategies import run_case
+    from strategies import run_case, run_mixed_case
 
-    raw, settings, broken = make_case(seed, index, invalid_rate)
+    raw, settings, broken = make_case(seed, index, invalid_rate, mixed)
     rec = {"index": index, "broken": broken, "outcome": None, "seconds": 0.0, "violations": [], "error": None}
     try:
         parse_job(raw)
@@ -80,7 +81,8 @@ def run_one(args: tuple) -> dict:
         return rec
     start = time.perf_counter()
     try:
-        job, result, doc, violations = run_case(raw, settings, top=top, time_limit_s=time_limit)
+        job, result, doc, violations = (run_mixed_case if mixed else run_case)(raw, settings, top=top,
+                                                                               time_limit_s=time_limit)
     except Exception as exc:
         rec.update(outcome="crash", error=_summarize(exc), seconds=time.perf_counter() - start)
         return rec
@@ -109,15 +111,16 @@ def main(argv=None) -> int:
     ap.add_argument("--procs", type=int, default=1, help="worker processes")
     ap.add_argument("--only", type=int, default=None, help="run just this case index and print its job")
     ap.add_argument("--show", type=int, default=3, help="how many crash/violation details to print")
+    ap.add_argument("--mixed", action="store_true", help="clusters of 2-3 GPU types (the mixed-GPU search)")
     a = ap.parse_args(argv)
 
     if a.only is not None:
         import yaml
 
-        raw, settings, broken = make_case(a.seed, a.only, a.invalid_rate)
+        raw, settings, broken = make_case(a.seed, a.only, a.invalid_rate, a.mixed)
         print(yaml.safe_dump(raw, sort_keys=False), end="")
         print(f"# search options: {settings}; broken on purpose: {broken}")
-        rec = run_one((a.seed, a.only, a.invalid_rate, a.time_limit, a.top))
+        rec = run_one((a.seed, a.only, a.invalid_rate, a.time_limit, a.top, a.mixed))
         print(f"# outcome: {rec['outcome']} in {rec['seconds']:.3f}s")
         for v in rec["violations"]:
             print(f"# violation: {v}")
@@ -125,7 +128,7 @@ def main(argv=None) -> int:
             print(rec["error"]["traceback"] if isinstance(rec["error"], dict) else rec["error"])
         return 1 if rec["outcome"] == "crash" or rec["violations"] else 0
 
-    jobs = [(a.seed, i, a.invalid_rate, a.time_limit, a.top) for i in range(a.cases)]
+    jobs = [(a.seed, i, a.invalid_rate, a.time_limit, a.top, a.mixed) for i in range(a.cases)]
     every = max(1, min(500, a.cases // 20))
     counts: Counter = Counter()
     seconds: list[float] = []
@@ -179,7 +182,8 @@ def main(argv=None) -> int:
         ("crashes", counts["crash"]),
     ]
     width = max(len(k) for k, _ in rows)
-    print(f"\nfuzz: seed {a.seed}, time limit {a.time_limit:g}s, top {a.top}, {a.procs} process(es)")
+    print(f"\nfuzz{' (mixed GPU types)' if a.mixed else ''}: seed {a.seed}, time limit {a.time_limit:g}s, "
+          f"top {a.top}, {a.procs} process(es)")
     for k, n in rows:
         print(f"  {k:<{width}}  {n:>7}")
     if counts["broken accepted"]:
