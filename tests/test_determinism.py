@@ -55,3 +55,17 @@ def test_five_runs_byte_identical(first):
 def test_workers_1_and_2_byte_identical(first):
     assert plan_in_process("--workers", "1") == first
     assert plan_in_process("--workers", "2") == first
+
+
+def test_mixed_cluster_byte_identical():
+    """The mixed-GPU search (mixed pipelines, replicas, single-type comparison) is deterministic too."""
+    job = ROOT / "examples" / "hetero" / "gpt-32l-2x32.yaml"
+    args = ["plan", str(job), "--json", "--no-timing", "--top", "3"]
+    runs = []
+    for extra in ([], [], ["--workers", "2"]):
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            main([*args, *extra])
+        runs.append(buf.getvalue())
+    assert '"replicas"' in runs[0]
+    assert runs[1] == runs[0] and runs[2] == runs[0]
