@@ -13,16 +13,15 @@ from __future__ import annotations
 
 import functools
 import heapq
-import math
 import itertools
+import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from planner.cost.estimate import costs_by_group, evaluate_stages, hetero_stage_models, with_group_sends
-from planner.cost.stage import StageModel, kind_coeffs
-from planner.frameworks import Framework
-from planner.parallel import HeteroDims, cp_error, group_order, tp_heads_error
-from planner.search import quick
+from planner.cost.stage import StageModel
+from planner.parallel import HeteroDims, group_order
+from planner.search.mixed import MixedContext, cp_options, end_costs, per_layer_bound, send_bound, tp_options
 from planner.search.partition import solve_partition
 from planner.search.planner import Plan, SearchResult, _keep, _stage_tuple, settle_open_solves, solve_limit
 from planner.search.replicas import search_replicas
@@ -71,13 +70,6 @@ class HeteroCandidate:
 
 
 # ----------------------------------------------------------------------------------------------- bounds
-def _per_layer(job: Job, costs, tp: int, cp: int, mbs: int, base: str) -> float:
-    """Smallest seconds per layer of any kind on this GPU with this TP and CP (compute, TP collectives, exposed
-    CP ring)."""
-    tokens = mbs * job.training.seq_length // cp
-    return min(k.compute + k.tp + k.cp for k in kind_coeffs(job, costs, tokens, tp, cp, 1, tp > 1, base).values())
-
-
 def box_bound(a, lo: tuple[int, ...], hi: tuple[int, ...], emb: float, logits: float, L: int, m: int,
               send=None) -> float:
     """Iteration seconds no candidate with lo_g <= k_g <= hi_g stages per used group g beats (lo = hi: one
@@ -120,57 +112,17 @@ def min_work(a: list[float], L: int, caps: list[int] | None = None) -> float:
 
 
 # ----------------------------------------------------------------------------------------------- search
-@dataclass
-class _Ctx:
-    job: Job
-    opts: SearchOptions
-    fw: Framework | None
-    costs: object  # group -> AnalyticCosts
-    order: list[int]
-    memo: dict = field(default_factory=dict)  # end costs; per-StageModel memory terms (the model is kept alive)
-
-    def stage_terms(self, sm: StageModel, g: int, s: int) -> tuple[float, float, float, int]:
-        """(room, alpha, beta) of quick.stage_memory_term and max_layers for stage s of a model from
-        _stage_models on group g. They depend on the pipeline depth only through the stage's in-flight
-        micro-batches and whether it is first or last, so they are shared across depths."""
-        sm = sm.original  # sends do not change memory
-        key = ("terms", sm.family_key, sm.inflight(s), s == 0, s == sm.dims.pp - 1)
-        hit = self.memo.get(key)
-        if hit is None:
-            room, alpha, beta = quick.stage_memory_term(sm, self.capacity(g), s)
-            hit = self.memo[key] = (room, alpha, beta, max_layers(sm, s, room))
-        return hit
-
-    def capacity(self, g: int) -> float:
-        return self.job.cluster[g].gpu.memory_gib * (1 - self.opts.memory_margin)
-
-
-def _tp_options(ctx: _Ctx, g: int, cp: int) -> list[int]:
-    """TP degrees a stage on group g may use: divide gpus_per_node, the heads rules, the sequence shard."""
-    m, t = ctx.job.model, ctx.job.training
-    gpn = ctx.job.cluster[g].gpus_per_node
-    return [tp for tp in divisors(gpn) if tp_heads_error(m, tp) is None and (tp == 1 or t.seq_length // cp % tp == 0)]
-
-
-def _cp_options(ctx: _Ctx) -> list[int]:
-    """CP degrees shared by all stages: split the sequence (planner.parallel.cp_error), the sequence shard
-    divisible by every TP degree a stage may use is checked per family."""
-    t = ctx.job.training
-    top = max(g.num_gpus for g in ctx.job.cluster)
-    return [cp for cp in divisors(top) if cp_error(t, cp) is None]
-
-
-def _families(ctx: _Ctx):
+def _families(ctx: MixedContext):
     """(bound, family) for every dp, cp, micro-batch, ZeRO, baseline recompute and per-group TP (None = unused)."""
     job, opts = ctx.job, ctx.opts
     m, t = job.model, job.training
     L = m.num_layers
     bases = ["none"] if t.attention == "flash" else ["none", "selective"]
     zeros = [z for z in HETERO_ZERO if z in opts.zero_stages]
-    cps = _cp_options(ctx) if ctx.fw is None or ctx.fw.context_parallel else [1]
+    cps = cp_options(ctx) if ctx.fw is None or ctx.fw.context_parallel else [1]
     out = []
     for dp, cp in itertools.product(divisors(t.global_batch_size), cps):
-        kmax_of = {g: {tp: min(L, job.cluster[g].num_gpus // (tp * cp * dp)) for tp in _tp_options(ctx, g, cp)}
+        kmax_of = {g: {tp: min(L, job.cluster[g].num_gpus // (tp * cp * dp)) for tp in tp_options(ctx, g, cp)}
                    for g in ctx.order}
         tp_opts = {g: [None] + [tp for tp, k in kmax_of[g].items() if k >= 1] for g in ctx.order}
         if all(len(v) == 1 for v in tp_opts.values()):
@@ -179,7 +131,7 @@ def _families(ctx: _Ctx):
         for mbs in (x for x in divisors(per_replica) if x <= opts.max_micro_batch):
             mb = per_replica // mbs
             for base in bases:
-                a_of = {(g, tp): _per_layer(job, ctx.costs(g), tp, cp, mbs, base)
+                a_of = {(g, tp): per_layer_bound(job, ctx.costs(g), tp, cp, mbs, base)
                         for g in ctx.order for tp in tp_opts[g] if tp}
                 for tps in itertools.product(*(tp_opts[g] for g in ctx.order)):
                     used = [(g, tp) for g, tp in zip(ctx.order, tps) if tp]
@@ -189,41 +141,12 @@ def _families(ctx: _Ctx):
                         continue
                     a_used = tuple(a_of[u] for u in used)
                     hi = tuple(kmax_of[g][tp] for g, tp in used)
-                    emb, logits = _end_pair(ctx, used[0], used[-1], cp, mbs)
-                    send = tuple(_send(ctx, g, tp, cp, dp, mbs) for g, tp in used)
+                    emb, logits = end_costs(ctx, used[0], used[-1], cp, mbs)
+                    send = tuple(send_bound(ctx, g, tp, cp, dp, mbs) for g, tp in used)
                     fam = _Family(dp, cp, mbs, tuple(zeros), base, tuple(used), a_used, emb, logits, mb, send)
                     box = (1,) * len(used), hi
                     out.append((fam.bound(L, *box), fam, box))
     return out
-
-
-def _send(ctx: _Ctx, g: int, tp: int, cp: int, dp: int, mbs: int) -> float:
-    """Pipeline-send seconds per micro-batch of a stage on group g over its own links (planner/cost/stage.py:
-    an activation forward and a gradient back)."""
-    key = ("send", g, tp, cp, dp, mbs)
-    if key not in ctx.memo:
-        job = ctx.job
-        tokens = mbs * job.training.seq_length // cp
-        act = 2.0 * tokens * job.model.hidden_size / tp
-        link = ctx.costs(g).p2p(tp * cp * dp >= job.cluster[g].gpus_per_node)
-        ctx.memo[key] = 2 * link.p2p(act)
-    return ctx.memo[key]
-
-
-def _end_pair(ctx: _Ctx, first, last, cp: int, mbs: int) -> tuple[float, float]:
-    """Embedding seconds on the first stage and logits seconds on the last, per micro-batch."""
-    key = ("ends", first, last, cp, mbs)
-    if key not in ctx.memo:
-        ctx.memo[key] = _end_times(ctx, first, last, cp, mbs)
-    return ctx.memo[key]
-
-
-def _end_times(ctx: _Ctx, first, last, cp: int, mbs: int) -> tuple[float, float]:
-    job = ctx.job
-    tokens = mbs * job.training.seq_length // cp
-    e = ctx.costs(first[0]).embedding(job.model, tokens, first[1], first[1] > 1)
-    lg = ctx.costs(last[0]).logits(job.model, tokens, last[1])
-    return e.forward + e.backward, lg.forward + lg.backward
 
 
 @dataclass(frozen=True)
@@ -245,7 +168,7 @@ class _Family:
     def bound(self, L: int, lo, hi) -> float:
         return box_bound(self.a, lo, hi, self.emb, self.logits, L, self.mb, self.send)
 
-    def candidates(self, ctx: "_Ctx", ks, lb: float) -> list[HeteroCandidate]:
+    def candidates(self, ctx: "MixedContext", ks, lb: float) -> list[HeteroCandidate]:
         """The candidates of one stage-count choice (one per ZeRO stage) that are in the space: at most one stage
         per layer, and the framework's limits."""
         P = sum(ks)
@@ -279,7 +202,7 @@ def _box_size(lo, hi, L: int) -> int:
     return sum(ways.values())
 
 
-def _stage_models(ctx: _Ctx, c: HeteroCandidate, cache: dict) -> list[StageModel]:
+def _stage_models(ctx: MixedContext, c: HeteroCandidate, cache: dict) -> list[StageModel]:
     dims = c.dims(ctx.job)
     out = []
     for s, (g, tp) in enumerate(zip(c.stage_groups, c.stage_tp)):
@@ -291,18 +214,7 @@ def _stage_models(ctx: _Ctx, c: HeteroCandidate, cache: dict) -> list[StageModel
     return with_group_sends(ctx.job, c.stage_groups, out)
 
 
-def max_layers(sm: StageModel, s: int, room: float) -> int:
-    """Most layers stage s can hold in ``room`` allocatable bytes (quick._stage_memory_terms), with every layer
-    at its lightest (kind, recompute) footprint: an upper bound on n_s for any recompute placement."""
-    per_d = sum(sm.states_per_param["dense"].values())
-    per_e = sum(sm.states_per_param["expert"].values())
-    inflight = sm.inflight(s)
-    lean = min(k.params_dense * per_d + k.params_expert * per_e + inflight * min(k.act, k.act_recomputed)
-               for k in sm.kinds.values())
-    return max(0, int(room / lean)) if room > 0 else 0
-
-
-def _refined_bound(ctx: _Ctx, c: HeteroCandidate, sms: list[StageModel], target: float = float("inf")) -> float:
+def _refined_bound(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], target: float = float("inf")) -> float:
     """The candidate bound with each stage's pipeline sends and its memory cap on layers; inf if the layers
     cannot fit at all. Only whether it reaches ``target`` is decided exactly (the bottleneck terms are probed at
     the value that would reach it), which is all pruning needs."""
@@ -324,7 +236,7 @@ def _refined_bound(ctx: _Ctx, c: HeteroCandidate, sms: list[StageModel], target:
     return (mb - 1) * T + rest
 
 
-def _memory_bottleneck(ctx: _Ctx, c: HeteroCandidate, sms: list[StageModel], cst: list[float],
+def _memory_bottleneck(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], cst: list[float],
                        probe: float | None = None) -> float:
     """Smallest bottleneck T at which the stages hold the layers of the heaviest kind when each stage recomputes
     just enough whole layers to fit its own GPU (the per-stage form of quick.memory_bottleneck): stage s holds n
@@ -393,7 +305,7 @@ def _capped_bottleneck(a, c, caps, L, probe: float | None = None) -> float:
     return lo
 
 
-def _solve(ctx: _Ctx, c: HeteroCandidate, sms, cap_s: float, remaining: float, workers: int):
+def _solve(ctx: MixedContext, c: HeteroCandidate, sms, cap_s: float, remaining: float, workers: int):
     caps = [ctx.capacity(g) for g in c.stage_groups]
     partial = ctx.opts.partial_recompute
     res = solve_partition(sms, caps, partial_recompute=partial, time_limit_s=remaining, workers=workers,
@@ -419,7 +331,7 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
     # shares of the time limit: mixed pipelines, then replicas on different types, then the single-type searches
     share = 0.6 if single_type else 1.0
     deadline = start + time_limit_s * share * 0.7
-    ctx = _Ctx(job, opts, opts.framework, costs_by_group(job), group_order(job.cluster))
+    ctx = MixedContext(job, opts, opts.framework, costs_by_group(job), group_order(job.cluster))
     L = job.model.num_layers
     heap = [(lb, i, fam, box) for i, (lb, fam, box) in enumerate(_families(ctx))]
     heapq.heapify(heap)

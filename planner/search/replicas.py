@@ -27,6 +27,7 @@ from planner.cost.memory import GIB
 from planner.cost.stage import StageModel, split_kinds
 from planner.parallel import HeteroDims, ParallelDims, ReplicaDims, cp_error, tp_heads_error
 from planner.search import quick
+from planner.search.mixed import end_costs, per_layer_bound
 from planner.search.partition import solve_partition
 from planner.search.space import divisors
 
@@ -57,8 +58,6 @@ class ReplicaCandidate:
 def _shapes(ctx, deadline: float, beat: float):
     """(bound, shape) for every tp, cp, pp, micro-batch, baseline recompute and set of >= 2 used groups whose
     bound is below ``beat``."""
-    from planner.search.hetero import _end_pair, _per_layer  # the mixed search's per-layer and end-cost bounds
-
     job = ctx.job
     m, t = job.model, job.training
     L = m.num_layers
@@ -78,8 +77,8 @@ def _shapes(ctx, deadline: float, beat: float):
             for mbs in (x for x in divisors(t.global_batch_size) if x <= ctx.opts.max_micro_batch):
                 M = t.global_batch_size // mbs
                 for base in bases:
-                    per_mb = {g: L * _per_layer(job, ctx.costs(g), tp, cp, mbs, base)
-                              + sum(_end_pair(ctx, (g, tp), (g, tp), cp, mbs)) for g in groups}
+                    per_mb = {g: L * per_layer_bound(job, ctx.costs(g), tp, cp, mbs, base)
+                              + sum(end_costs(ctx, (g, tp), (g, tp), cp, mbs)) for g in groups}
                     for pp in range(1, L + 1):
                         if ctx.opts.even_layers and L % pp:
                             continue

@@ -1,0 +1,102 @@
+"""What both mixed-cluster searches share (planner/search/hetero.py: mixed pipelines; planner/search/replicas.py:
+replicas on different GPU types): the search context with its per-model memory terms, the TP and CP degrees a
+node group may use, and per-micro-batch lower bounds on a stage's time (layers, sends, embedding and logits)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from planner.cost.stage import StageModel, kind_coeffs
+from planner.frameworks import Framework
+from planner.parallel import cp_error, tp_heads_error
+from planner.search import quick
+from planner.search.space import SearchOptions, divisors
+from planner.spec import Job
+
+
+def per_layer_bound(job: Job, costs, tp: int, cp: int, mbs: int, base: str) -> float:
+    """Smallest seconds per layer of any kind on this GPU with this TP and CP (compute, TP collectives, exposed
+    CP ring)."""
+    tokens = mbs * job.training.seq_length // cp
+    return min(k.compute + k.tp + k.cp for k in kind_coeffs(job, costs, tokens, tp, cp, 1, tp > 1, base).values())
+
+
+@dataclass
+class MixedContext:
+    """One mixed-cluster search: the job, its options and framework, a cost provider per node group, the groups in
+    pipeline order (planner.parallel.group_order) and memoized bounds."""
+    job: Job
+    opts: SearchOptions
+    fw: Framework | None
+    costs: object  # group -> AnalyticCosts
+    order: list[int]
+    memo: dict = field(default_factory=dict)  # end costs, sends, per-stage memory terms
+
+    def stage_terms(self, sm: StageModel, g: int, s: int) -> tuple[float, float, float, int]:
+        """(room, alpha, beta) of quick.stage_memory_term and max_layers for stage s of a model from
+        _stage_models on group g. They depend on the pipeline depth only through the stage's in-flight
+        micro-batches and whether it is first or last, so they are shared across depths."""
+        sm = sm.original  # sends do not change memory
+        key = ("terms", sm.family_key, sm.inflight(s), s == 0, s == sm.dims.pp - 1)
+        hit = self.memo.get(key)
+        if hit is None:
+            room, alpha, beta = quick.stage_memory_term(sm, self.capacity(g), s)
+            hit = self.memo[key] = (room, alpha, beta, max_layers(sm, s, room))
+        return hit
+
+    def capacity(self, g: int) -> float:
+        return self.job.cluster[g].gpu.memory_gib * (1 - self.opts.memory_margin)
+
+
+def tp_options(ctx: MixedContext, g: int, cp: int) -> list[int]:
+    """TP degrees a stage on group g may use: divide gpus_per_node, the heads rules, the sequence shard."""
+    m, t = ctx.job.model, ctx.job.training
+    gpn = ctx.job.cluster[g].gpus_per_node
+    return [tp for tp in divisors(gpn) if tp_heads_error(m, tp) is None and (tp == 1 or t.seq_length // cp % tp == 0)]
+
+
+def cp_options(ctx: MixedContext) -> list[int]:
+    """CP degrees shared by all stages: split the sequence (planner.parallel.cp_error), the sequence shard
+    divisible by every TP degree a stage may use is checked per family."""
+    t = ctx.job.training
+    top = max(g.num_gpus for g in ctx.job.cluster)
+    return [cp for cp in divisors(top) if cp_error(t, cp) is None]
+
+
+def send_bound(ctx: MixedContext, g: int, tp: int, cp: int, dp: int, mbs: int) -> float:
+    """Pipeline-send seconds per micro-batch of a stage on group g over its own links (planner/cost/stage.py:
+    an activation forward and a gradient back)."""
+    key = ("send", g, tp, cp, dp, mbs)
+    if key not in ctx.memo:
+        job = ctx.job
+        tokens = mbs * job.training.seq_length // cp
+        act = 2.0 * tokens * job.model.hidden_size / tp
+        link = ctx.costs(g).p2p(tp * cp * dp >= job.cluster[g].gpus_per_node)
+        ctx.memo[key] = 2 * link.p2p(act)
+    return ctx.memo[key]
+
+
+def end_costs(ctx: MixedContext, first, last, cp: int, mbs: int) -> tuple[float, float]:
+    """Embedding seconds on the first stage and logits seconds on the last, per micro-batch."""
+    key = ("ends", first, last, cp, mbs)
+    if key not in ctx.memo:
+        ctx.memo[key] = _end_times(ctx, first, last, cp, mbs)
+    return ctx.memo[key]
+
+
+def _end_times(ctx: MixedContext, first, last, cp: int, mbs: int) -> tuple[float, float]:
+    job = ctx.job
+    tokens = mbs * job.training.seq_length // cp
+    e = ctx.costs(first[0]).embedding(job.model, tokens, first[1], first[1] > 1)
+    lg = ctx.costs(last[0]).logits(job.model, tokens, last[1])
+    return e.forward + e.backward, lg.forward + lg.backward
+
+
+def max_layers(sm: StageModel, s: int, room: float) -> int:
+    """Most layers stage s can hold in ``room`` allocatable bytes (quick._stage_memory_terms), with every layer
+    at its lightest (kind, recompute) footprint: an upper bound on n_s for any recompute placement."""
+    per_d = sum(sm.states_per_param["dense"].values())
+    per_e = sum(sm.states_per_param["expert"].values())
+    inflight = sm.inflight(s)
+    lean = min(k.params_dense * per_d + k.params_expert * per_e + inflight * min(k.act, k.act_recomputed)
+               for k in sm.kinds.values())
+    return max(0, int(room / lean)) if room > 0 else 0
