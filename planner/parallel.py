@@ -219,8 +219,8 @@ class ParallelDims:
 
 
 def group_order(cluster) -> list[int]:
-    """Node-group indices in pipeline order: GPU memory descending, ties in listing order. Stage 0 holds the most
-    in-flight micro-batches (p of them under 1F1B), so the roomiest GPUs take the first stages."""
+    """Node-group indices by GPU memory descending, ties in listing order: the roomiest group first (the order in
+    which searches list groups; a pipeline may run its groups in any order, each group's stages consecutive)."""
     return sorted(range(len(cluster)), key=lambda g: (-cluster[g].gpu.memory_gib, g))
 
 
@@ -294,11 +294,10 @@ class HeteroDims:
                 raise SpecError(f"{field}[{i}].tp",
                                 f"the sequence shard ({t.seq_length // self.cp}) is not divisible by tp ({tp})")
         check_cp(t, self.cp)
-        rank = {g: r for r, g in enumerate(group_order(self.cluster))}
-        order = [rank[g] for g in self.stage_groups]
-        if order != sorted(order):
-            raise SpecError(field, "stages must be grouped by node group, groups in order of GPU memory "
-                            f"descending (ties in cluster order): expected groups in the order {group_order(self.cluster)}")
+        runs = [g for i, g in enumerate(self.stage_groups) if i == 0 or self.stage_groups[i - 1] != g]
+        if len(runs) != len(set(runs)):
+            raise SpecError(field, f"the stages of each node group must be consecutive (groups in pipeline order: "
+                            f"{runs})")
         for g, used in self.gpus_by_group().items():
             if used > self.cluster[g].num_gpus:
                 raise SpecError(field, f"stages on group {g} need {used} GPUs (sum of tp*cp*dp), "

@@ -40,8 +40,6 @@ def check_mixed_layout(job, lay: dict) -> list[str]:
     if bool(lay.get("stages")) == bool(lay.get("replicas")):
         v.append("a mixed layout lists exactly one of stages and replicas")
     pipes = pipelines(lay)
-    # GPU memory descending, ties in cluster order: the order stages must follow within a pipeline
-    rank = {g: r for r, g in enumerate(sorted(range(len(job.cluster)), key=lambda g: (-job.cluster[g].gpu.memory_gib, g)))}
     used = [0] * len(job.cluster)
     sequences = 0
     first = pipes[0].get("stages") or []
@@ -64,7 +62,7 @@ def check_mixed_layout(job, lay: dict) -> list[str]:
             if not (isinstance(g, int) and 0 <= g < len(job.cluster)) or not _pos_int(tp):
                 v.append(f"pipeline {r} stage {i}: group {g!r} / tp {tp!r}")
                 continue
-            order.append(rank[g])
+            order.append(g)
             grp = job.cluster[g]
             if grp.gpus_per_node % tp:
                 v.append(f"pipeline {r} stage {i}: tp {tp} does not divide {grp.gpus_per_node} GPUs per node")
@@ -78,8 +76,9 @@ def check_mixed_layout(job, lay: dict) -> list[str]:
             if rec is not None and not (isinstance(rec, int) and 0 <= rec <= (s.get("layers") or 0)):
                 v.append(f"pipeline {r} stage {i}: recompute_layers {rec!r}")
             used[g] += tp * cp * count
-        if order != sorted(order):
-            v.append(f"pipeline {r}: stages not grouped by node group in memory-descending order")
+        runs = [g for i, g in enumerate(order) if i == 0 or order[i - 1] != g]
+        if len(runs) != len(set(runs)):
+            v.append(f"pipeline {r}: the stages of a node group are not consecutive ({order})")
     if sequences != t.global_batch_size:
         v.append(f"micro_batch_size * sum(count * micro_batches) = {sequences} != global_batch_size {t.global_batch_size}")
     for g, n in enumerate(used):

@@ -67,20 +67,27 @@ def brute_force_best(j, opts):
                                            for k in range(1, n // (tp * cp * dp) + 1)])
             for zero, base in itertools.product(opts.zero_stages, ["none", "selective"]):
                 for choice in itertools.product(*per_group):
-                    groups = tuple(x for x in choice if x)
-                    if not groups or sum(k for _, _, k in groups) > L:
+                    used = tuple(x for x in choice if x)
+                    if not used or sum(k for _, _, k in used) > L:
                         continue
-                    c = HeteroCandidate(dp, cp, mbs, zero, base, groups, 0.0)
-                    for split in compositions(L, c.pp):
-                        for rec in itertools.product(*[range(n + 1) for n in split]):
-                            full = all(r == n for r, n in zip(rec, split))
-                            dims = c.dims(j, split, None if full or not any(rec) else rec, "full" if full else base)
-                            sms = with_group_sends(j, c.stage_groups,
-                                                   [stage_model(dims, s, g) for s, g in enumerate(c.stage_groups)])
-                            plans = split_kinds(j, split, dims.stage_recompute, full)
-                            est = evaluate_stages(j, dims, sms, plans, opts.memory_margin)
-                            if est.fits and est.iteration_time_s < best:
-                                best = est.iteration_time_s
+                    for groups in itertools.permutations(used):  # every pipeline order of the groups
+                        best = min(best, _best_of(j, HeteroCandidate(dp, cp, mbs, zero, base, groups, 0.0), L, opts,
+                                                  stage_model))
+    return best
+
+
+def _best_of(j, c, L, opts, stage_model) -> float:
+    """Every layer composition and recompute count of one candidate."""
+    best = float("inf")
+    for split in compositions(L, c.pp):
+        for rec in itertools.product(*[range(n + 1) for n in split]):
+            full = all(r == n for r, n in zip(rec, split))
+            dims = c.dims(j, split, None if full or not any(rec) else rec, "full" if full else c.recompute)
+            sms = with_group_sends(j, c.stage_groups, [stage_model(dims, s, g) for s, g in enumerate(c.stage_groups)])
+            plans = split_kinds(j, split, dims.stage_recompute, full)
+            est = evaluate_stages(j, dims, sms, plans, opts.memory_margin)
+            if est.fits and est.iteration_time_s < best:
+                best = est.iteration_time_s
     return best
 
 

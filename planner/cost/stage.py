@@ -274,21 +274,28 @@ class StageModel:
         PyTorch DDP buckets) and the next forward (--overlap-param-gather)."""
         d = self.dims
         dense, expert = self.params(stage, sp)
-        g = self.grad_wire
-        dp = 0.0
-        if d.zero_stage < 3:
-            comp, fwd = self.compute(stage, sp)
-            if d.zero_stage == 0:
-                red = self.shard_link.all_reduce(g * dense) + self.exp_link.all_reduce(g * expert)
-                gather = 0.0
-            else:
-                red = 0.0 if d.zero_stage == 2 else (
-                    self.shard_link.reduce_scatter(g * dense) + self.exp_link.reduce_scatter(g * expert))
-                gather = self.shard_link.all_gather(2.0 * dense) + self.exp_link.all_gather(2.0 * expert)
-            dp = max(0.0, red - self.cal.dp_overlap * (comp - fwd)) + max(0.0, gather - self.cal.dp_overlap * fwd)
+        red, gather = self.tail_parts(stage, sp)
         sharded = d.zero_stage >= 1
         local = dense / (self.shard if sharded else 1) + expert / (self.exp_shard if sharded else 1)
-        return dp, self.costs.optimizer_step(local)
+        return max(0.0, red) + max(0.0, gather), self.costs.optimizer_step(local)
+
+    def tail_parts(self, stage: int, sp: StagePlan) -> tuple[float, float]:
+        """The gradient reduction minus the backward that hides it, and the parameter gather minus the forward
+        that hides it (seconds; a part is exposed when positive). Both are affine in the stage's layer counts."""
+        d = self.dims
+        if d.zero_stage >= 3:
+            return 0.0, 0.0
+        dense, expert = self.params(stage, sp)
+        g = self.grad_wire
+        comp, fwd = self.compute(stage, sp)
+        if d.zero_stage == 0:
+            red = self.shard_link.all_reduce(g * dense) + self.exp_link.all_reduce(g * expert)
+            gather = 0.0
+        else:
+            red = 0.0 if d.zero_stage == 2 else (
+                self.shard_link.reduce_scatter(g * dense) + self.exp_link.reduce_scatter(g * expert))
+            gather = self.shard_link.all_gather(2.0 * dense) + self.exp_link.all_gather(2.0 * expert)
+        return red - self.cal.dp_overlap * (comp - fwd), gather - self.cal.dp_overlap * fwd
 
     def memory(self, stage: int, sp: StagePlan) -> dict[str, float]:
         dense, expert = self.params(stage, sp)

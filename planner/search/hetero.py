@@ -23,6 +23,7 @@ from planner.cost.stage import StageModel
 from planner.parallel import HeteroDims, group_order
 from planner.search.mixed import MixedContext, cp_options, end_costs, per_layer_bound, send_bound, tp_options
 from planner.search.partition import solve_partition
+from planner.search.quick import RESOLUTION
 from planner.search.planner import Plan, SearchResult, _keep, _stage_tuple, settle_open_solves, solve_limit
 from planner.search.replicas import search_replicas
 from planner.search.space import SearchOptions, divisors
@@ -70,14 +71,37 @@ class HeteroCandidate:
 
 
 # ----------------------------------------------------------------------------------------------- bounds
-def box_bound(a, lo: tuple[int, ...], hi: tuple[int, ...], emb: float, logits: float, L: int, m: int,
-              send=None) -> float:
+@dataclass(frozen=True)
+class Ends:
+    """The embedding (first stage) and logits (last stage) terms of a bound, per micro-batch: their seconds, their
+    seconds over the per-layer time of the stage that runs them, and that stage's one-layer time plus them. For
+    a family whose group order is still open each term is its minimum over the possible first / last groups."""
+    emb: float
+    logits: float
+    emb_per_a: float
+    logits_per_a: float
+    first_top: float
+    last_top: float
+
+    @classmethod
+    def of(cls, a, ends, first: int, last: int) -> "Ends":
+        (ef, _), (_, ll) = ends[first], ends[last]
+        return cls(ef, ll, ef / a[first], ll / a[last], a[first] + ef, a[last] + ll)
+
+    @classmethod
+    def any_order(cls, a, ends) -> "Ends":
+        idx = range(len(a))
+        return cls(min(e for e, _ in ends), min(lg for _, lg in ends), min(ends[i][0] / a[i] for i in idx),
+                   min(ends[i][1] / a[i] for i in idx), min(a[i] + ends[i][0] for i in idx),
+                   min(a[i] + ends[i][1] for i in idx))
+
+
+def box_bound(a, lo: tuple[int, ...], hi: tuple[int, ...], ends: Ends, L: int, m: int, send=None) -> float:
     """Iteration seconds no candidate with lo_g <= k_g <= hi_g stages per used group g beats (lo = hi: one
     candidate). Each stage of group g takes at least a_g seconds per layer and, when there are >= 2 stages,
     send_g seconds of pipeline sends per micro-batch (on its own links: a neighbour on another group is no
-    faster); the first stage adds the embedding and the last the logits (``emb``, ``logits`` per micro-batch).
-    With stage times t_s >= n_s a_s + c_s the 1F1B schedule takes (m-1) max_s t_s + sum_s t_s
-    (planner/cost/schedule.py):
+    faster); the first stage adds the embedding and the last the logits (``ends``). With stage times
+    t_s >= n_s a_s + c_s the 1F1B schedule takes (m-1) max_s t_s + sum_s t_s (planner/cost/schedule.py):
       - max_s t_s >= the smallest T with sum_s (T - c_s)/a_s >= L, since every n_s <= (T - c_s)/a_s and the n_s
         sum to L (and T >= c_s + a_s, every stage holding a layer). Adding a stage of g moves T towards send_g,
         so while every send_g <= T more stages only lower it and k = hi bounds the box (else sends are dropped);
@@ -87,14 +111,13 @@ def box_bound(a, lo: tuple[int, ...], hi: tuple[int, ...], emb: float, logits: f
     e = send if send is not None and sum(lo) >= 2 else (0.0,) * len(a)
     inv = sum(k / x for k, x in zip(hi, a))
     single = sum(hi) == 1  # one stage holds both ends
-    top = max(max(x + y for x, y in zip(a, e)), a[0] + e[0] + emb + (logits if single else 0.0),
-              a[-1] + e[-1] + logits)
-    T = max(top, (L + emb / a[0] + logits / a[-1] + sum(k * y / x for k, x, y in zip(hi, a, e))) / inv)
+    top = max(max(x + y for x, y in zip(a, e)), ends.first_top + (ends.logits if single else 0.0), ends.last_top)
+    T = max(top, (L + ends.emb_per_a + ends.logits_per_a + sum(k * y / x for k, x, y in zip(hi, a, e))) / inv)
     if max(e) > T:  # the monotonicity above fails: drop the sends
-        return box_bound(a, lo, hi, emb, logits, L, m)
+        return box_bound(a, lo, hi, ends, L, m)
     fast = min(a)
     work = L * fast + sum(k * (x - fast + y) for k, x, y in zip(lo, a, e))
-    return (m - 1) * T + emb + logits + work
+    return (m - 1) * T + ends.emb + ends.logits + work
 
 
 def min_work(a: list[float], L: int, caps: list[int] | None = None) -> float:
@@ -112,7 +135,7 @@ def min_work(a: list[float], L: int, caps: list[int] | None = None) -> float:
 
 
 # ----------------------------------------------------------------------------------------------- search
-def _families(ctx: MixedContext):
+def _families(ctx: MixedContext, order_free: bool = True):
     """(bound, family) for every dp, cp, micro-batch, ZeRO, baseline recompute and per-group TP (None = unused)."""
     job, opts = ctx.job, ctx.opts
     m, t = job.model, job.training
@@ -141,9 +164,10 @@ def _families(ctx: MixedContext):
                         continue
                     a_used = tuple(a_of[u] for u in used)
                     hi = tuple(kmax_of[g][tp] for g, tp in used)
-                    emb, logits = end_costs(ctx, used[0], used[-1], cp, mbs)
+                    ends = tuple(end_costs(ctx, u, u, cp, mbs) for u in used)
                     send = tuple(send_bound(ctx, g, tp, cp, dp, mbs) for g, tp in used)
-                    fam = _Family(dp, cp, mbs, tuple(zeros), base, tuple(used), a_used, emb, logits, mb, send)
+                    fam = _Family(dp, cp, mbs, tuple(zeros), base, tuple(used), a_used, ends, mb, send,
+                                  ordered=len(used) == 1 or not order_free)
                     box = (1,) * len(used), hi
                     out.append((fam.bound(L, *box), fam, box))
     return out
@@ -160,13 +184,24 @@ class _Family:
     base: str
     used: tuple[tuple[int, int], ...]  # (group, tp) in pipeline order
     a: tuple[float, ...]               # per-layer seconds bound of each used group
-    emb: float
-    logits: float
+    ends: tuple[tuple[float, float], ...]  # (embedding, logits) seconds per micro-batch on each used group
     mb: int
     send: tuple[float, ...]            # pipeline-send seconds per micro-batch of a stage of each used group
+    ordered: bool = True               # False: the groups' pipeline order is still open (expand before leaves)
 
     def bound(self, L: int, lo, hi) -> float:
-        return box_bound(self.a, lo, hi, self.emb, self.logits, L, self.mb, self.send)
+        ends = Ends.of(self.a, self.ends, 0, len(self.a) - 1) if self.ordered else Ends.any_order(self.a, self.ends)
+        return box_bound(self.a, lo, hi, ends, L, self.mb, self.send)
+
+    def orders(self, lo, hi) -> list[tuple["_Family", tuple]]:
+        """Every pipeline order of the used groups, each with its box (the groups' counts follow them)."""
+        out = []
+        for perm in itertools.permutations(range(len(self.used))):
+            pick = lambda xs: tuple(xs[i] for i in perm)  # noqa: E731
+            fam = _Family(self.dp, self.cp, self.mbs, self.zeros, self.base, pick(self.used), pick(self.a),
+                          pick(self.ends), self.mb, pick(self.send), ordered=True)
+            out.append((fam, (pick(lo), pick(hi))))
+        return out
 
     def candidates(self, ctx: "MixedContext", ks, lb: float) -> list[HeteroCandidate]:
         """The candidates of one stage-count choice (one per ZeRO stage) that are in the space: at most one stage
@@ -215,17 +250,20 @@ def _stage_models(ctx: MixedContext, c: HeteroCandidate, cache: dict) -> list[St
 
 
 def _refined_bound(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], target: float = float("inf")) -> float:
-    """The candidate bound with each stage's pipeline sends and its memory cap on layers; inf if the layers
-    cannot fit at all. Only whether it reaches ``target`` is decided exactly (the bottleneck terms are probed at
+    """The candidate bound with each stage's pipeline sends, ZeRO-2/3 traffic (MixedContext.sharded_line), its
+    memory cap on layers and the least DP tail of any stage (MixedContext.tail_floor); inf if the layers cannot
+    fit at all. Only whether it reaches ``target`` is decided exactly (the bottleneck terms are probed at
     the value that would reach it), which is all pruning needs."""
     L = ctx.job.model.num_layers
     caps = [ctx.stage_terms(sm, g, s)[3] for s, (sm, g) in enumerate(zip(sms, c.stage_groups))]
     if min(caps) < 1 or sum(caps) < L:
         return float("inf")
-    a = [min(k.compute + k.tp + k.cp for k in sm.kinds.values()) for sm in sms]
-    cst = [(sm.emb_time if s == 0 else 0.0) + (sm.logits_time if s == c.pp - 1 else 0.0) + sm.pp_time
-           for s, sm in enumerate(sms)]
-    rest = sum(cst) + min_work(a, L, caps)
+    lines = [ctx.sharded_line(sm, s) for s, sm in enumerate(sms)]
+    a = [min(k.compute + k.tp + k.cp for k in sm.kinds.values()) + z for sm, (z, _) in zip(sms, lines)]
+    cst = [(sm.emb_time if s == 0 else 0.0) + (sm.logits_time if s == c.pp - 1 else 0.0) + sm.pp_time + z0
+           for s, (sm, (_, z0)) in enumerate(zip(sms, lines))]
+    tail = max(ctx.tail_floor(sm, s, cap) for s, (sm, cap) in enumerate(zip(sms, caps)))
+    rest = sum(cst) + min_work(a, L, caps) + tail
     mb = sms[0].mb
     probe = (target - rest) / (mb - 1) if mb > 1 and target < float("inf") else None
     T = _capped_bottleneck(a, cst, caps, L, probe)
@@ -336,7 +374,8 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
     heap = [(lb, i, fam, box) for i, (lb, fam, box) in enumerate(_families(ctx))]
     heapq.heapify(heap)
     tie = itertools.count(len(heap))
-    counted = sum(_box_size(*box, L) * len(fam.zeros) for _, _, fam, box in heap)
+    counted = sum(_box_size(*box, L) * len(fam.zeros) * (1 if fam.ordered else math.factorial(len(fam.used)))
+                  for _, _, fam, box in heap)
     best: list[Plan] = []
     cache: dict = {}
     solved = 0
@@ -345,12 +384,21 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
     open_bounds: list[float] = []
     # Best-first over boxes of stage counts: a box's bound holds for every candidate in it, a one-point box is a
     # candidate. The first box whose bound reaches the K-th best time ends the search (all others are worse).
+    # A bound must beat the K-th best by more than RESOLUTION (0.01%) to be explored: plans closer than that
+    # are equal in time (as in planner/search/quick.py), so the top K are optimal to within it.
+    def cut() -> float:
+        return best[top - 1].time * (1 - RESOLUTION) if len(best) >= top else float("inf")
+
     while heap:
-        kth = best[top - 1].time if len(best) >= top else float("inf")
+        kth = cut()
         lb, _, fam, (lo, hi) = heapq.heappop(heap)
         if lb >= kth:
             frontier = min(frontier, lb)
             break
+        if not fam.ordered:
+            for ordered, box in fam.orders(lo, hi):
+                heapq.heappush(heap, (ordered.bound(L, *box), next(tie), ordered, box))
+            continue
         if lo != hi:
             for box in _split(lo, hi):
                 if sum(box[0]) <= L:
@@ -364,7 +412,7 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
                 heap = []
                 break
             sms = _stage_models(ctx, c, cache)
-            kth = best[top - 1].time if len(best) >= top else float("inf")
+            kth = cut()
             if _refined_bound(ctx, c, sms, kth) >= kth:
                 continue
             # without a plan to beat, a solve only needs to find one: a short limit (its bound is kept)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.cost.stage import StageModel, kind_coeffs
+from planner.cost.stage import StageModel, StagePlan, kind_coeffs
 from planner.frameworks import Framework
 from planner.parallel import cp_error, tp_heads_error
 from planner.search import quick
@@ -41,6 +41,30 @@ class MixedContext:
         if hit is None:
             room, alpha, beta = quick.stage_memory_term(sm, self.capacity(g), s)
             hit = self.memo[key] = (room, alpha, beta, max_layers(sm, s, room))
+        return hit
+
+    def tail_floor(self, sm: StageModel, s: int, cap: int) -> float:
+        """The least exposed DP communication after stage s's last backward (StageModel.iteration_tail) over
+        every layer count 1..cap (the most the stage can hold), each layer fully recomputed (the longest backward hides the most); 0 for MoE
+        models. It is the sum of two max(0, affine in n) parts (StageModel.tail_parts), so its least value over
+        integers lies at an end or next to where a part reaches 0."""
+        sm = sm.original
+        cap = min(cap, self.job.model.num_layers)
+        key = ("tail", sm.family_key, s == 0, s == sm.dims.pp - 1, cap)
+        hit = self.memo.get(key)
+        if hit is None:
+            hit = self.memo[key] = _tail_floor(sm, s, cap)
+        return hit
+
+    def sharded_line(self, sm: StageModel, s: int) -> tuple[float, float]:
+        """(per layer, constant) of a line under ZeRO-2/3's exposed per-micro-batch traffic of stage s
+        (StageModel.microbatch_time: max(0, sharded_comm - fsdp_overlap * compute)), valid for every layer count
+        and recompute: the compute that hides it is taken with every layer recomputed. (0, 0) below ZeRO-2."""
+        sm = sm.original
+        key = ("sharded", sm.family_key, s == 0, s == sm.dims.pp - 1)
+        hit = self.memo.get(key)
+        if hit is None:
+            hit = self.memo[key] = _sharded_line(sm, s)
         return hit
 
     def capacity(self, g: int) -> float:
@@ -100,3 +124,34 @@ def max_layers(sm: StageModel, s: int, room: float) -> int:
     lean = min(k.params_dense * per_d + k.params_expert * per_e + inflight * min(k.act, k.act_recomputed)
                for k in sm.kinds.values())
     return max(0, int(room / lean)) if room > 0 else 0
+
+
+def _tail_floor(sm: StageModel, s: int, L: int) -> float:
+    if "moe" in sm.kinds:
+        return 0.0
+
+    def parts(n: int) -> tuple[float, float]:
+        return sm.tail_parts(s, StagePlan(dense=n, moe=0, r_dense=n))
+
+    (r1, g1), (r2, g2) = parts(1), parts(2)
+    points = {1, L}
+    for y1, slope in ((r1, r2 - r1), (g1, g2 - g1)):
+        if slope:  # where this part reaches 0, and its integer neighbours
+            z = 1 - y1 / slope
+            points.update(min(L, max(1, int(z) + d)) for d in (0, 1))
+    return min(max(0.0, r) + max(0.0, g) for r, g in map(parts, sorted(points)))
+
+
+def _sharded_line(sm: StageModel, s: int) -> tuple[float, float]:
+    if sm.dims.zero_stage < 2:
+        return 0.0, 0.0
+    kind = "moe" if "moe" in sm.kinds else "dense"
+
+    def inner(n: int) -> float:
+        plan = StagePlan(dense=0, moe=n, r_moe=n) if kind == "moe" else StagePlan(dense=n, moe=0, r_dense=n)
+        return sm.sharded_comm(*sm.params(s, plan)) - sm.cal.fsdp_overlap * sm.compute(s, plan)[0]
+
+    y1, y2 = inner(1), inner(2)
+    slope = y2 - y1
+    # max(0, slope*n + y0) >= slope*n + y0 when slope >= 0; else only >= 0
+    return (slope, y1 - slope) if slope >= 0 else (0.0, 0.0)
