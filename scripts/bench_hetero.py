@@ -4,7 +4,7 @@ Jobs: examples/hetero/gpt-32l-2x32.yaml (2 GPU types x 32 GPUs, 32-layer GPT) an
 examples/hetero/llama3-405b-3types-4096.yaml (3 GPU types, 4,096 GPUs, Llama 3 405B). Prints one row per job:
 heterogeneous search seconds, candidates, CP-SAT solves, best heterogeneous iteration time, the best plan on one
 GPU type alone (found by the homogeneous search on each group, timed separately), their ratio and the optimality
-status of the heterogeneous search.
+status of the best plan (a gap is to the bound over every mixed pipeline and replica shape).
 """
 from __future__ import annotations
 
@@ -37,10 +37,16 @@ def main() -> None:
         single_secs = time.monotonic() - t1
         best = r.plans[0].time if r.plans else None
         ratio = f"{best / single:.3f}" if best and single else "-"
-        status = ("optimal" if r.complete else f"feasible, gap {r.gap * 100:.1f}%") if best else "none"
+        if not best:
+            status = "none"
+        elif r.plans[0].status == "optimal":
+            status = "optimal"
+        else:
+            status = f"feasible, gap {r.gap * 100:.2f}%" + ("" if r.complete else " (time limit)")
+        kind = "replicas" if getattr(r.plans[0].estimate.dims, "replicas", None) else "mixed pipeline"
         single_txt = f"{single:.3f} ({job.cluster[group].gpu.name})" if single else "-"
         print(f"| {Path(rel).stem} | {secs:.2f} | {r.candidates:,} | {r.solved:,} | "
-              f"{best:.3f} | {single_secs:.2f} | {single_txt} | {ratio} | {status} |" if best
+              f"{best:.3f} ({kind}) | {single_secs:.2f} | {single_txt} | {ratio} | {status} |" if best
               else f"| {Path(rel).stem} | {secs:.2f} | - |")
 
 
