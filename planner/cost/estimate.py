@@ -148,14 +148,18 @@ def hetero_stage_models(job: Job, dims: HeteroDims, costs_for) -> list[StageMode
 def with_group_sends(job: Job, stage_groups, sms: list[StageModel]) -> list[StageModel]:
     """Stage models whose pipeline sends to a neighbour on another node group go over the network between the
     two groups (Job.link_gbps) instead of the stage's own links."""
-    out = []
-    for s, (g, sm) in enumerate(zip(stage_groups, sms)):
-        near = [stage_groups[s - 1] if s > 0 else g, stage_groups[s + 1] if s + 1 < len(stage_groups) else g]
-        if near == [g, g]:
-            out.append(sm)
-            continue
-        prev, nxt = (None if h == g else between_groups_link(job.link_gbps(g, h), sm.cal) for h in near)
-        out.append(sm.with_neighbour_links(prev, nxt))
+    return [sm if links == (None, None) else sm.with_neighbour_links(*links)
+            for sm, links in zip(sms, neighbour_links(job, stage_groups, sms))]
+
+
+def neighbour_links(job: Job, stage_groups, sms: list[StageModel]) -> list[tuple]:
+    """Per stage, the links to its previous and next stage where those sit on another node group (else None)."""
+    out = [(None, None)] * len(stage_groups)
+    for s in range(len(stage_groups) - 1):
+        a, b = stage_groups[s], stage_groups[s + 1]
+        if a != b:
+            out[s] = (out[s][0], between_groups_link(job.link_gbps(a, b), sms[s].cal))
+            out[s + 1] = (between_groups_link(job.link_gbps(b, a), sms[s + 1].cal), out[s + 1][1])
     return out
 
 

@@ -168,8 +168,12 @@ class StageModel:
         stage's own group, or none). A shallow copy; every other coefficient is shared."""
         out = copy.copy(self)
         out.original = self.original  # the memory model is the original's
-        out.pp_time = (prev or self.own_p2p).p2p(self.send_bytes) + (nxt or self.own_p2p).p2p(self.send_bytes)
+        out.pp_time = self.neighbour_pp_time(prev, nxt)
         return out
+
+    def neighbour_pp_time(self, prev: Link | None, nxt: Link | None) -> float:
+        """Pipeline-send seconds per micro-batch with the given links to the neighbours (None: own links)."""
+        return (prev or self.own_p2p).p2p(self.send_bytes) + (nxt or self.own_p2p).p2p(self.send_bytes)
 
     def with_dp_link(self, link: Link) -> "StageModel":
         """This model with its DP*CP gradient/parameter collectives on ``link`` (a ring that spans node groups,

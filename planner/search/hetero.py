@@ -18,7 +18,8 @@ import math
 import time
 from dataclasses import dataclass
 
-from planner.cost.estimate import costs_by_group, evaluate_stages, hetero_stage_models, with_group_sends
+from planner.cost.estimate import (costs_by_group, evaluate_stages, hetero_stage_models, neighbour_links,
+                                   with_group_sends)
 from planner.cost.stage import StageModel
 from planner.parallel import HeteroDims, group_order
 from planner.search.mixed import MixedContext, cp_options, end_costs, per_layer_bound, send_bound, tp_options
@@ -90,10 +91,10 @@ class Ends:
 
     @classmethod
     def any_order(cls, a, ends) -> "Ends":
-        idx = range(len(a))
-        return cls(min(e for e, _ in ends), min(lg for _, lg in ends), min(ends[i][0] / a[i] for i in idx),
-                   min(ends[i][1] / a[i] for i in idx), min(a[i] + ends[i][0] for i in idx),
-                   min(a[i] + ends[i][1] for i in idx))
+        emb, logits = zip(*ends)
+        return cls(min(emb), min(logits), min([e / x for e, x in zip(emb, a)]),
+                   min([lg / x for lg, x in zip(logits, a)]), min([x + e for x, e in zip(a, emb)]),
+                   min([x + lg for x, lg in zip(a, logits)]))
 
 
 def box_bound(a, lo: tuple[int, ...], hi: tuple[int, ...], ends: Ends, L: int, m: int, send=None) -> float:
@@ -189,9 +190,12 @@ class _Family:
     send: tuple[float, ...]            # pipeline-send seconds per micro-batch of a stage of each used group
     ordered: bool = True               # False: the groups' pipeline order is still open (expand before leaves)
 
+    @functools.cached_property
+    def bound_ends(self) -> Ends:
+        return Ends.of(self.a, self.ends, 0, len(self.a) - 1) if self.ordered else Ends.any_order(self.a, self.ends)
+
     def bound(self, L: int, lo, hi) -> float:
-        ends = Ends.of(self.a, self.ends, 0, len(self.a) - 1) if self.ordered else Ends.any_order(self.a, self.ends)
-        return box_bound(self.a, lo, hi, ends, L, self.mb, self.send)
+        return box_bound(self.a, lo, hi, self.bound_ends, L, self.mb, self.send)
 
     def orders(self, lo, hi) -> list[tuple["_Family", tuple]]:
         """Every pipeline order of the used groups, each with its box (the groups' counts follow them)."""
@@ -237,19 +241,24 @@ def _box_size(lo, hi, L: int) -> int:
     return sum(ways.values())
 
 
-def _stage_models(ctx: MixedContext, c: HeteroCandidate, cache: dict) -> list[StageModel]:
-    dims = c.dims(ctx.job)
+def _stage_models(ctx: MixedContext, c: HeteroCandidate, cache: dict) -> tuple[list[StageModel], list[float]]:
+    """One StageModel per stage (shared by the stages of a group with the same degrees) and each stage's
+    pipeline-send seconds, with sends to a neighbour on another group over the link between the groups."""
+    dims = None
     out = []
-    for s, (g, tp) in enumerate(zip(c.stage_groups, c.stage_tp)):
+    for g, tp, k in c.groups:
         key = (g, tp, c.dp, c.cp, c.mbs, c.zero, c.recompute, c.pp)
         if key not in cache:
-            cache[key] = StageModel(ctx.job, dims.stage_dims(s), ctx.costs(g))
+            dims = dims or c.dims(ctx.job)
+            cache[key] = StageModel(ctx.job, dims.stage_dims(len(out)), ctx.costs(g))
             cache[key].family_key = key[:-1]  # everything but the depth (ctx.stage_terms)
-        out.append(cache[key])
-    return with_group_sends(ctx.job, c.stage_groups, out)
+        out += [cache[key]] * k
+    links = neighbour_links(ctx.job, c.stage_groups, out)
+    return out, [sm.pp_time if pair == (None, None) else sm.neighbour_pp_time(*pair) for sm, pair in zip(out, links)]
 
 
-def _refined_bound(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], target: float = float("inf")) -> float:
+def _refined_bound(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], sends: list[float],
+                   target: float = float("inf")) -> float:
     """The candidate bound with each stage's pipeline sends, ZeRO-2/3 traffic (MixedContext.sharded_line), its
     memory cap on layers and the least DP tail of any stage (MixedContext.tail_floor); inf if the layers cannot
     fit at all. Only whether it reaches ``target`` is decided exactly (the bottleneck terms are probed at
@@ -260,8 +269,8 @@ def _refined_bound(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel],
         return float("inf")
     lines = [ctx.sharded_line(sm, s) for s, sm in enumerate(sms)]
     a = [min(k.compute + k.tp + k.cp for k in sm.kinds.values()) + z for sm, (z, _) in zip(sms, lines)]
-    cst = [(sm.emb_time if s == 0 else 0.0) + (sm.logits_time if s == c.pp - 1 else 0.0) + sm.pp_time + z0
-           for s, (sm, (_, z0)) in enumerate(zip(sms, lines))]
+    cst = [(sm.emb_time if s == 0 else 0.0) + (sm.logits_time if s == c.pp - 1 else 0.0) + send + z0
+           for s, (sm, send, (_, z0)) in enumerate(zip(sms, sends, lines))]
     tail = max(ctx.tail_floor(sm, s, cap) for s, (sm, cap) in enumerate(zip(sms, caps)))
     rest = sum(cst) + min_work(a, L, caps) + tail
     mb = sms[0].mb
@@ -411,13 +420,13 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
                 frontier = min(frontier, lb)
                 heap = []
                 break
-            sms = _stage_models(ctx, c, cache)
+            sms, sends = _stage_models(ctx, c, cache)
             kth = cut()
-            if _refined_bound(ctx, c, sms, kth) >= kth:
+            if _refined_bound(ctx, c, sms, sends, kth) >= kth:
                 continue
             # without a plan to beat, a solve only needs to find one: a short limit (its bound is kept)
             limit = solve_limit(remaining, time_limit_s if kth < float("inf") else 0.0)
-            res, est = _solve(ctx, c, sms, kth, limit, workers)
+            res, est = _solve(ctx, c, with_group_sends(ctx.job, c.stage_groups, sms), kth, limit, workers)
             solved += 1
             if res.status not in ("optimal", "infeasible"):
                 open_bounds.append(res.bound_s)
