@@ -136,13 +136,14 @@ def min_work(a: list[float], L: int, caps: list[int] | None = None) -> float:
 
 
 # ----------------------------------------------------------------------------------------------- search
-def _families(ctx: MixedContext, order_free: bool = True):
-    """(bound, family) for every dp, cp, micro-batch, ZeRO, baseline recompute and per-group TP (None = unused)."""
+def _families(ctx: MixedContext, order_free: bool = True) -> list[tuple[float, "_Group", int]]:
+    """(bound, group of families, candidates in it) for every dp, cp, micro-batch and baseline recompute; each
+    group stands for its families (one per per-group TP choice, None = unused), made when it is first visited."""
     job, opts = ctx.job, ctx.opts
     m, t = job.model, job.training
     L = m.num_layers
     bases = ["none"] if t.attention == "flash" else ["none", "selective"]
-    zeros = [z for z in HETERO_ZERO if z in opts.zero_stages]
+    zeros = tuple(z for z in HETERO_ZERO if z in opts.zero_stages)
     cps = cp_options(ctx) if ctx.fw is None or ctx.fw.context_parallel else [1]
     out = []
     for dp, cp in itertools.product(divisors(t.global_batch_size), cps):
@@ -151,27 +152,65 @@ def _families(ctx: MixedContext, order_free: bool = True):
         tp_opts = {g: [None] + [tp for tp, k in kmax_of[g].items() if k >= 1] for g in ctx.order}
         if all(len(v) == 1 for v in tp_opts.values()):
             continue
+        combos = []
+        for tps in itertools.product(*(tp_opts[g] for g in ctx.order)):
+            used = tuple((g, tp) for g, tp in zip(ctx.order, tps) if tp)
+            if used and (ctx.fw is None or ctx.fw.per_stage_tp or len({tp for _, tp in used}) == 1):
+                combos.append(used)
+        size = sum(_box_size((1,) * len(u), tuple(kmax_of[g][tp] for g, tp in u), L)
+                   * (math.factorial(len(u)) if order_free else 1) for u in combos) * len(zeros)
         per_replica = t.global_batch_size // dp
         for mbs in (x for x in divisors(per_replica) if x <= opts.max_micro_batch):
-            mb = per_replica // mbs
             for base in bases:
-                a_of = {(g, tp): per_layer_bound(job, ctx.costs(g), tp, cp, mbs, base)
-                        for g in ctx.order for tp in tp_opts[g] if tp}
-                for tps in itertools.product(*(tp_opts[g] for g in ctx.order)):
-                    used = [(g, tp) for g, tp in zip(ctx.order, tps) if tp]
-                    if not used:
-                        continue
-                    if ctx.fw is not None and not ctx.fw.per_stage_tp and len({tp for _, tp in used}) > 1:
-                        continue
-                    a_used = tuple(a_of[u] for u in used)
-                    hi = tuple(kmax_of[g][tp] for g, tp in used)
-                    ends = tuple(end_costs(ctx, u, u, cp, mbs) for u in used)
-                    send = tuple(send_bound(ctx, g, tp, cp, dp, mbs) for g, tp in used)
-                    fam = _Family(dp, cp, mbs, tuple(zeros), base, tuple(used), a_used, ends, mb, send,
-                                  ordered=len(used) == 1 or not order_free)
-                    box = (1,) * len(used), hi
-                    out.append((fam.bound(L, *box), fam, box))
+                grp = _Group(dp, cp, mbs, base, zeros, per_replica // mbs, tuple(combos), kmax_of, order_free)
+                out.append((grp.bound(ctx), grp, size))
     return out
+
+
+@dataclass
+class _Group:
+    """The families of one dp, cp, micro-batch and baseline recompute (every per-group TP choice)."""
+    dp: int
+    cp: int
+    mbs: int
+    base: str
+    zeros: tuple[int, ...]
+    mb: int
+    combos: tuple[tuple[tuple[int, int], ...], ...]  # the used (group, tp) of each family
+    kmax_of: dict
+    order_free: bool
+
+    def _terms(self, ctx: MixedContext, u) -> tuple[float, tuple[float, float], float]:
+        g, tp = u
+        return (per_layer_bound(ctx.job, ctx.costs(g), tp, self.cp, self.mbs, self.base),
+                end_costs(ctx, u, u, self.cp, self.mbs), send_bound(ctx, g, tp, self.cp, self.dp, self.mbs))
+
+    def bound(self, ctx: MixedContext) -> float:
+        """Valid for every family: each group at its fastest TP and most stages, none required (lo = 0), the
+        ends and sends at their least over groups and TPs."""
+        opts = {}
+        for u in {u for c in self.combos for u in c}:
+            a, (emb, logits), send = self._terms(ctx, u)
+            k = self.kmax_of[u[0]][u[1]]
+            best = opts.get(u[0])
+            opts[u[0]] = (min(a, best[0]), (min(emb, best[1][0]), min(logits, best[1][1])), min(send, best[2]),
+                          max(k, best[3])) if best else (a, (emb, logits), send, k)
+        groups = list(opts.values())
+        a = tuple(x[0] for x in groups)
+        return box_bound(a, (0,) * len(a), tuple(x[3] for x in groups), Ends.any_order(a, [x[1] for x in groups]),
+                         ctx.job.model.num_layers, self.mb, None)
+
+    def families(self, ctx: MixedContext) -> list[tuple[float, "_Family", tuple]]:
+        L = ctx.job.model.num_layers
+        out = []
+        for used in self.combos:
+            terms = [self._terms(ctx, u) for u in used]
+            fam = _Family(self.dp, self.cp, self.mbs, self.zeros, self.base, used, tuple(x[0] for x in terms),
+                          tuple(x[1] for x in terms), self.mb, tuple(x[2] for x in terms),
+                          ordered=len(used) == 1 or not self.order_free)
+            box = (1,) * len(used), tuple(self.kmax_of[g][tp] for g, tp in used)
+            out.append((fam.bound(L, *box), fam, box))
+        return out
 
 
 @dataclass(frozen=True)
@@ -380,11 +419,11 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
     deadline = start + time_limit_s * share * 0.7
     ctx = MixedContext(job, opts, opts.framework, costs_by_group(job), group_order(job.cluster))
     L = job.model.num_layers
-    heap = [(lb, i, fam, box) for i, (lb, fam, box) in enumerate(_families(ctx))]
+    groups = _families(ctx)
+    heap = [(lb, i, grp, None) for i, (lb, grp, _) in enumerate(groups)]
     heapq.heapify(heap)
     tie = itertools.count(len(heap))
-    counted = sum(_box_size(*box, L) * len(fam.zeros) * (1 if fam.ordered else math.factorial(len(fam.used)))
-                  for _, _, fam, box in heap)
+    counted = sum(size for _, _, size in groups)
     best: list[Plan] = []
     cache: dict = {}
     solved = 0
@@ -400,10 +439,15 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
 
     while heap:
         kth = cut()
-        lb, _, fam, (lo, hi) = heapq.heappop(heap)
+        lb, _, fam, box = heapq.heappop(heap)
         if lb >= kth:
             frontier = min(frontier, lb)
             break
+        if isinstance(fam, _Group):
+            for flb, family, fbox in fam.families(ctx):
+                heapq.heappush(heap, (flb, next(tie), family, fbox))
+            continue
+        lo, hi = box
         if not fam.ordered:
             for ordered, box in fam.orders(lo, hi):
                 heapq.heappush(heap, (ordered.bound(L, *box), next(tie), ordered, box))
