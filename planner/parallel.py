@@ -414,12 +414,33 @@ class ReplicaDims:
         return self
 
     # ------------------------------------------------------------------ shared degrees and totals
-    def __getattr__(self, name):
-        """Degrees every replica shares (pp, cp, micro_batch_size, zero_stage, recompute, stage_layers,
-        stage_tp, model, training, cluster, ...) read from the first replica."""
-        if name.startswith("__") or name == "replicas":
-            raise AttributeError(name)
-        return getattr(self.replicas[0], name)
+    @property
+    def pp(self) -> int:
+        return self.replicas[0].pp
+
+    @property
+    def cp(self) -> int:
+        return self.replicas[0].cp
+
+    @property
+    def micro_batch_size(self) -> int:
+        return self.replicas[0].micro_batch_size
+
+    @property
+    def stage_layers(self) -> tuple[int, ...]:
+        return self.replicas[0].stage_layers
+
+    @property
+    def training(self) -> Training:
+        return self.replicas[0].training
+
+    @property
+    def model(self) -> ModelSpec:
+        return self.replicas[0].model
+
+    @property
+    def cluster(self) -> tuple:
+        return self.replicas[0].cluster
 
     @property
     def dp(self) -> int:
@@ -433,10 +454,6 @@ class ReplicaDims:
     def num_microbatches(self) -> int:
         """Micro-batches of the busiest replica."""
         return max(r.num_microbatches for r in self.replicas)
-
-    @property
-    def stage_recompute(self):
-        return None  # per replica
 
     def gpus_by_group(self) -> dict[int, int]:
         used = {g: 0 for g in range(len(self.cluster))}
