@@ -1,13 +1,16 @@
-"""Heterogeneous search: one pipeline template whose stages run on different node groups (GPU types).
+"""Mixed-pipeline search: one pipeline template whose stages run on different node groups (GPU types).
 
-A candidate fixes dp, cp, micro-batch, ZeRO stage, the baseline recompute mode and, per node group g (in pipeline
-order, see planner.parallel.group_order), the TP degree tp_g of its stages and their number k_g >= 0, with
-k_g*tp_g*cp*dp <= GPUs of g and P = sum k_g <= num_layers. CP-SAT (planner/search/partition.py) then chooses each
-stage's layers and recomputed layers with one StageModel per stage, priced on that stage's own GPUs.
+A candidate fixes dp, cp, micro-batch, ZeRO stage, the baseline recompute mode, the order of the used node
+groups along the pipeline and, per used group g, the TP degree tp_g of its stages and their number k_g >= 1,
+with k_g*tp_g*cp*dp <= GPUs of g and P = sum k_g <= num_layers. CP-SAT (planner/search/partition.py) then
+chooses each stage's layers and recomputed layers with one StageModel per stage, priced on that stage's own GPUs.
 
-Candidates come in families (everything but the k_g, with the set of used groups fixed). Families and their
-members are visited best-first by lower bound, and the search stops when no remaining bound beats the K-th best
-plan, which proves the top K (one per candidate) optimal within this space, as planner/search/planner.py does.
+Candidates are reached through a best-first search over bounds: a _Group (dp, cp, micro-batch, recompute) opens
+into _Family objects (per-group TP, group order still open), which open into one family per group order, whose
+boxes of stage counts are halved down to single candidates; every level's bound holds for all it stands for.
+The search stops when no remaining bound beats the K-th best plan (by more than quick.RESOLUTION), which proves
+the top K (one per candidate) optimal within this space, as planner/search/planner.py does. Replica plans
+(planner/search/replicas.py) then join the list.
 """
 from __future__ import annotations
 
@@ -136,7 +139,7 @@ def min_work(a: list[float], L: int, caps: list[int] | None = None) -> float:
 
 
 # ----------------------------------------------------------------------------------------------- search
-def _families(ctx: MixedContext, order_free: bool = True) -> list[tuple[float, "_Group", int]]:
+def _families(ctx: MixedContext) -> list[tuple[float, "_Group", int]]:
     """(bound, group of families, candidates in it) for every dp, cp, micro-batch and baseline recompute; each
     group stands for its families (one per per-group TP choice, None = unused), made when it is first visited."""
     job, opts = ctx.job, ctx.opts
@@ -158,11 +161,11 @@ def _families(ctx: MixedContext, order_free: bool = True) -> list[tuple[float, "
             if used and (ctx.fw is None or ctx.fw.per_stage_tp or len({tp for _, tp in used}) == 1):
                 combos.append(used)
         size = sum(_box_size((1,) * len(u), tuple(kmax_of[g][tp] for g, tp in u), L)
-                   * (math.factorial(len(u)) if order_free else 1) for u in combos) * len(zeros)
+                   * math.factorial(len(u)) for u in combos) * len(zeros)  # every group order
         per_replica = t.global_batch_size // dp
         for mbs in (x for x in divisors(per_replica) if x <= opts.max_micro_batch):
             for base in bases:
-                grp = _Group(dp, cp, mbs, base, zeros, per_replica // mbs, tuple(combos), kmax_of, order_free)
+                grp = _Group(dp, cp, mbs, base, zeros, per_replica // mbs, tuple(combos), kmax_of)
                 out.append((grp.bound(ctx), grp, size))
     return out
 
@@ -178,7 +181,6 @@ class _Group:
     mb: int
     combos: tuple[tuple[tuple[int, int], ...], ...]  # the used (group, tp) of each family
     kmax_of: dict
-    order_free: bool
 
     def _terms(self, ctx: MixedContext, u) -> tuple[float, tuple[float, float], float]:
         g, tp = u
@@ -207,7 +209,7 @@ class _Group:
             terms = [self._terms(ctx, u) for u in used]
             fam = _Family(self.dp, self.cp, self.mbs, self.zeros, self.base, used, tuple(x[0] for x in terms),
                           tuple(x[1] for x in terms), self.mb, tuple(x[2] for x in terms),
-                          ordered=len(used) == 1 or not self.order_free)
+                          ordered=len(used) == 1)
             box = (1,) * len(used), tuple(self.kmax_of[g][tp] for g, tp in used)
             out.append((fam.bound(L, *box), fam, box))
         return out
