@@ -67,6 +67,7 @@ def _shapes(ctx, deadline: float, beat: float):
     cps = [cp for cp in divisors(max(job.cluster[g].num_gpus for g in groups))
            if cp_error(t, cp) is None and (ctx.fw is None or cp == 1 or ctx.fw.context_parallel)]
     subsets = [s for k in range(2, len(groups) + 1) for s in itertools.combinations(groups, k)]
+    gpus = {g: job.cluster[g].num_gpus for g in groups}
     out = []
     for tp in divisors(min(gpn_all)):
         if tp_heads_error(m, tp) is not None or any(gpn % tp for gpn in gpn_all):
@@ -84,8 +85,11 @@ def _shapes(ctx, deadline: float, beat: float):
                             continue
                         if time.monotonic() > deadline:
                             return out
+                        fit = {g: gpus[g] // (tp * cp * pp) for g in groups}  # whole replicas per group
+                        if sum(1 for d in fit.values() if d >= 1) < 2:
+                            break  # deeper pipelines fit even fewer replicas
                         for used in subsets:
-                            counts = tuple((g, job.cluster[g].num_gpus // (tp * cp * pp)) for g in used)
+                            counts = tuple((g, fit[g]) for g in used)
                             if any(d < 1 for _, d in counts) or sum(d for _, d in counts) > M:
                                 continue
                             # a replica of g running m micro-batches takes >= (m + pp - 1) W_g / pp (1F1B with
