@@ -194,7 +194,7 @@ def _placed(job: Job, d, pipelines) -> dict:
 def idle_reason(d, pipelines, g: int, idle: int) -> str:
     """Why a node group's GPUs stay idle: too few for one more stage (or replica) of the plan's shape, or using
     them would not be faster (the search compared the plans that do)."""
-    if not used_anywhere(pipelines, g):
+    if not any(g in pipe.stage_groups for _, pipe in pipelines):
         return "the group is left out: no plan that uses it is faster"
     sizes = sorted({tp * pipe.cp * pipe.dp for _, pipe in pipelines
                     for gg, tp in zip(pipe.stage_groups, pipe.stage_tp) if gg == g})
@@ -206,10 +206,6 @@ def idle_reason(d, pipelines, g: int, idle: int) -> str:
     elif idle < min(sizes):
         return f"one more stage needs {min(sizes)} GPUs (tp*cp*dp), {idle} are left"
     return "a plan that also uses them is not faster (more stages add pipeline sends and fill time)"
-
-
-def used_anywhere(pipelines, g: int) -> bool:
-    return any(g in pipe.stage_groups for _, pipe in pipelines)
 
 
 def _search_extras(result: SearchResult, framework: str | None) -> dict:
