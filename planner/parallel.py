@@ -419,24 +419,12 @@ class ReplicaDims:
         return self.replicas[0].pp
 
     @property
-    def cp(self) -> int:
-        return self.replicas[0].cp
-
-    @property
     def micro_batch_size(self) -> int:
         return self.replicas[0].micro_batch_size
 
     @property
-    def stage_layers(self) -> tuple[int, ...]:
-        return self.replicas[0].stage_layers
-
-    @property
     def training(self) -> Training:
         return self.replicas[0].training
-
-    @property
-    def model(self) -> ModelSpec:
-        return self.replicas[0].model
 
     @property
     def cluster(self) -> tuple:

@@ -239,6 +239,12 @@ class Job(_Strict):
     links: tuple[LinkSpec, ...] = Field((), description="network between node groups; default: the slower NIC")
     layout: Optional[Layout] = None
 
+    def ring_gbps(self, groups) -> float:
+        """Per-GPU rate of a ring over the nodes of several groups: its slowest NIC or link between them (Gb/s)."""
+        groups = sorted(groups)
+        return min([self.cluster[g].nic_gbps for g in groups]
+                   + [self.link_gbps(a, b) for i, a in enumerate(groups) for b in groups[i + 1:]])
+
     def link_gbps(self, a: int, b: int) -> float:
         """Per-GPU line rate between nodes of groups a and b (Gb/s): the ``links`` entry, else the slower NIC."""
         for link in self.links:

@@ -1,6 +1,7 @@
 """Put the cost model together: predicted iteration time, throughput, MFU and per-stage memory of a layout."""
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 from planner.cost import flops as F
@@ -214,15 +215,20 @@ def evaluate_stages(job: Job, dims, models: list[StageModel], plans: list[StageP
     gpus = [m.costs.group.gpu for m in models]
     caps = [g.memory_gib * (1 - capacity_margin) for g in gpus]
     hetero = isinstance(dims, HeteroDims)
-    # MFU of a mixed plan: achieved FLOP/s over the sum of the used GPUs' peaks, as a per-GPU mean
     weights = [m.dims.tp * m.dims.dp for m in models] if hetero else [1] * len(models)
-    peak = sum(w * peak_tflops(g, t.precision) for w, g in zip(weights, gpus)) / sum(weights)
+    peak = mean_peak_tflops(gpus, weights, t.precision)
     return Estimate(
         dims=dims, capacity_gib=caps[max(stages, key=lambda s: (s.peak_bytes, -s.index)).index],
         iteration_time_s=steady + bubble + dp_exposed + opt, time_breakdown_s=breakdown, stages=stages,
         model_flops=F.model_flops_per_iteration(job.model, t.seq_length, t.global_batch_size),
         peak_tflops_per_gpu=peak, stage_capacity_gib=caps if hetero else None,
     )
+
+
+def mean_peak_tflops(gpus, weights, precision: str) -> float:
+    """The MFU denominator of a mixed plan: the used GPUs' peaks, as a mean per GPU (``weights``: GPUs of each
+    entry of ``gpus``)."""
+    return sum(w * peak_tflops(g, precision) for w, g in zip(weights, gpus)) / sum(weights)
 
 
 def replica_stage_models(job: Job, dims: ReplicaDims, costs_for) -> list[list[StageModel]]:
@@ -233,14 +239,13 @@ def replica_stage_models(job: Job, dims: ReplicaDims, costs_for) -> list[list[St
         groups = sorted({r.stage_groups[s] for r in dims.replicas})
         if len(groups) == 1:
             continue
-        rate = min([job.cluster[g].nic_gbps for g in groups]
-                   + [job.link_gbps(a, b) for i, a in enumerate(groups) for b in groups[i + 1:]])
         sms = [models[s] for models in per]
         per_node = min(sm.shard_per_node for sm in sms)
-        link = spanning_link([job.cluster[g] for g in groups], rate, sms[0].shard, per_node, sms[0].cal)
-        slowest = min((sm.shard_link for sm in sms), key=lambda x: x.busbw)
-        if slowest.busbw < link.busbw:
-            link = type(link)(slowest.busbw, link.latency, link.size)
+        link = spanning_link([job.cluster[g] for g in groups], job.ring_gbps(groups), sms[0].shard, per_node,
+                             sms[0].cal)
+        slowest = min(sm.shard_link.busbw for sm in sms)
+        if slowest < link.busbw:
+            link = dataclasses.replace(link, busbw=slowest)
         for models in per:
             models[s] = models[s].with_dp_link(link)
     return per
@@ -265,7 +270,7 @@ def estimate_replicas(job: Job, dims: ReplicaDims, capacity_margin: float = 0.0,
             caps.append(cap)
     gpus = [job.cluster[g].gpu for r in dims.replicas for g in r.stage_groups]
     weights = [tp * r.cp * r.dp for r in dims.replicas for tp in r.stage_tp]
-    peak = sum(w * peak_tflops(g, job.training.precision) for w, g in zip(weights, gpus)) / sum(weights)
+    peak = mean_peak_tflops(gpus, weights, job.training.precision)
     top = max(range(len(stages)), key=lambda i: (stages[i].peak_bytes, -i))
     return Estimate(
         dims=dims, capacity_gib=caps[top], iteration_time_s=ests[slow].iteration_time_s,

@@ -118,6 +118,14 @@ def kind_coeffs(job: Job, costs: AnalyticCosts, tokens: int, tp: int, cp: int, e
     return kinds
 
 
+def pipeline_send(costs: AnalyticCosts, model, tokens: int, tp: int, cp: int, dp: int) -> tuple[Link, float]:
+    """The link a stage sends its activations (and receives gradients) on, and the bytes per GPU per
+    micro-batch: NVLink while one stage's tp*cp*dp GPUs share a node, else the GPU's own NIC; the activation is
+    split over TP (Megatron's scatter-gather sends)."""
+    link = costs.p2p(tp * cp * dp >= costs.group.gpus_per_node)
+    return link, 2.0 * tokens * model.hidden_size / tp
+
+
 class StageModel:
     """Linear cost coefficients of every stage for one choice of parallel degrees (the partition left open)."""
 
@@ -140,7 +148,6 @@ class StageModel:
         self.shard_link = costs.link(self.shard, self.shard_per_node)
         self.exp_shard = dims.expert_dp
         self.exp_link = costs.link(self.exp_shard, min(self.exp_shard, dp_per_node))
-        p2p = costs.p2p(dims.tp * dims.cp * dims.dp >= gpn)
 
         act_tok = 2.0 * tokens * m.hidden_size  # one 16-bit activation of the micro-batch
         self.kinds = kind_coeffs(job, costs, tokens, dims.tp, dims.cp, dims.ep, dims.sequence_parallel, base_rc)
@@ -150,8 +157,8 @@ class StageModel:
         self.emb_time, self.emb_fwd = emb.forward + emb.backward, emb.forward
         self.logits_time, self.logits_fwd = lg.forward + lg.backward, lg.forward
         self.emb_params = F.embedding_params(m) / dims.tp
-        self.send_bytes = act_tok / dims.tp  # per GPU per micro-batch (Megatron scatter-gather sends)
-        self.own_p2p = p2p
+        self.own_p2p, self.send_bytes = pipeline_send(costs, m, tokens, dims.tp, dims.cp, dims.dp)
+        p2p = self.own_p2p
         self.pp_time = 2 * dims.vpp * p2p.p2p(self.send_bytes) if dims.pp > 1 else 0.0
         self.emb_act = act_tok / (dims.tp if dims.sequence_parallel else 1)
         self.logits_act = M.logits_bytes(m, tokens, dims.tp)

@@ -25,7 +25,8 @@ from planner.cost.estimate import (costs_by_group, evaluate_stages, hetero_stage
                                    with_group_sends)
 from planner.cost.stage import StageModel
 from planner.parallel import HeteroDims, group_order
-from planner.search.mixed import MixedContext, cp_options, end_costs, per_layer_bound, send_bound, tp_options
+from planner.search.mixed import (MixedContext, cp_options, end_costs, fastest_layer, per_layer_bound, send_bound,
+                                  tp_options)
 from planner.search.partition import solve_partition
 from planner.search.quick import RESOLUTION
 from planner.search.planner import Plan, SearchResult, _keep, _stage_tuple, settle_open_solves, solve_limit
@@ -309,7 +310,7 @@ def _refined_bound(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel],
     if min(caps) < 1 or sum(caps) < L:
         return float("inf")
     lines = [ctx.sharded_line(sm, s) for s, sm in enumerate(sms)]
-    a = [min(k.compute + k.tp + k.cp for k in sm.kinds.values()) + z for sm, (z, _) in zip(sms, lines)]
+    a = [fastest_layer(sm.kinds) + z for sm, (z, _) in zip(sms, lines)]
     cst = [(sm.emb_time if s == 0 else 0.0) + (sm.logits_time if s == c.pp - 1 else 0.0) + send + z0
            for s, (sm, send, (_, z0)) in enumerate(zip(sms, sends, lines))]
     tail = max(ctx.tail_floor(sm, s, cap) for s, (sm, cap) in enumerate(zip(sms, caps)))

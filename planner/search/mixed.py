@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.cost.stage import StageModel, StagePlan, kind_coeffs
+from planner.cost.stage import StageModel, StagePlan, kind_coeffs, pipeline_send
 from planner.frameworks import Framework
 from planner.parallel import cp_error, tp_heads_error
 from planner.search import quick
@@ -17,7 +17,12 @@ def per_layer_bound(job: Job, costs, tp: int, cp: int, mbs: int, base: str) -> f
     """Smallest seconds per layer of any kind on this GPU with this TP and CP (compute, TP collectives, exposed
     CP ring)."""
     tokens = mbs * job.training.seq_length // cp
-    return min(k.compute + k.tp + k.cp for k in kind_coeffs(job, costs, tokens, tp, cp, 1, tp > 1, base).values())
+    return fastest_layer(kind_coeffs(job, costs, tokens, tp, cp, 1, tp > 1, base))
+
+
+def fastest_layer(kinds) -> float:
+    """The least seconds any one layer adds to a stage per micro-batch: compute, TP collectives, exposed CP ring."""
+    return min(k.compute + k.tp + k.cp for k in kinds.values())
 
 
 @dataclass
@@ -92,10 +97,8 @@ def send_bound(ctx: MixedContext, g: int, tp: int, cp: int, dp: int, mbs: int) -
     key = ("send", g, tp, cp, dp, mbs)
     if key not in ctx.memo:
         job = ctx.job
-        tokens = mbs * job.training.seq_length // cp
-        act = 2.0 * tokens * job.model.hidden_size / tp
-        link = ctx.costs(g).p2p(tp * cp * dp >= job.cluster[g].gpus_per_node)
-        ctx.memo[key] = 2 * link.p2p(act)
+        link, nbytes = pipeline_send(ctx.costs(g), job.model, mbs * job.training.seq_length // cp, tp, cp, dp)
+        ctx.memo[key] = 2 * link.p2p(nbytes)
     return ctx.memo[key]
 
 

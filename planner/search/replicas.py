@@ -25,7 +25,7 @@ from planner.cost import flops as F
 from planner.cost import memory as M
 from planner.cost.memory import GIB
 from planner.cost.stage import StageModel, split_kinds
-from planner.parallel import HeteroDims, ParallelDims, ReplicaDims, cp_error, tp_heads_error
+from planner.parallel import HeteroDims, ReplicaDims, cp_error, tp_heads_error
 from planner.search import quick
 from planner.search.mixed import end_costs, per_layer_bound
 from planner.search.partition import solve_partition
@@ -173,13 +173,11 @@ def _evaluate_shape(ctx, cand: ReplicaCandidate, remaining: float, workers: int)
     total = cand.dp
     guess = max(1, M // total)
     splits = []
-    for g, _ in cand.counts:
-        dims = ParallelDims(
-            tp=cand.tp, pp=cand.pp, dp=total, cp=cand.cp, ep=1, vpp=1, micro_batch_size=cand.mbs,
-            sequence_parallel=cand.tp > 1, zero_stage=cand.zero, recompute=cand.recompute, tp_comm_overlap=False,
-            stage_layers=tuple([job.model.num_layers // cand.pp] * cand.pp), stage_recompute=None,
-            world=cand.tp * cand.cp * cand.pp * total, model=job.model, training=job.training, microbatches=guess)
-        sm = StageModel(job, dims, ctx.costs(g))
+    even = [job.model.num_layers // cand.pp] * cand.pp
+    first = _replica_dims(job, shape, cand.zero, cand.counts, even, [(0,) * cand.pp] * len(cand.counts),
+                          [guess] * len(cand.counts), cand.recompute)
+    for (g, _), replica in zip(cand.counts, first.replicas):
+        sm = StageModel(job, replica.stage_dims(0), ctx.costs(g))
         plans = None
         if not ctx.opts.even_layers:  # the balanced splits of the homogeneous search, then CP-SAT
             plans = quick.greedy_partition(sm, ctx.capacity(g)) or quick.greedy_recompute_partition(sm, ctx.capacity(g))
@@ -248,8 +246,7 @@ def _sharded_bound(ctx, zero: int, tp: int, cp: int, pp: int, mbs: int, counts, 
     groups = [g for g, _ in counts]
     # the ring spans the groups' nodes (planner/cost/comm.spanning_link): no faster than the best NVLink, nor than
     # a full node of GPUs sending at the slowest NIC or inter-group rate on the ring
-    rate = min([job.cluster[g].nic_gbps for g in groups]
-               + [job.link_gbps(a, b) for i, a in enumerate(groups) for b in groups[i + 1:]])
+    rate = job.ring_gbps(groups)
     fastest = min(max(job.cluster[g].gpu.intra_node_gbps for g in groups) * 1e9 * cal.nvlink_efficiency,
                   max(job.cluster[g].gpus_per_node for g in groups) * rate / 8 * 1e9 * cal.network_efficiency)
     per_gpu = params / (tp * pp) * (grad_wire + (4.0 if zero >= 3 else 0.0))
