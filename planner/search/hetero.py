@@ -37,6 +37,9 @@ from planner.spec import Job
 # ZeRO stages of mixed plans, in the order they are tried for the same stage counts (their bounds tie): ZeRO-1
 # first, the usual winner with pipelines, so that its time caps the harder ZeRO-3 model.
 HETERO_ZERO = (1, 0, 3)
+# Before any plan is known, a candidate whose refined bound is within this share of the search frontier is solved
+# at once (to start the cut); every other candidate waits in line for its refined bound. Changes only the order.
+DIVE = 0.05
 
 
 @dataclass(frozen=True)
@@ -116,7 +119,8 @@ def box_bound(a, lo: tuple[int, ...], hi: tuple[int, ...], ends: Ends, L: int, m
     e = send if send is not None and sum(lo) >= 2 else (0.0,) * len(a)
     inv = sum(k / x for k, x in zip(hi, a))
     single = sum(hi) == 1  # one stage holds both ends
-    top = max(max(x + y for x, y in zip(a, e)), ends.first_top + (ends.logits if single else 0.0), ends.last_top)
+    top = max(max((x + y for x, y, k in zip(a, e, lo) if k), default=0.0),
+              ends.first_top + (ends.logits if single else 0.0), ends.last_top)
     T = max(top, (L + ends.emb_per_a + ends.logits_per_a + sum(k * y / x for k, x, y in zip(hi, a, e))) / inv)
     if max(e) > T:  # the monotonicity above fails: drop the sends
         return box_bound(a, lo, hi, ends, L, m)
@@ -142,7 +146,7 @@ def min_work(a: list[float], L: int, caps: list[int] | None = None) -> float:
 # ----------------------------------------------------------------------------------------------- search
 def _families(ctx: MixedContext) -> list[tuple[float, "_Group", int]]:
     """(bound, group of families, candidates in it) for every dp, cp, micro-batch and baseline recompute; each
-    group stands for its families (one per per-group TP choice, None = unused), made when it is first visited."""
+    group stands for its families (one per per-group TP choice, None = unused), opened as it is visited."""
     job, opts = ctx.job, ctx.opts
     m, t = job.model, job.training
     L = m.num_layers
@@ -153,22 +157,40 @@ def _families(ctx: MixedContext) -> list[tuple[float, "_Group", int]]:
     for dp, cp in itertools.product(divisors(t.global_batch_size), cps):
         kmax_of = {g: {tp: min(L, job.cluster[g].num_gpus // (tp * cp * dp)) for tp in tp_options(ctx, g, cp)}
                    for g in ctx.order}
-        tp_opts = {g: [None] + [tp for tp, k in kmax_of[g].items() if k >= 1] for g in ctx.order}
-        if all(len(v) == 1 for v in tp_opts.values()):
+        tp_opts = tuple((None,) + tuple(tp for tp, k in kmax_of[g].items() if k >= 1) for g in ctx.order)
+        if all(len(v) == 1 for v in tp_opts):
             continue
-        combos = []
-        for tps in itertools.product(*(tp_opts[g] for g in ctx.order)):
-            used = tuple((g, tp) for g, tp in zip(ctx.order, tps) if tp)
-            if used and (ctx.fw is None or ctx.fw.per_stage_tp or len({tp for _, tp in used}) == 1):
-                combos.append(used)
-        size = sum(_box_size((1,) * len(u), tuple(kmax_of[g][tp] for g, tp in u), L)
-                   * math.factorial(len(u)) for u in combos) * len(zeros)  # every group order
+        size = _space_size(ctx, tp_opts, kmax_of) * len(zeros)
         per_replica = t.global_batch_size // dp
         for mbs in (x for x in divisors(per_replica) if x <= opts.max_micro_batch):
             for base in bases:
-                grp = _Group(dp, cp, mbs, base, zeros, per_replica // mbs, tuple(combos), kmax_of)
+                grp = _Group(dp, cp, mbs, base, zeros, per_replica // mbs, tp_opts, kmax_of)
                 out.append((grp.bound(ctx), grp, size))
     return out
+
+
+def _space_size(ctx: MixedContext, tp_opts, kmax_of) -> int:
+    """Candidates of one dp and cp, without ZeRO: every per-group TP choice, stage counts and group order (the
+    same for every dp and cp with the same stage-count limits)."""
+    key = ("size", tp_opts, tuple(tuple(sorted(kmax_of[g].items())) for g in ctx.order))
+    if key not in ctx.memo:
+        ctx.memo[key] = _count_space(ctx, tp_opts, kmax_of)
+    return ctx.memo[key]
+
+
+def _count_space(ctx: MixedContext, tp_opts, kmax_of) -> int:
+    L = ctx.job.model.num_layers
+    size = 0
+    for tps in itertools.product(*tp_opts):
+        used = tuple((g, tp) for g, tp in zip(ctx.order, tps) if tp)
+        if _uniform_ok(ctx, used):
+            size += _box_size((1,) * len(used), tuple(kmax_of[g][tp] for g, tp in used), L) * math.factorial(len(used))
+    return size
+
+
+def _uniform_ok(ctx: MixedContext, used) -> bool:
+    """A used-group choice is in the space: at least one group, and one TP for all when the framework needs it."""
+    return bool(used) and (ctx.fw is None or ctx.fw.per_stage_tp or len({tp for _, tp in used}) <= 1)
 
 
 @dataclass
@@ -180,33 +202,41 @@ class _Group:
     base: str
     zeros: tuple[int, ...]
     mb: int
-    combos: tuple[tuple[tuple[int, int], ...], ...]  # the used (group, tp) of each family
+    tp_opts: tuple[tuple[int | None, ...], ...]  # per group of ctx.order: None (unused) and its TP degrees
     kmax_of: dict
 
     def _terms(self, ctx: MixedContext, u) -> tuple[float, tuple[float, float], float]:
-        g, tp = u
-        return (per_layer_bound(ctx.job, ctx.costs(g), tp, self.cp, self.mbs, self.base),
-                end_costs(ctx, u, u, self.cp, self.mbs), send_bound(ctx, g, tp, self.cp, self.dp, self.mbs))
+        """(per-layer seconds, (embedding, logits) seconds, pipeline-send seconds) bounds of group u[0] at TP u[1]."""
+        key = ("group terms", u, self.dp, self.cp, self.mbs, self.base)
+        hit = ctx.memo.get(key)
+        if hit is None:
+            g, tp = u
+            hit = ctx.memo[key] = (per_layer_bound(ctx, g, tp, self.cp, self.mbs, self.base),
+                                   end_costs(ctx, u, u, self.cp, self.mbs),
+                                   send_bound(ctx, g, tp, self.cp, self.dp, self.mbs))
+        return hit
 
     def bound(self, ctx: MixedContext) -> float:
         """Valid for every family: each group at its fastest TP and most stages, none required (lo = 0), the
         ends and sends at their least over groups and TPs."""
-        opts = {}
-        for u in {u for c in self.combos for u in c}:
-            a, (emb, logits), send = self._terms(ctx, u)
-            k = self.kmax_of[u[0]][u[1]]
-            best = opts.get(u[0])
-            opts[u[0]] = (min(a, best[0]), (min(emb, best[1][0]), min(logits, best[1][1])), min(send, best[2]),
-                          max(k, best[3])) if best else (a, (emb, logits), send, k)
-        groups = list(opts.values())
-        a = tuple(x[0] for x in groups)
-        return box_bound(a, (0,) * len(a), tuple(x[3] for x in groups), Ends.any_order(a, [x[1] for x in groups]),
-                         ctx.job.model.num_layers, self.mb, None)
+        a, hi, ends, send = [], [], [], []
+        for g, opts in zip(ctx.order, self.tp_opts):
+            terms = [(self._terms(ctx, (g, tp)), self.kmax_of[g][tp]) for tp in opts if tp]
+            if terms:
+                a.append(min(x[0] for x, _ in terms))
+                ends.append((min(x[1][0] for x, _ in terms), min(x[1][1] for x, _ in terms)))
+                send.append(min(x[2] for x, _ in terms))
+                hi.append(max(k for _, k in terms))
+        return box_bound(tuple(a), (0,) * len(a), tuple(hi), Ends.any_order(a, ends), ctx.job.model.num_layers,
+                         self.mb, tuple(send))
 
     def families(self, ctx: MixedContext) -> list[tuple[float, "_Family", tuple]]:
         L = ctx.job.model.num_layers
         out = []
-        for used in self.combos:
+        for tps in itertools.product(*self.tp_opts):
+            used = tuple((g, tp) for g, tp in zip(ctx.order, tps) if tp)
+            if not _uniform_ok(ctx, used):
+                continue
             terms = [self._terms(ctx, u) for u in used]
             fam = _Family(self.dp, self.cp, self.mbs, self.zeros, self.base, used, tuple(x[0] for x in terms),
                           tuple(x[1] for x in terms), self.mb, tuple(x[2] for x in terms),
@@ -283,38 +313,108 @@ def _box_size(lo, hi, L: int) -> int:
     return sum(ways.values())
 
 
-def _stage_models(ctx: MixedContext, c: HeteroCandidate, cache: dict) -> tuple[list[StageModel], list[float]]:
-    """One StageModel per stage (shared by the stages of a group with the same degrees) and each stage's
-    pipeline-send seconds, with sends to a neighbour on another group over the link between the groups."""
+def _stage_models(ctx: MixedContext, c: HeteroCandidate, cache: dict) -> list[StageModel]:
+    """One StageModel per stage, shared by the stages of a group (same degrees) and by every candidate with the
+    same degrees and depth."""
     dims = None
     out = []
     for g, tp, k in c.groups:
         key = (g, tp, c.dp, c.cp, c.mbs, c.zero, c.recompute, c.pp)
-        if key not in cache:
+        sm = cache.get(key)
+        if sm is None:
             dims = dims or c.dims(ctx.job)
-            cache[key] = StageModel(ctx.job, dims.stage_dims(len(out)), ctx.costs(g))
-            cache[key].family_key = key[:-1]  # everything but the depth (ctx.stage_terms)
-        out += [cache[key]] * k
-    links = neighbour_links(ctx.job, c.stage_groups, out)
-    return out, [sm.pp_time if pair == (None, None) else sm.neighbour_pp_time(*pair) for sm, pair in zip(out, links)]
+            sm = cache[key] = StageModel(ctx.job, dims.stage_dims(len(out)), ctx.costs(g))
+            sm.family_key = ctx.family_id(key[:-1])  # everything but the depth (MixedContext.stage_terms)
+            sm.bound_rows = [None] * c.pp  # _stage_bounds, per stage position
+        out += [sm] * k
+    return out
 
 
-def _refined_bound(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], sends: list[float],
+def _sends(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel]) -> list[float]:
+    """Each stage's pipeline-send seconds per micro-batch, a send to a neighbour on another group over the link
+    between the groups."""
+    links = neighbour_links(ctx.job, c.stage_groups, sms)
+    return [sm.pp_time if pair == (None, None) else sm.neighbour_pp_time(*pair) for sm, pair in zip(sms, links)]
+
+
+def _stage_bound(ctx: MixedContext, sm: StageModel, g: int, s: int) -> tuple[int, float, float, float]:
+    """Stage s's terms of the refined bound: the most layers it can hold (memory), its least seconds per layer,
+    its constant seconds per micro-batch without sends (embedding, logits, ZeRO-2/3 traffic) and its least DP
+    tail."""
+    p = sm.dims.pp
+    cap = ctx.stage_terms(sm, g, s)[3]
+    z, z0 = ctx.sharded_line(sm, s)
+    const = (sm.emb_time if s == 0 else 0.0) + (sm.logits_time if s == p - 1 else 0.0) + z0
+    return cap, fastest_layer(sm.kinds) + z, const, ctx.tail_floor(sm, s, cap)
+
+
+def _stage_row(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], g: int, i: int) -> tuple:
+    """_stage_bound of stage i, memoized per stage model and position and across depths (as
+    MixedContext.stage_terms: the terms depend on the depth only through the in-flight count and the ends)."""
+    sm = sms[i]
+    row = sm.bound_rows[i]
+    if row is None:
+        key = ("bound", sm.family_key, sm.inflight(i), i == 0, i == c.pp - 1)
+        row = ctx.memo.get(key)
+        if row is None:
+            row = ctx.memo[key] = _stage_bound(ctx, sm, g, i)
+        sm.bound_rows[i] = row
+    return row
+
+
+def _stage_bounds(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel]) -> list[tuple]:
+    """_stage_row of every stage."""
+    out = []
+    s = 0
+    for g, _, k in c.groups:
+        rows = sms[s].bound_rows
+        out += [rows[i] or _stage_row(ctx, c, sms, g, i) for i in range(s, s + k)]
+        s += k
+    return out
+
+
+def _group_bound(ctx: MixedContext, fam: "_Family", c: HeteroCandidate, sms: list[StageModel]) -> float:
+    """A first bound on the candidate from a few stages per group (cheap: no per-stage pass): the family's box
+    bound at its stage counts with each group's per-layer time raised by its ZeRO-2/3 traffic, plus the largest
+    DP tail floor seen; inf when even each group's roomiest stage cannot hold the layers. Along a group's run of
+    stages the in-flight micro-batches fall, so its roomiest stage is its last (or, at the pipeline's end, the
+    one before, as the last also holds the logits); a run's first, last and (at the end) next-to-last stages
+    cover every kind of position (first, middle, last) it has."""
+    L = ctx.job.model.num_layers
+    P = c.pp
+    a, room, tail = [], 0, 0.0
+    s = 0
+    for j, (g, _, k) in enumerate(c.groups):
+        end = s + k - 1
+        seen = sorted({s, end, max(s, end - 1) if end == P - 1 else end})
+        rows = [_stage_row(ctx, c, sms, g, i) for i in seen]
+        room += k * max(r[0] for r in rows)
+        lines = [ctx.sharded_line(sms[i], i) for i in seen]
+        slope = min(z for z, _ in lines) if min(z0 for _, z0 in lines) >= 0 else 0.0
+        a.append(fam.a[j] + slope)
+        tail = max(tail, max(r[3] for r in rows))
+        s = end + 1
+    if room < L:
+        return float("inf")
+    ks = tuple(k for _, _, k in c.groups)
+    return box_bound(a, ks, ks, Ends.of(a, fam.ends, 0, len(a) - 1), L, fam.mb, fam.send) + tail
+
+
+def _refined_bound(ctx: MixedContext, fam: "_Family", c: HeteroCandidate, sms: list[StageModel],
                    target: float = float("inf")) -> float:
     """The candidate bound with each stage's pipeline sends, ZeRO-2/3 traffic (MixedContext.sharded_line), its
     memory cap on layers and the least DP tail of any stage (MixedContext.tail_floor); inf if the layers cannot
     fit at all. Only whether it reaches ``target`` is decided exactly (the bottleneck terms are probed at
-    the value that would reach it), which is all pruning needs."""
+    the value that would reach it), which is all pruning needs. _group_bound decides first where it can."""
+    quick = _group_bound(ctx, fam, c, sms)
+    if quick >= target:
+        return quick
     L = ctx.job.model.num_layers
-    caps = [ctx.stage_terms(sm, g, s)[3] for s, (sm, g) in enumerate(zip(sms, c.stage_groups))]
+    caps, a, const, tails = zip(*_stage_bounds(ctx, c, sms))
     if min(caps) < 1 or sum(caps) < L:
         return float("inf")
-    lines = [ctx.sharded_line(sm, s) for s, sm in enumerate(sms)]
-    a = [fastest_layer(sm.kinds) + z for sm, (z, _) in zip(sms, lines)]
-    cst = [(sm.emb_time if s == 0 else 0.0) + (sm.logits_time if s == c.pp - 1 else 0.0) + send + z0
-           for s, (sm, send, (_, z0)) in enumerate(zip(sms, sends, lines))]
-    tail = max(ctx.tail_floor(sm, s, cap) for s, (sm, cap) in enumerate(zip(sms, caps)))
-    rest = sum(cst) + min_work(a, L, caps) + tail
+    cst = [x + send for x, send in zip(const, _sends(ctx, c, sms))]
+    rest = sum(cst) + min_work(a, L, caps) + max(tails)
     mb = sms[0].mb
     probe = (target - rest) / (mb - 1) if mb > 1 and target < float("inf") else None
     T = _capped_bottleneck(a, cst, caps, L, probe)
@@ -440,6 +540,17 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
     def cut() -> float:
         return best[top - 1].time * (1 - RESOLUTION) if len(best) >= top else float("inf")
 
+    def solve(c: HeteroCandidate, sms: list[StageModel], kth: float) -> None:
+        nonlocal solved
+        # without a plan to beat, a solve only needs to find one: a short limit (its bound is kept)
+        limit = solve_limit(deadline - time.monotonic(), time_limit_s if kth < float("inf") else 0.0)
+        res, est = _solve(ctx, c, with_group_sends(ctx.job, c.stage_groups, sms), kth, limit, workers)
+        solved += 1
+        if res.status not in ("optimal", "infeasible"):
+            open_bounds.append(res.bound_s)
+        if est is not None and est.fits:
+            _keep(best, Plan(c, est, res.status), top)
+
     while heap:
         kth = cut()
         lb, _, fam, box = heapq.heappop(heap)
@@ -448,7 +559,15 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
             break
         if isinstance(fam, _Group):
             for flb, family, fbox in fam.families(ctx):
-                heapq.heappush(heap, (flb, next(tie), family, fbox))
+                if flb < kth:
+                    heapq.heappush(heap, (flb, next(tie), family, fbox))
+            continue
+        if isinstance(fam, HeteroCandidate):  # a candidate back with its refined bound: solve it
+            if deadline <= time.monotonic():
+                complete = False
+                frontier = min(frontier, lb)
+                break
+            solve(fam, box, kth)
             continue
         lo, hi = box
         if not fam.ordered:
@@ -460,25 +579,17 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
                 if sum(box[0]) <= L:
                     heapq.heappush(heap, (fam.bound(L, *box), next(tie), fam, box))
             continue
+        # a single candidate: its refined bound puts it back in line, so candidates are solved in the order of
+        # their refined bounds and the first solves already give a plan close to the best
         for c in fam.candidates(ctx, lo, lb):
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                complete = False
-                frontier = min(frontier, lb)
-                heap = []
-                break
-            sms, sends = _stage_models(ctx, c, cache)
-            kth = cut()
-            if _refined_bound(ctx, c, sms, sends, kth) >= kth:
+            sms = _stage_models(ctx, c, cache)
+            refined = _refined_bound(ctx, fam, c, sms, kth)
+            if refined >= kth:
                 continue
-            # without a plan to beat, a solve only needs to find one: a short limit (its bound is kept)
-            limit = solve_limit(remaining, time_limit_s if kth < float("inf") else 0.0)
-            res, est = _solve(ctx, c, with_group_sends(ctx.job, c.stage_groups, sms), kth, limit, workers)
-            solved += 1
-            if res.status not in ("optimal", "infeasible"):
-                open_bounds.append(res.bound_s)
-            if est is not None and est.fits:
-                _keep(best, Plan(c, est, res.status), top)
+            if kth == float("inf") and (not heap or refined <= heap[0][0] * (1 + DIVE)):
+                solve(c, sms, kth)  # no plan yet: one close to the frontier gives the cut a start
+            else:
+                heapq.heappush(heap, (max(lb, refined), next(tie), c, sms))
     complete, open_bound = settle_open_solves(complete, open_bounds, best, top)
     if replicas and len(job.cluster) > 1 and opts.framework is None:  # stock frameworks: one count per replica
         beat = best[top - 1].time if len(best) >= top else float("inf")

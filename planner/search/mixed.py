@@ -13,11 +13,16 @@ from planner.search.space import SearchOptions, divisors
 from planner.spec import Job
 
 
-def per_layer_bound(job: Job, costs, tp: int, cp: int, mbs: int, base: str) -> float:
-    """Smallest seconds per layer of any kind on this GPU with this TP and CP (compute, TP collectives, exposed
-    CP ring)."""
-    tokens = mbs * job.training.seq_length // cp
-    return fastest_layer(kind_coeffs(job, costs, tokens, tp, cp, 1, tp > 1, base))
+def per_layer_bound(ctx: "MixedContext", g: int, tp: int, cp: int, mbs: int, base: str) -> float:
+    """Smallest seconds per layer of any kind on group g's GPU with this TP and CP (compute, TP collectives,
+    exposed CP ring)."""
+    key = ("layer", g, tp, cp, mbs, base)
+    hit = ctx.memo.get(key)
+    if hit is None:
+        job = ctx.job
+        tokens = mbs * job.training.seq_length // cp
+        hit = ctx.memo[key] = fastest_layer(kind_coeffs(job, ctx.costs(g), tokens, tp, cp, 1, tp > 1, base))
+    return hit
 
 
 def fastest_layer(kinds) -> float:
@@ -35,6 +40,11 @@ class MixedContext:
     costs: object  # group -> AnalyticCosts
     order: list[int]
     memo: dict = field(default_factory=dict)  # end costs, sends, per-stage memory terms
+
+    def family_id(self, key) -> int:
+        """A small integer for a stage model's degrees (cheap memo keys)."""
+        ids = self.memo.setdefault("family ids", {})
+        return ids.setdefault(key, len(ids))
 
     def stage_terms(self, sm: StageModel, g: int, s: int) -> tuple[float, float, float, int]:
         """(room, alpha, beta) of quick.stage_memory_term and max_layers for stage s of a model from

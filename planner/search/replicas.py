@@ -78,7 +78,7 @@ def _shapes(ctx, deadline: float, beat: float):
             for mbs in (x for x in divisors(t.global_batch_size) if x <= ctx.opts.max_micro_batch):
                 M = t.global_batch_size // mbs
                 for base in bases:
-                    per_mb = {g: L * per_layer_bound(job, ctx.costs(g), tp, cp, mbs, base)
+                    per_mb = {g: L * per_layer_bound(ctx, g, tp, cp, mbs, base)
                               + sum(end_costs(ctx, (g, tp), (g, tp), cp, mbs)) for g in groups}
                     for pp in range(1, L + 1):
                         if ctx.opts.even_layers and L % pp:
