@@ -25,8 +25,8 @@ from planner.cost.estimate import (costs_by_group, evaluate_stages, hetero_stage
                                    with_group_sends)
 from planner.cost.stage import StageModel
 from planner.parallel import HeteroDims, group_order
-from planner.search.mixed import (MixedContext, cp_options, end_costs, fastest_layer, per_layer_bound, send_bound,
-                                  tp_options)
+from planner.search.mixed import (MixedContext, ZeroTerms, cp_options, end_costs, fastest_layer, per_layer_bound,
+                                  send_bound, tp_options, zero_terms)
 from planner.search.partition import solve_partition
 from planner.search.quick import RESOLUTION
 from planner.search.planner import Plan, SearchResult, _keep, _stage_tuple, settle_open_solves, solve_limit
@@ -116,16 +116,22 @@ def box_bound(a, lo: tuple[int, ...], hi: tuple[int, ...], ends: Ends, L: int, m
       - sum_s t_s >= emb + logits + sum_s send_s + the least work: one layer per stage, the rest at the fastest
         a_g, which is L*min(a) + sum_g k_g (a_g - min(a)), smallest at k = lo.
     Communication beyond TP, CP and pipeline sends, the DP tail and the optimizer step are >= 0 and left out."""
-    e = send if send is not None and sum(lo) >= 2 else (0.0,) * len(a)
-    inv = sum(k / x for k, x in zip(hi, a))
+    sends = send is not None and sum(lo) >= 2
     single = sum(hi) == 1  # one stage holds both ends
-    top = max(max((x + y for x, y, k in zip(a, e, lo) if k), default=0.0),
-              ends.first_top + (ends.logits if single else 0.0), ends.last_top)
-    T = max(top, (L + ends.emb_per_a + ends.logits_per_a + sum(k * y / x for k, x, y in zip(hi, a, e))) / inv)
-    if max(e) > T:  # the monotonicity above fails: drop the sends
-        return box_bound(a, lo, hi, ends, L, m)
+    top = max(ends.first_top + (ends.logits if single else 0.0), ends.last_top)
     fast = min(a)
-    work = L * fast + sum(k * (x - fast + y) for k, x, y in zip(lo, a, e))
+    inv = over = most = 0.0
+    work = L * fast
+    for x, k_lo, k_hi, y in zip(a, lo, hi, send if sends else (0.0,) * len(a)):  # one loop: called very often
+        inv += k_hi / x
+        over += k_hi * y / x
+        most = max(most, y)
+        if k_lo:
+            top = max(top, x + y)  # a stage of this group surely holds a layer
+            work += k_lo * (x - fast + y)
+    T = max(top, (L + ends.emb_per_a + ends.logits_per_a + over) / inv)
+    if most > T:  # the monotonicity above fails: drop the sends
+        return box_bound(a, lo, hi, ends, L, m)
     return (m - 1) * T + ends.emb + ends.logits + work
 
 
@@ -193,9 +199,11 @@ def _uniform_ok(ctx: MixedContext, used) -> bool:
     return bool(used) and (ctx.fw is None or ctx.fw.per_stage_tp or len({tp for _, tp in used}) <= 1)
 
 
-@dataclass
+@dataclass(frozen=True)
 class _Group:
-    """The families of one dp, cp, micro-batch and baseline recompute (every per-group TP choice)."""
+    """The families of one dp, cp, micro-batch and baseline recompute whose TP choices (None: group unused) start
+    with ``fixed`` for the first groups of ctx.order, the others ranging over ``tp_opts``. Opening it fixes the
+    next group's choice (with all fixed: the family), so only choices whose bounds the search reaches are made."""
     dp: int
     cp: int
     mbs: int
@@ -204,6 +212,7 @@ class _Group:
     mb: int
     tp_opts: tuple[tuple[int | None, ...], ...]  # per group of ctx.order: None (unused) and its TP degrees
     kmax_of: dict
+    fixed: tuple[int | None, ...] = ()
 
     def _terms(self, ctx: MixedContext, u) -> tuple[float, tuple[float, float], float]:
         """(per-layer seconds, (embedding, logits) seconds, pipeline-send seconds) bounds of group u[0] at TP u[1]."""
@@ -216,40 +225,65 @@ class _Group:
                                    send_bound(ctx, g, tp, self.cp, self.dp, self.mbs))
         return hit
 
-    def bound(self, ctx: MixedContext) -> float:
-        """Valid for every family: each group at its fastest TP and most stages, none required (lo = 0), the
-        ends and sends at their least over groups and TPs."""
-        a, hi, ends, send = [], [], [], []
-        for g, opts in zip(ctx.order, self.tp_opts):
-            terms = [(self._terms(ctx, (g, tp)), self.kmax_of[g][tp]) for tp in opts if tp]
-            if terms:
-                a.append(min(x[0] for x, _ in terms))
-                ends.append((min(x[1][0] for x, _ in terms), min(x[1][1] for x, _ in terms)))
-                send.append(min(x[2] for x, _ in terms))
-                hi.append(max(k for _, k in terms))
-        return box_bound(tuple(a), (0,) * len(a), tuple(hi), Ends.any_order(a, ends), ctx.job.model.num_layers,
-                         self.mb, tuple(send))
+    def _free(self, ctx: MixedContext, i: int) -> tuple | None:
+        """box_bound terms (a, (emb, logits), send, lo, hi) valid for group i at any of its choices: not required
+        (lo = 0), the ends at their least, sends left out, and its layer throughput (box_bound's k_g/a_g) at its
+        best TP: passed as its fastest per-layer time a with hi stages, hi/a being that best throughput."""
+        key = ("free", i, self.dp, self.cp, self.mbs, self.base)
+        if key not in ctx.memo:
+            g = ctx.order[i]
+            terms = [(self._terms(ctx, (g, tp)), self.kmax_of[g][tp]) for tp in self.tp_opts[i] if tp]
+            fast = min(x[0] for x, _ in terms) if terms else 0.0
+            ctx.memo[key] = (fast, (min(x[1][0] for x, _ in terms), min(x[1][1] for x, _ in terms)), 0.0, 0,
+                             fast * max(k / x[0] for x, k in terms)) if terms else None
+        return ctx.memo[key]
 
-    def families(self, ctx: MixedContext) -> list[tuple[float, "_Family", tuple]]:
+    def bound(self, ctx: MixedContext) -> float:
+        """Valid for every family of the group: fixed used groups exactly (at least one stage), free ones relaxed
+        (_free)."""
+        rows = []
+        for i, g in enumerate(ctx.order):
+            if i < len(self.fixed):
+                tp = self.fixed[i]
+                if tp:
+                    a, ends, send = self._terms(ctx, (g, tp))
+                    rows.append((a, ends, send, 1, self.kmax_of[g][tp]))
+            else:
+                row = self._free(ctx, i)
+                if row:
+                    rows.append(row)
+        if not rows:
+            return float("inf")
+        a, ends, send, lo, hi = zip(*rows)
+        return box_bound(a, lo, hi, Ends.any_order(a, ends), ctx.job.model.num_layers, self.mb, send)
+
+    def families(self, ctx: MixedContext) -> list[tuple[float, "_Group | _Family", tuple | None]]:
+        """The next group's choices (each a _Group); with every choice fixed, the family itself."""
         L = ctx.job.model.num_layers
-        out = []
-        for tps in itertools.product(*self.tp_opts):
-            used = tuple((g, tp) for g, tp in zip(ctx.order, tps) if tp)
-            if not _uniform_ok(ctx, used):
-                continue
+        if len(self.fixed) == len(ctx.order):
+            used = tuple((g, tp) for g, tp in zip(ctx.order, self.fixed) if tp)
             terms = [self._terms(ctx, u) for u in used]
             fam = _Family(self.dp, self.cp, self.mbs, self.zeros, self.base, used, tuple(x[0] for x in terms),
-                          tuple(x[1] for x in terms), self.mb, tuple(x[2] for x in terms),
-                          ordered=len(used) == 1)
+                          tuple(x[1] for x in terms), self.mb, tuple(x[2] for x in terms), ordered=False)
             box = (1,) * len(used), tuple(self.kmax_of[g][tp] for g, tp in used)
-            out.append((fam.bound(L, *box), fam, box))
+            return [(fam.bound(L, *box), fam, box)]
+        out = []
+        last = len(self.fixed) + 1 == len(ctx.order)
+        for tp in self.tp_opts[len(self.fixed)]:
+            fixed = self.fixed + (tp,)
+            used = tuple((g, t) for g, t in zip(ctx.order, fixed) if t)
+            if (last and not used) or (used and not _uniform_ok(ctx, used)):
+                continue
+            node = _Group(self.dp, self.cp, self.mbs, self.base, self.zeros, self.mb, self.tp_opts, self.kmax_of,
+                          fixed)
+            out.append((node.bound(ctx), node, None))
         return out
 
 
 @dataclass(frozen=True)
 class _Family:
-    """Everything of a candidate but its stage counts per used group (which range over boxes lo..hi) and its
-    ZeRO stage (which the bound does not see)."""
+    """Everything of a candidate but its stage counts per used group (which range over boxes lo..hi). An open
+    family (``ordered`` False) also leaves the groups' pipeline order and the ZeRO stage open."""
     dp: int
     cp: int
     mbs: int
@@ -260,35 +294,61 @@ class _Family:
     ends: tuple[tuple[float, float], ...]  # (embedding, logits) seconds per micro-batch on each used group
     mb: int
     send: tuple[float, ...]            # pipeline-send seconds per micro-batch of a stage of each used group
-    ordered: bool = True               # False: the groups' pipeline order is still open (expand before leaves)
+    ordered: bool = True               # False: order and ZeRO stage still open (expand before splitting boxes)
+    zero: int | None = None            # the ZeRO stage of an ordered family
+    zt: tuple[ZeroTerms, ...] = ()     # what it adds per used group
 
     @functools.cached_property
     def bound_ends(self) -> Ends:
         return Ends.of(self.a, self.ends, 0, len(self.a) - 1) if self.ordered else Ends.any_order(self.a, self.ends)
 
+    @functools.cached_property
+    def sharded(self) -> tuple[tuple[float, ...], Ends]:
+        """Per-layer seconds and ends with the ZeRO-2/3 traffic lines (ZeroTerms), for two or more stages."""
+        a = tuple(x + z.slope for x, z in zip(self.a, self.zt))
+        ends = tuple((e + z.first, lg + z.last) for (e, lg), z in zip(self.ends, self.zt))
+        return a, Ends.of(a, ends, 0, len(a) - 1)
+
     def bound(self, L: int, lo, hi) -> float:
+        if not self.ordered:
+            return box_bound(self.a, lo, hi, self.bound_ends, L, self.mb, self.send)
+        after, room = 0, 0.0
+        for z, k_lo, k_hi in zip(reversed(self.zt), reversed(lo), reversed(hi)):
+            room += z.room(after, k_hi)  # group j's stages have at least the lo stages of later groups after them
+            after += k_lo
+        if room < L:
+            return float("inf")
+        if sum(lo) >= 2 and any(z.slope for z in self.zt):
+            a, ends = self.sharded
+            return box_bound(a, lo, hi, ends, L, self.mb, self.send)
         return box_bound(self.a, lo, hi, self.bound_ends, L, self.mb, self.send)
 
-    def orders(self, lo, hi) -> list[tuple["_Family", tuple]]:
-        """Every pipeline order of the used groups, each with its box (the groups' counts follow them)."""
+    def expand(self, ctx: MixedContext, lo, hi) -> list[tuple["_Family", tuple]]:
+        """Every pipeline order of the used groups and every ZeRO stage, each with its box (the groups' counts
+        follow them)."""
         out = []
+        terms = {zero: [zero_terms(ctx, g, tp, self.dp, self.cp, self.mbs, self.base, zero) for g, tp in self.used]
+                 for zero in self.zeros}
         for perm in itertools.permutations(range(len(self.used))):
             pick = lambda xs: tuple(xs[i] for i in perm)  # noqa: E731
-            fam = _Family(self.dp, self.cp, self.mbs, self.zeros, self.base, pick(self.used), pick(self.a),
-                          pick(self.ends), self.mb, pick(self.send), ordered=True)
-            out.append((fam, (pick(lo), pick(hi))))
+            used, a, ends, send, box = pick(self.used), pick(self.a), pick(self.ends), pick(self.send), (pick(lo), pick(hi))
+            for zero in self.zeros:
+                fam = _Family(self.dp, self.cp, self.mbs, self.zeros, self.base, used, a, ends, self.mb, send,
+                              ordered=True, zero=zero, zt=pick(terms[zero]))
+                out.append((fam, box))
         return out
 
     def candidates(self, ctx: "MixedContext", ks, lb: float) -> list[HeteroCandidate]:
-        """The candidates of one stage-count choice (one per ZeRO stage) that are in the space: at most one stage
-        per layer, and the framework's limits."""
+        """The candidate of one stage-count choice if it is in the space: at most one stage per layer, and the
+        framework's limits."""
         P = sum(ks)
         L = ctx.job.model.num_layers
         if P > L or (ctx.opts.even_layers and L % P):
             return []
+        if ctx.fw is not None and self.zero not in ctx.fw.zero_stages(P):
+            return []
         groups = tuple((g, tp, k) for (g, tp), k in zip(self.used, ks))
-        return [HeteroCandidate(self.dp, self.cp, self.mbs, z, self.base, groups, lb) for z in self.zeros
-                if ctx.fw is None or z in ctx.fw.zero_stages(P)]
+        return [HeteroCandidate(self.dp, self.cp, self.mbs, self.zero, self.base, groups, lb)]
 
 
 def _split(lo, hi) -> list[tuple]:
@@ -300,17 +360,19 @@ def _split(lo, hi) -> list[tuple]:
 
 @functools.lru_cache(maxsize=4096)
 def _box_size(lo, hi, L: int) -> int:
-    """Stage-count vectors in a box with at most L stages in all (the candidates it stands for)."""
-    if sum(hi) <= L:
-        return math.prod(b - a + 1 for a, b in zip(lo, hi))
-    ways = {0: 1}
-    for a, b in zip(lo, hi):
-        nxt: dict[int, int] = {}
-        for tot, w in ways.items():
-            for k in range(a, min(b, L - tot) + 1):
-                nxt[tot + k] = nxt.get(tot + k, 0) + w
-        ways = nxt
-    return sum(ways.values())
+    """Stage-count vectors in a box with at most L stages in all (the candidates it stands for): with y = k - lo,
+    the vectors 0 <= y_i <= w_i = hi_i - lo_i with sum y <= R = L - sum lo, counted by inclusion-exclusion over
+    the coordinates that break their upper limit (stars and bars: C(R + n, n) vectors with sum y <= R)."""
+    n, R = len(lo), L - sum(lo)
+    if R < 0:
+        return 0
+    widths = [b - a for a, b in zip(lo, hi)]
+    total = 0
+    for over in itertools.product((0, 1), repeat=n):
+        rest = R - sum(w + 1 for w, o in zip(widths, over) if o)
+        if rest >= 0:
+            total += (-1) ** sum(over) * math.comb(rest + n, n)
+    return total
 
 
 def _stage_models(ctx: MixedContext, c: HeteroCandidate, cache: dict) -> list[StageModel]:
@@ -571,13 +633,17 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
             continue
         lo, hi = box
         if not fam.ordered:
-            for ordered, box in fam.orders(lo, hi):
-                heapq.heappush(heap, (ordered.bound(L, *box), next(tie), ordered, box))
+            for ordered, box in fam.expand(ctx, lo, hi):
+                flb = ordered.bound(L, *box)
+                if flb < kth:
+                    heapq.heappush(heap, (flb, next(tie), ordered, box))
             continue
         if lo != hi:
             for box in _split(lo, hi):
                 if sum(box[0]) <= L:
-                    heapq.heappush(heap, (fam.bound(L, *box), next(tie), fam, box))
+                    blb = fam.bound(L, *box)
+                    if blb < kth:
+                        heapq.heappush(heap, (blb, next(tie), fam, box))
             continue
         # a single candidate: its refined bound puts it back in line, so candidates are solved in the order of
         # their refined bounds and the first solves already give a plan close to the best

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 from planner.cost.stage import StageModel, StagePlan, kind_coeffs, pipeline_send
 from planner.frameworks import Framework
-from planner.parallel import cp_error, tp_heads_error
+from planner.parallel import HeteroDims, cp_error, tp_heads_error
 from planner.search import quick
 from planner.search.space import SearchOptions, divisors
 from planner.spec import Job
@@ -86,6 +86,59 @@ class MixedContext:
         return self.job.cluster[g].gpu.memory_gib * (1 - self.opts.memory_margin)
 
 
+@dataclass
+class ZeroTerms:
+    """What a ZeRO stage adds to the bound of a node group's stages at fixed degrees, valid at every depth >= 2:
+    ``slope`` seconds per layer of exposed ZeRO-2/3 traffic (MixedContext.sharded_line; 0 when a middle stage's
+    line could fall below it), ``first`` / ``last`` the (<= 0) constants that line adds on the end stages, and
+    the most layers a stage can hold by how many micro-batches it keeps in flight (``room``)."""
+    slope: float
+    first: float
+    last: float
+    sm: StageModel | None  # the group's model at depth 3 (None: too few layers for one)
+    mb: int
+    middle_room: float
+    caps: list[int] = field(default_factory=lambda: [0])  # prefix sums over in-flight counts 1, 2, ...
+
+    def room(self, after: int, count: int) -> float:
+        """Most layers ``count`` stages of this group can hold when at least ``after`` stages follow them: each
+        stage holds at most what a middle stage can at its in-flight count (the ends hold less), and the count
+        only falls with more stages after it (planner.cost.memory.inflight_microbatches)."""
+        if self.sm is None:
+            return float("inf")
+        top = after + count
+        while len(self.caps) <= top:
+            f = len(self.caps)
+            self.caps.append(self.caps[-1] + max_layers(self.sm, 1, self.middle_room, float(min(f, self.mb))))
+        return self.caps[top] - self.caps[after]
+
+
+def zero_terms(ctx: MixedContext, g: int, tp: int, dp: int, cp: int, mbs: int, base: str, zero: int) -> ZeroTerms:
+    key = ("zero terms", g, tp, dp, cp, mbs, base, zero)
+    hit = ctx.memo.get(key)
+    if hit is None:
+        hit = ctx.memo[key] = _zero_terms(ctx, g, tp, dp, cp, mbs, base, zero)
+    return hit
+
+
+def _zero_terms(ctx: MixedContext, g: int, tp: int, dp: int, cp: int, mbs: int, base: str, zero: int) -> ZeroTerms:
+    job = ctx.job
+    L = job.model.num_layers
+    mb = job.training.global_batch_size // (dp * mbs)
+    if L < 3:
+        return ZeroTerms(0.0, 0.0, 0.0, None, mb, 0.0)
+    dims = HeteroDims(stage_groups=(g, g, g), stage_tp=(tp, tp, tp), dp=dp, micro_batch_size=mbs, zero_stage=zero,
+                      recompute=base, stage_layers=(L - 2, 1, 1), stage_recompute=None, cluster=job.cluster,
+                      model=job.model, training=job.training, cp=cp)
+    sm = StageModel(job, dims.stage_dims(0), ctx.costs(g))
+    sm.family_key = ctx.family_id(("zero terms", g, tp, dp, cp, mbs, base, zero))
+    lines = [ctx.sharded_line(sm, s) for s in range(3)]
+    room = quick.stage_memory_term(sm, ctx.capacity(g), 1)[0]
+    if lines[1][1] < 0:
+        return ZeroTerms(0.0, 0.0, 0.0, sm, mb, room)
+    return ZeroTerms(min(z for z, _ in lines), min(0.0, lines[0][1]), min(0.0, lines[2][1]), sm, mb, room)
+
+
 def tp_options(ctx: MixedContext, g: int, cp: int) -> list[int]:
     """TP degrees a stage on group g may use: divide gpus_per_node, the heads rules, the sequence shard."""
     m, t = ctx.job.model, ctx.job.training
@@ -128,12 +181,13 @@ def _end_times(ctx: MixedContext, first, last, cp: int, mbs: int) -> tuple[float
     return e.forward + e.backward, lg.forward + lg.backward
 
 
-def max_layers(sm: StageModel, s: int, room: float) -> int:
+def max_layers(sm: StageModel, s: int, room: float, inflight: float | None = None) -> int:
     """Most layers stage s can hold in ``room`` allocatable bytes (quick._stage_memory_terms), with every layer
-    at its lightest (kind, recompute) footprint: an upper bound on n_s for any recompute placement."""
+    at its lightest (kind, recompute) footprint: an upper bound on n_s for any recompute placement. ``inflight``
+    overrides the stage's in-flight micro-batches."""
     per_d = sum(sm.states_per_param["dense"].values())
     per_e = sum(sm.states_per_param["expert"].values())
-    inflight = sm.inflight(s)
+    inflight = sm.inflight(s) if inflight is None else inflight
     lean = min(k.params_dense * per_d + k.params_expert * per_e + inflight * min(k.act, k.act_recomputed)
                for k in sm.kinds.values())
     return max(0, int(room / lean)) if room > 0 else 0

@@ -80,6 +80,9 @@ def _shapes(ctx, deadline: float, beat: float):
                 for base in bases:
                     per_mb = {g: L * per_layer_bound(ctx, g, tp, cp, mbs, base)
                               + sum(end_costs(ctx, (g, tp), (g, tp), cp, mbs)) for g in groups}
+                    # every depth: d_g <= GPUs_g/(tp*cp*pp), so the rate below is at most the groups' GPU rate
+                    if M / sum(gpus[g] / (tp * cp * per_mb[g]) for g in groups) >= beat:
+                        continue
                     for pp in range(1, L + 1):
                         if ctx.opts.even_layers and L % pp:
                             continue
@@ -88,6 +91,8 @@ def _shapes(ctx, deadline: float, beat: float):
                         fit = {g: gpus[g] // (tp * cp * pp) for g in groups}  # whole replicas per group
                         if sum(1 for d in fit.values() if d >= 1) < 2:
                             break  # deeper pipelines fit even fewer replicas
+                        if M / sum(fit[g] * pp / per_mb[g] for g in groups) >= beat:
+                            continue  # the bound below, even with every group's replicas
                         for used in subsets:
                             counts = tuple((g, fit[g]) for g in used)
                             if any(d < 1 for _, d in counts) or sum(d for _, d in counts) > M:
