@@ -99,6 +99,53 @@ def test_hetero_search_matches_brute_force():
     assert result.plans[0].time == pytest.approx(expected, rel=RESOLUTION)
 
 
+def test_search_keeps_plans_that_leave_a_slow_group_unused():
+    """A 2-layer model on 6 H100 and 8 L4: the best plan uses the H100s alone, its stage faster than one layer on
+    an L4. A bound that counted a layer on every group (used or not) once pruned it (15.1 s found, 11.6 s best)."""
+    model = {"name": "two-layer", "num_layers": 2, "hidden_size": 3392, "ffn_hidden_size": 10752,
+             "num_attention_heads": 53, "num_kv_heads": 1, "vocab_size": 50398, "mlp": "gelu", "dropout": False}
+    j = parse_job({"model": model,
+                   "cluster": [{"gpu": "h100-sxm", "nodes": 3, "gpus_per_node": 2},
+                               {"gpu": "l4", "nodes": 1, "gpus_per_node": 8}],
+                   "training": {"seq_length": 8192, "global_batch_size": 378, "attention": "eager"}})
+    opts = SearchOptions(zero_stages=HETERO_ZERO, max_micro_batch=64, memory_margin=0.0)
+    result = search_hetero(j, top=1, time_limit_s=60, options=opts, single_type=False, replicas=False)
+    assert result.plans and result.complete
+    assert result.plans[0].time == pytest.approx(brute_force_best(j, opts), rel=RESOLUTION)
+
+
+def test_objective_cap_keeps_a_plan_at_the_cap():
+    """CP-SAT rounds times to whole units; a plan at (or just under) the cap must not be excluded by the rounding.
+    With microsecond units this MoE stage pair (per-layer times of tens of microseconds, 157 micro-batches)
+    was excluded even by a cap 0.002% above its own time."""
+    from planner.search.partition import solve_partition
+
+    moe = {"name": "moe-10", "num_layers": 10, "hidden_size": 768, "ffn_hidden_size": 3008,
+           "num_attention_heads": 6, "num_kv_heads": 2, "vocab_size": 10869, "mlp": "gelu", "dropout": True,
+           "moe": {"num_experts": 9, "top_k": 1, "expert_ffn_hidden_size": 320}}
+    j = parse_job({"model": moe,
+                   "cluster": [{"gpu": "h100-sxm", "nodes": 7, "gpus_per_node": 1},
+                               {"gpu": "h100-sxm", "nodes": 8, "gpus_per_node": 1}],
+                   "links": [{"groups": [0, 1], "gbps": 50}],
+                   "training": {"seq_length": 1024, "global_batch_size": 314, "attention": "flash"}})
+    c = HeteroCandidate(2, 1, 1, 1, "none", ((0, 1, 3), (1, 1, 3)), 0.0)
+    dims = c.dims(j)
+    costs = costs_by_group(j)
+    sms = with_group_sends(j, c.stage_groups, [StageModel(j, dims.stage_dims(s), costs(g))
+                                                for s, g in enumerate(c.stage_groups)])
+    caps = [j.cluster[g].gpu.memory_gib * 0.9 for g in c.stage_groups]
+
+    def best(cap):
+        res = solve_partition(sms, caps, partial_recompute=True, time_limit_s=10, objective_cap_s=cap)
+        if res.plans is None:
+            return None
+        return evaluate_stages(j, dims, sms, res.plans, 0.1).iteration_time_s
+
+    free = best(None)
+    assert free is not None
+    assert best(free) == pytest.approx(free, rel=RESOLUTION)
+
+
 def test_every_stage_fits_its_own_gpu():
     j = small_job()
     result = search_hetero(j, top=5, time_limit_s=60, options=OPTS, single_type=False)

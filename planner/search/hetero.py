@@ -5,12 +5,14 @@ groups along the pipeline and, per used group g, the TP degree tp_g of its stage
 with k_g*tp_g*cp*dp <= GPUs of g and P = sum k_g <= num_layers. CP-SAT (planner/search/partition.py) then
 chooses each stage's layers and recomputed layers with one StageModel per stage, priced on that stage's own GPUs.
 
-Candidates are reached through a best-first search over bounds: a _Group (dp, cp, micro-batch, recompute) opens
-into _Family objects (per-group TP, group order still open), which open into one family per group order, whose
-boxes of stage counts are halved down to single candidates; every level's bound holds for all it stands for.
-The search stops when no remaining bound beats the K-th best plan (by more than quick.RESOLUTION), which proves
-the top K (one per candidate) optimal within this space, as planner/search/planner.py does. Replica plans
-(planner/search/replicas.py) then join the list.
+Candidates are reached through a best-first search over bounds: a _Group (dp, cp, micro-batch, recompute) fixes
+the TP choice of one node group at a time down to _Family objects (per-group TP; group order and ZeRO stage still
+open), which open into one family per group order and ZeRO stage, whose boxes of stage counts are halved down to
+single candidates; every level's bound holds for all it stands for. A candidate's refined bound
+(_refined_bound: its stages' memory, sends, ZeRO traffic and DP tail) puts it back in line, so CP-SAT solves
+candidates in the order of those bounds. The search stops when no remaining bound beats the K-th best plan (by
+more than quick.RESOLUTION), which proves the top K (one per candidate) optimal within this space, as
+planner/search/planner.py does. Replica plans (planner/search/replicas.py) then join the list.
 """
 from __future__ import annotations
 
@@ -331,7 +333,8 @@ class _Family:
                  for zero in self.zeros}
         for perm in itertools.permutations(range(len(self.used))):
             pick = lambda xs: tuple(xs[i] for i in perm)  # noqa: E731
-            used, a, ends, send, box = pick(self.used), pick(self.a), pick(self.ends), pick(self.send), (pick(lo), pick(hi))
+            used, a, ends, send = pick(self.used), pick(self.a), pick(self.ends), pick(self.send)
+            box = pick(lo), pick(hi)
             for zero in self.zeros:
                 fam = _Family(self.dp, self.cp, self.mbs, self.zeros, self.base, used, a, ends, self.mb, send,
                               ordered=True, zero=zero, zt=pick(terms[zero]))

@@ -3,8 +3,10 @@ fully recomputed, for one choice of parallel degrees.
 
 The model is built from the same StageModel coefficients the estimator evaluates (planner/cost/stage.py):
 every stage quantity is affine in the stage's layer counts, and every overlap term is max(0, affine), which CP-SAT
-represents exactly with AddMaxEquality. Times are integer microseconds, memory integer KiB; the solution is then
-re-evaluated in floating point by the estimator, so rounding only matters between plans within a microsecond.
+represents exactly with AddMaxEquality. Times are integers in units between a nanosecond and a microsecond, fine
+enough that rounding moves no plan's time by more than PRECISION (_time_unit); memory is in integer KiB. The
+solution is then re-evaluated in floating point by the estimator, so rounding only matters between plans within
+PRECISION of each other.
 
     minimize  v*m*T + sum_i t_i - T + v*(D + O)        (= v * iteration time, Narayanan's schedule)
     s.t.      t_i <= T, dp_i <= D, opt_i <= O, memory_i <= capacity, sum_i n_i = L, n_i = v*k_i
@@ -18,7 +20,8 @@ from ortools.sat.python import cp_model
 from planner.cost import memory as M
 from planner.cost.stage import StageModel, StagePlan
 
-US = 1e6  # time unit: microseconds
+MIN_UNITS, MAX_UNITS = 1e6, 1e9  # integer time units per second: between a microsecond and a nanosecond
+PRECISION = 1e-4  # relative rounding error the time unit allows (quick.RESOLUTION)
 KIB = 1024.0
 
 
@@ -47,8 +50,9 @@ def _moe_prefix(model: cp_model.CpModel, sm: StageModel, prefix, name: str):
     return out
 
 
-def _time_horizon(sm: StageModel, L: int, p: int) -> int:
-    """Upper bound of any stage or tail time (µs): every layer on one stage, fully recomputed, plus all extras."""
+def _time_horizon(sm: StageModel, L: int, p: int) -> float:
+    """Upper bound of any stage or tail time (seconds): every layer on one stage, fully recomputed, plus all
+    extras."""
     kinds = sm.kinds
     worst_layer = max(k.compute + k.recompute_extra + k.tp + k.tp_recompute + k.cp + k.ep + k.ep_recompute
                       for k in kinds.values())
@@ -57,7 +61,25 @@ def _time_horizon(sm: StageModel, L: int, p: int) -> int:
     worst = (L * worst_layer + sm.emb_time + sm.logits_time + sm.pp_time
              + sm.sharded_comm(worst_params, worst_params) + sm.shard_link.all_reduce(8.0 * worst_params)
              + sm.exp_link.all_reduce(8.0 * worst_params) + sm.costs.optimizer_step(worst_params))
-    return int(2 * worst * US) + 1000
+    return 2 * worst + 1e-3
+
+
+def _time_unit(horizon_s: float, weight: int, span: int, sms: list[StageModel], zero: int) -> float:
+    """Integer time units per second. Coefficients are rounded to whole units, so a stage's time is off by up to
+    half a unit per rounded term and layer, and the objective carries that error once per micro-batch: relative
+    to the time, at most half a unit per term over one layer's compute. The unit keeps that below PRECISION for
+    every layer kind of every stage, so plans are ordered correctly to within it and a cap loosened by it
+    excludes no plan below the cap; it is no finer (finer units slow CP-SAT), at most a nanosecond, at least a
+    microsecond, and coarser where the weighted objective (span horizons times the tie-break weight) would reach
+    2**62."""
+    need = MIN_UNITS
+    for k in {id(k): k for x in sms for k in x.kinds.values()}.values():
+        terms = sum(1 for c in (k.compute, k.recompute_extra, k.tp, k.tp_recompute, k.cp, k.ep, k.ep_recompute) if c)
+        terms += (0, 0, 1, 3)[zero]  # ZeRO-2/3 per-micro-batch traffic
+        if k.compute > 0:
+            need = max(need, terms / 2 / (PRECISION * k.compute))
+    fits = 2**62 / (4 * weight * span * horizon_s)
+    return max(MIN_UNITS, min(MAX_UNITS, need, fits))
 
 
 def solve_partition(sm: StageModel | list[StageModel], capacity_gib: float | list[float], *,
@@ -69,7 +91,8 @@ def solve_partition(sm: StageModel | list[StageModel], capacity_gib: float | lis
     ``sm`` is one StageModel for all stages (homogeneous degrees) or a list with one StageModel per stage
     (heterogeneous plans: stage i's coefficients, links, memory and capacity all come from ``sm[i]`` and
     ``capacity_gib[i]``); the stage count, interleaving, micro-batches and recompute mode are shared.
-    ``objective_cap_s`` lets the caller prune: only solutions faster than it are of interest.
+    ``objective_cap_s`` lets the caller prune: only solutions faster than it are of interest (a solution up to
+    PRECISION above it may still be returned).
     ``even_layers`` forces the same layer count on every stage (frameworks without uneven splits);
     ``uniform_recompute`` the same number of fully recomputed layers on every stage (Megatron's
     ``--recompute-num-layers`` applies to each stage alike). ``hint`` (a known feasible split) seeds the search;
@@ -83,10 +106,16 @@ def solve_partition(sm: StageModel | list[StageModel], capacity_gib: float | lis
     has_moe = "moe" in s0.kinds
     full_only = d.recompute == "full"
     m = cp_model.CpModel()
-    big_t = max(_time_horizon(x, L, p) for x in {id(x): x for x in sms}.values())
+    horizon_s = max(_time_horizon(x, L, p) for x in {id(x): x for x in sms}.values())
+    # Ties in time are broken inside the objective (fewer layers, then less recompute, on earlier stages) so the
+    # optimum is the same for any worker count or search order; the tie-break weighs less than one time unit.
+    weight = p * (p + 1) // 2 * (L + 1) * (L + 1) + 1
+    span = v * mb + p + 2 * v  # the objective is at most span horizons
+    unit = _time_unit(horizon_s, weight, span, sms, d.zero_stage)
+    big_t = int(horizon_s * unit)
 
     def ti(x: float) -> int:
-        return int(round(x * US))
+        return int(round(x * unit))
 
     n, k_v, r, rm, rd, nm, nd, b, hm = [], [], [], [], [], [], [], [], []
     prev_prefix, prev_moe = None, None
@@ -253,12 +282,9 @@ def solve_partition(sm: StageModel | list[StageModel], capacity_gib: float | lis
 
     obj = v * mb * T + sum(t_all) - T + v * (D + O)
     if objective_cap_s is not None:
-        m.Add(obj <= int(objective_cap_s * US * v))
-    # Ties in time are broken inside the objective (fewer layers, then less recompute, on earlier stages) so the
-    # optimum is the same for any worker count or search order; the tie-break weighs less than one time unit.
+        m.Add(obj <= int(objective_cap_s * (1 + PRECISION) * unit * v))  # rounding must not exclude a plan below it
     tiebreak = sum((p - i) * ((L + 1) * n[i] + r[i]) for i in range(p))
-    weight = p * (p + 1) // 2 * (L + 1) * (L + 1) + 1
-    horizon = (v * mb + p + 2 * v) * big_t  # bound of obj from the variables' domains
+    horizon = span * big_t  # bound of obj from the variables' domains
     m.Minimize(obj * weight + tiebreak if horizon * weight < 2**62 else obj)
     if hint is not None and len(hint) == p:
         # a variable may stand for several stages (constants are shared, uniform recompute ties them): hint once
@@ -285,4 +311,4 @@ def solve_partition(sm: StageModel | list[StageModel], capacity_gib: float | lis
     for i in range(p):
         plans.append(StagePlan(dense=int(solver.Value(nd[i])), moe=int(solver.Value(nm[i])),
                                r_dense=int(solver.Value(rd[i])), r_moe=int(solver.Value(rm[i]))))
-    return PartitionResult(plans, "optimal" if optimal else "feasible", best / US / v, bound / US / v)
+    return PartitionResult(plans, "optimal" if optimal else "feasible", best / unit / v, bound / unit / v)
