@@ -36,8 +36,8 @@ from planner.search.replicas import search_replicas
 from planner.search.space import SearchOptions, divisors
 from planner.spec import Job
 
-# ZeRO stages of mixed plans, in the order they are tried for the same stage counts (their bounds tie): ZeRO-1
-# first, the usual winner with pipelines, so that its time caps the harder ZeRO-3 model.
+# ZeRO stages of mixed plans, in the order they are tried where their bounds tie: ZeRO-1 first, the usual winner
+# with pipelines, so that its time caps the harder ZeRO-3 model.
 HETERO_ZERO = (1, 0, 3)
 # Before any plan is known, a candidate whose refined bound is within this share of the search frontier is solved
 # at once (to start the cut); every other candidate waits in line for its refined bound. Changes only the order.
