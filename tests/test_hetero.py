@@ -257,6 +257,8 @@ def test_balance_splits_the_batch_exactly():
         times = [a * m + b for a, b, m in zip(slopes, offsets, ms)]
         # balanced: moving one micro-batch of the slowest group's replicas elsewhere cannot help by much
         assert max(times) - min(times) <= max(slopes) * max(d for _, d in counts) + 1e-9
+    # 483 micro-batches cannot be split over 8 + 8 + 2 replicas (all even): no split, at once
+    assert _balance(483, ((0, 8), (1, 8), (2, 2)), [0.02, 0.01, 0.02], [0.1, 0.1, 0.1]) is None
 
 
 @pytest.fixture(scope="module")

@@ -17,6 +17,7 @@ fastest possible micro-batch rates) and the search stops when the bound reaches 
 from __future__ import annotations
 
 import itertools
+import math
 import time
 from dataclasses import dataclass
 
@@ -128,7 +129,11 @@ def _min_recompute(job, sms: list[StageModel], layers, caps: list[float], base_f
 def _balance(M: int, counts, slopes: list[float], offsets: list[float]):
     """Micro-batch counts m_g >= 1 with sum d_g m_g = M minimizing max_g (slope_g m_g + offset_g): the continuous
     optimum, then every integer choice near it for all groups but the last (which is implied), widening the
-    neighbourhood until one splits the batch exactly."""
+    neighbourhood until one splits the batch exactly; None when none can (every replica runs >= 1 micro-batch, and
+    sum d_g m_g is a multiple of the counts' gcd)."""
+    d = [c for _, c in counts]
+    if M < sum(d) or M % math.gcd(*d):
+        return None
     window = 4
     while True:
         best = _balance_within(M, counts, slopes, offsets, window)
