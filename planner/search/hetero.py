@@ -320,10 +320,14 @@ class _Family:
             after += k_lo
         if room < L:
             return float("inf")
-        if sum(lo) >= 2 and any(z.slope for z in self.zt):
-            a, ends = self.sharded
-            return box_bound(a, lo, hi, ends, L, self.mb, self.send)
-        return box_bound(self.a, lo, hi, self.bound_ends, L, self.mb, self.send)
+        if sum(lo) < 2:
+            return box_bound(self.a, lo, hi, self.bound_ends, L, self.mb, self.send)
+        a, ends = self.sharded  # two or more stages: ZeRO-2/3 traffic, and the DP tail of the slowest group to sync
+        return box_bound(a, lo, hi, ends, L, self.mb, self.send) + self.tail
+
+    @functools.cached_property
+    def tail(self) -> float:
+        return max(z.tail for z in self.zt)
 
     def expand(self, ctx: MixedContext, lo, hi) -> list[tuple["_Family", tuple]]:
         """Every pipeline order of the used groups and every ZeRO stage, each with its box (the groups' counts

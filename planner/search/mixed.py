@@ -90,11 +90,13 @@ class MixedContext:
 class ZeroTerms:
     """What a ZeRO stage adds to the bound of a node group's stages at fixed degrees, valid at every depth >= 2:
     ``slope`` seconds per layer of exposed ZeRO-2/3 traffic (MixedContext.sharded_line; 0 when a middle stage's
-    line could fall below it), ``first`` / ``last`` the (<= 0) constants that line adds on the end stages, and
-    the most layers a stage can hold by how many micro-batches it keeps in flight (``room``)."""
+    line could fall below it), ``first`` / ``last`` the (<= 0) constants that line adds on the end stages, the
+    least DP tail, and the most layers a stage can hold by how many micro-batches it keeps in flight
+    (``room``)."""
     slope: float
     first: float
     last: float
+    tail: float            # the least exposed DP tail of any of the group's stages (MixedContext.tail_floor)
     sm: StageModel | None  # the group's model at depth 3 (None: too few layers for one)
     mb: int
     middle_room: float
@@ -126,7 +128,7 @@ def _zero_terms(ctx: MixedContext, g: int, tp: int, dp: int, cp: int, mbs: int, 
     L = job.model.num_layers
     mb = job.training.global_batch_size // (dp * mbs)
     if L < 3:
-        return ZeroTerms(0.0, 0.0, 0.0, None, mb, 0.0)
+        return ZeroTerms(0.0, 0.0, 0.0, 0.0, None, mb, 0.0)
     dims = HeteroDims(stage_groups=(g, g, g), stage_tp=(tp, tp, tp), dp=dp, micro_batch_size=mbs, zero_stage=zero,
                       recompute=base, stage_layers=(L - 2, 1, 1), stage_recompute=None, cluster=job.cluster,
                       model=job.model, training=job.training, cp=cp)
@@ -134,9 +136,10 @@ def _zero_terms(ctx: MixedContext, g: int, tp: int, dp: int, cp: int, mbs: int, 
     sm.family_key = ctx.family_id(("zero terms", g, tp, dp, cp, mbs, base, zero))
     lines = [ctx.sharded_line(sm, s) for s in range(3)]
     room = quick.stage_memory_term(sm, ctx.capacity(g), 1)[0]
+    tail = min(ctx.tail_floor(sm, s, L) for s in range(3))  # first, middle, last: at any depth >= 2
     if lines[1][1] < 0:
-        return ZeroTerms(0.0, 0.0, 0.0, sm, mb, room)
-    return ZeroTerms(min(z for z, _ in lines), min(0.0, lines[0][1]), min(0.0, lines[2][1]), sm, mb, room)
+        return ZeroTerms(0.0, 0.0, 0.0, tail, sm, mb, room)
+    return ZeroTerms(min(z for z, _ in lines), min(0.0, lines[0][1]), min(0.0, lines[2][1]), tail, sm, mb, room)
 
 
 def tp_options(ctx: MixedContext, g: int, cp: int) -> list[int]:
