@@ -81,10 +81,14 @@ def _shapes(ctx, deadline: float, beat: float):
                 for base in bases:
                     per_mb = {g: L * per_layer_bound(ctx, g, tp, cp, mbs, base)
                               + sum(end_costs(ctx, (g, tp), (g, tp), cp, mbs)) for g in groups}
-                    # every depth: d_g <= GPUs_g/(tp*cp*pp), so the rate below is at most the groups' GPU rate
-                    if M / sum(gpus[g] / (tp * cp * per_mb[g]) for g in groups) >= beat:
+                    # every depth: d_g <= GPUs_g/(tp*cp*pp), so the rate below is at most the groups' GPU rate,
+                    # and with >= 2 replicas the bound is at least (M + 2(pp - 1)) over it, growing with pp
+                    most = sum(gpus[g] / (tp * cp * per_mb[g]) for g in groups)
+                    if M / most >= beat:
                         continue
                     for pp in range(1, L + 1):
+                        if (M + 2 * (pp - 1)) / most >= beat:
+                            break
                         if ctx.opts.even_layers and L % pp:
                             continue
                         if time.monotonic() > deadline:
