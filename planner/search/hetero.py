@@ -626,16 +626,16 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
         if lb >= kth:
             frontier = min(frontier, lb)
             break
+        if time.monotonic() > deadline:  # everything left is unexplored: the top K are not proven
+            complete = False
+            frontier = min(frontier, lb)
+            break
         if isinstance(fam, _Group):
             for flb, family, fbox in fam.families(ctx):
                 if flb < kth:
                     heapq.heappush(heap, (flb, next(tie), family, fbox))
             continue
         if isinstance(fam, HeteroCandidate):  # a candidate back with its refined bound: solve it
-            if deadline <= time.monotonic():
-                complete = False
-                frontier = min(frontier, lb)
-                break
             solve(fam, box, kth)
             continue
         lo, hi = box
