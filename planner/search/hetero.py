@@ -28,7 +28,7 @@ from planner.cost.estimate import (costs_by_group, evaluate_stages, hetero_stage
 from planner.cost.stage import StageModel
 from planner.parallel import HeteroDims, group_order
 from planner.search.mixed import (MixedContext, ZeroTerms, cp_options, end_costs, fastest_layer, per_layer_bound,
-                                  send_bound, tp_options, zero_terms)
+                                  pipeline_dims, send_bound, tp_options, zero_terms)
 from planner.search.partition import solve_partition
 from planner.search.quick import RESOLUTION
 from planner.search.planner import Plan, SearchResult, _keep, _stage_tuple, settle_open_solves, solve_limit
@@ -70,14 +70,8 @@ class HeteroCandidate:
         return (self.lower_bound_s, self.dp, self.cp, self.mbs, self.zero, self.recompute, self.groups)
 
     def dims(self, job: Job, layers: tuple[int, ...] | None = None, recompute=None, base: str | None = None) -> HeteroDims:
-        p = self.pp
-        L = job.model.num_layers
-        return HeteroDims(
-            stage_groups=self.stage_groups, stage_tp=self.stage_tp, dp=self.dp, micro_batch_size=self.mbs,
-            zero_stage=self.zero, recompute=base or self.recompute,
-            stage_layers=layers or tuple([L // p] * (p - 1) + [L - L // p * (p - 1)]), stage_recompute=recompute,
-            cluster=job.cluster, model=job.model, training=job.training, cp=self.cp,
-        )
+        return pipeline_dims(job, self.stage_groups, self.stage_tp, self.dp, self.cp, self.mbs, self.zero,
+                             base or self.recompute, layers, recompute)
 
 
 # ----------------------------------------------------------------------------------------------- bounds

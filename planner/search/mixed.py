@@ -13,6 +13,17 @@ from planner.search.space import SearchOptions, divisors
 from planner.spec import Job
 
 
+def pipeline_dims(job: Job, stage_groups, stage_tp, dp: int, cp: int, mbs: int, zero: int, base: str,
+                  layers: tuple[int, ...] | None = None, recompute=None) -> HeteroDims:
+    """The degrees of a mixed pipeline; without ``layers`` an even split (the last stage takes the rest), which
+    the cost coefficients do not depend on."""
+    p, L = len(stage_groups), job.model.num_layers
+    return HeteroDims(stage_groups=tuple(stage_groups), stage_tp=tuple(stage_tp), dp=dp, micro_batch_size=mbs,
+                      zero_stage=zero, recompute=base,
+                      stage_layers=layers or tuple([L // p] * (p - 1) + [L - L // p * (p - 1)]),
+                      stage_recompute=recompute, cluster=job.cluster, model=job.model, training=job.training, cp=cp)
+
+
 def per_layer_bound(ctx: "MixedContext", g: int, tp: int, cp: int, mbs: int, base: str) -> float:
     """Smallest seconds per layer of any kind on group g's GPU with this TP and CP (compute, TP collectives,
     exposed CP ring)."""
@@ -98,7 +109,6 @@ class ZeroTerms:
     last: float
     tail: float            # the least exposed DP tail of any of the group's stages (MixedContext.tail_floor)
     sm: StageModel | None  # the group's model at depth 3 (None: too few layers for one)
-    mb: int
     middle_room: float
     caps: list[int] = field(default_factory=lambda: [0])  # prefix sums over in-flight counts 1, 2, ...
 
@@ -111,7 +121,7 @@ class ZeroTerms:
         top = after + count
         while len(self.caps) <= top:
             f = len(self.caps)
-            self.caps.append(self.caps[-1] + max_layers(self.sm, 1, self.middle_room, float(min(f, self.mb))))
+            self.caps.append(self.caps[-1] + max_layers(self.sm, 1, self.middle_room, float(min(f, self.sm.mb))))
         return self.caps[top] - self.caps[after]
 
 
@@ -126,20 +136,17 @@ def zero_terms(ctx: MixedContext, g: int, tp: int, dp: int, cp: int, mbs: int, b
 def _zero_terms(ctx: MixedContext, g: int, tp: int, dp: int, cp: int, mbs: int, base: str, zero: int) -> ZeroTerms:
     job = ctx.job
     L = job.model.num_layers
-    mb = job.training.global_batch_size // (dp * mbs)
     if L < 3:
-        return ZeroTerms(0.0, 0.0, 0.0, 0.0, None, mb, 0.0)
-    dims = HeteroDims(stage_groups=(g, g, g), stage_tp=(tp, tp, tp), dp=dp, micro_batch_size=mbs, zero_stage=zero,
-                      recompute=base, stage_layers=(L - 2, 1, 1), stage_recompute=None, cluster=job.cluster,
-                      model=job.model, training=job.training, cp=cp)
+        return ZeroTerms(0.0, 0.0, 0.0, 0.0, None, 0.0)
+    dims = pipeline_dims(job, (g, g, g), (tp, tp, tp), dp, cp, mbs, zero, base)
     sm = StageModel(job, dims.stage_dims(0), ctx.costs(g))
     sm.family_key = ctx.family_id(("zero terms", g, tp, dp, cp, mbs, base, zero))
     lines = [ctx.sharded_line(sm, s) for s in range(3)]
     room = quick.stage_memory_term(sm, ctx.capacity(g), 1)[0]
     tail = min(ctx.tail_floor(sm, s, L) for s in range(3))  # first, middle, last: at any depth >= 2
     if lines[1][1] < 0:
-        return ZeroTerms(0.0, 0.0, 0.0, tail, sm, mb, room)
-    return ZeroTerms(min(z for z, _ in lines), min(0.0, lines[0][1]), min(0.0, lines[2][1]), tail, sm, mb, room)
+        return ZeroTerms(0.0, 0.0, 0.0, tail, sm, room)
+    return ZeroTerms(min(z for z, _ in lines), min(0.0, lines[0][1]), min(0.0, lines[2][1]), tail, sm, room)
 
 
 def tp_options(ctx: MixedContext, g: int, cp: int) -> list[int]:
