@@ -9,7 +9,7 @@ Candidates are reached through a best-first search over bounds: a _Group (dp, cp
 the TP choice of one node group at a time down to _Family objects (per-group TP; group order and ZeRO stage still
 open), which open into one family per group order and ZeRO stage, whose boxes of stage counts are halved down to
 single candidates; every level's bound holds for all it stands for. A candidate's refined bound
-(_refined_bound: its stages' memory, sends, ZeRO traffic and DP tail) puts it back in line, so CP-SAT solves
+(hetero_bounds.refined_bound: its stages' memory, sends, ZeRO traffic and DP tail) puts it back in line, so CP-SAT solves
 candidates in the order of those bounds. The search stops when no remaining bound beats the K-th best plan (by
 more than quick.RESOLUTION), which proves the top K (one per candidate) optimal within this space, as
 planner/search/planner.py does. Replica plans (planner/search/replicas.py) then join the list.
@@ -23,12 +23,12 @@ import math
 import time
 from dataclasses import dataclass
 
-from planner.cost.estimate import (costs_by_group, evaluate_stages, hetero_stage_models, neighbour_links,
-                                   with_group_sends)
+from planner.cost.estimate import costs_by_group, evaluate_stages, hetero_stage_models, with_group_sends
 from planner.cost.stage import StageModel
 from planner.parallel import HeteroDims, group_order
-from planner.search.mixed import (MixedContext, ZeroTerms, cp_options, end_costs, fastest_layer, per_layer_bound,
-                                  pipeline_dims, send_bound, tp_options, zero_terms)
+from planner.search.hetero_bounds import Ends, box_bound, refined_bound
+from planner.search.mixed import (MixedContext, ZeroTerms, cp_options, end_costs, per_layer_bound, pipeline_dims,
+                                  send_bound, tp_options, zero_terms)
 from planner.search.partition import solve_partition
 from planner.search.quick import RESOLUTION
 from planner.search.planner import Plan, SearchResult, _keep, _stage_tuple, settle_open_solves, solve_limit
@@ -72,77 +72,6 @@ class HeteroCandidate:
     def dims(self, job: Job, layers: tuple[int, ...] | None = None, recompute=None, base: str | None = None) -> HeteroDims:
         return pipeline_dims(job, self.stage_groups, self.stage_tp, self.dp, self.cp, self.mbs, self.zero,
                              base or self.recompute, layers, recompute)
-
-
-# ----------------------------------------------------------------------------------------------- bounds
-@dataclass(frozen=True)
-class Ends:
-    """The embedding (first stage) and logits (last stage) terms of a bound, per micro-batch: their seconds, their
-    seconds over the per-layer time of the stage that runs them, and that stage's one-layer time plus them. For
-    a family whose group order is still open each term is its minimum over the possible first / last groups."""
-    emb: float
-    logits: float
-    emb_per_a: float
-    logits_per_a: float
-    first_top: float
-    last_top: float
-
-    @classmethod
-    def of(cls, a, ends, first: int, last: int) -> "Ends":
-        (ef, _), (_, ll) = ends[first], ends[last]
-        return cls(ef, ll, ef / a[first], ll / a[last], a[first] + ef, a[last] + ll)
-
-    @classmethod
-    def any_order(cls, a, ends) -> "Ends":
-        emb, logits = zip(*ends)
-        return cls(min(emb), min(logits), min([e / x for e, x in zip(emb, a)]),
-                   min([lg / x for lg, x in zip(logits, a)]), min([x + e for x, e in zip(a, emb)]),
-                   min([x + lg for x, lg in zip(a, logits)]))
-
-
-def box_bound(a, lo: tuple[int, ...], hi: tuple[int, ...], ends: Ends, L: int, m: int, send=None) -> float:
-    """Iteration seconds no candidate with lo_g <= k_g <= hi_g stages per used group g beats (lo = hi: one
-    candidate). Each stage of group g takes at least a_g seconds per layer and, when there are >= 2 stages,
-    send_g seconds of pipeline sends per micro-batch (on its own links: a neighbour on another group is no
-    faster); the first stage adds the embedding and the last the logits (``ends``). With stage times
-    t_s >= n_s a_s + c_s the 1F1B schedule takes (m-1) max_s t_s + sum_s t_s (planner/cost/schedule.py):
-      - max_s t_s >= the smallest T with sum_s (T - c_s)/a_s >= L, since every n_s <= (T - c_s)/a_s and the n_s
-        sum to L (and T >= c_s + a_s, every stage holding a layer). Adding a stage of g moves T towards send_g,
-        so while every send_g <= T more stages only lower it and k = hi bounds the box (else sends are dropped);
-      - sum_s t_s >= emb + logits + sum_s send_s + the least work: one layer per stage, the rest at the fastest
-        a_g, which is L*min(a) + sum_g k_g (a_g - min(a)), smallest at k = lo.
-    Communication beyond TP, CP and pipeline sends, the DP tail and the optimizer step are >= 0 and left out."""
-    sends = send is not None and sum(lo) >= 2
-    single = sum(hi) == 1  # one stage holds both ends
-    top = max(ends.first_top + (ends.logits if single else 0.0), ends.last_top)
-    fast = min(a)
-    inv = over = most = 0.0
-    work = L * fast
-    for x, k_lo, k_hi, y in zip(a, lo, hi, send if sends else (0.0,) * len(a)):  # one loop: called very often
-        inv += k_hi / x
-        over += k_hi * y / x
-        most = max(most, y)
-        if k_lo:
-            top = max(top, x + y)  # a stage of this group surely holds a layer
-            work += k_lo * (x - fast + y)
-    T = max(top, (L + ends.emb_per_a + ends.logits_per_a + over) / inv)
-    if most > T:  # the monotonicity above fails: drop the sends
-        return box_bound(a, lo, hi, ends, L, m)
-    return (m - 1) * T + ends.emb + ends.logits + work
-
-
-def min_work(a: list[float], L: int, caps: list[int] | None = None) -> float:
-    """Smallest sum_s n_s a_s with 1 <= n_s (<= caps_s) and sum n_s = L: one layer each, the rest on the fastest
-    stages first."""
-    order = sorted(range(len(a)), key=lambda s: a[s])
-    work, left = sum(a), L - len(a)
-    for s in order:
-        take = left if caps is None else min(left, caps[s] - 1)
-        work += take * a[s]
-        left -= take
-        if left <= 0:
-            break
-    return work if left <= 0 else float("inf")
 
 
 # ----------------------------------------------------------------------------------------------- search
@@ -388,173 +317,9 @@ def _stage_models(ctx: MixedContext, c: HeteroCandidate, cache: dict) -> list[St
             dims = dims or c.dims(ctx.job)
             sm = cache[key] = StageModel(ctx.job, dims.stage_dims(len(out)), ctx.costs(g))
             sm.family_key = ctx.family_id(key[:-1])  # everything but the depth (MixedContext.stage_terms)
-            sm.bound_rows = [None] * c.pp  # _stage_bounds, per stage position
+            sm.bound_rows = [None] * c.pp  # hetero_bounds._stage_row, per stage position
         out += [sm] * k
     return out
-
-
-def _sends(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel]) -> list[float]:
-    """Each stage's pipeline-send seconds per micro-batch, a send to a neighbour on another group over the link
-    between the groups."""
-    links = neighbour_links(ctx.job, c.stage_groups, sms)
-    return [sm.pp_time if pair == (None, None) else sm.neighbour_pp_time(*pair) for sm, pair in zip(sms, links)]
-
-
-def _stage_bound(ctx: MixedContext, sm: StageModel, g: int, s: int) -> tuple[int, float, float, float]:
-    """Stage s's terms of the refined bound: the most layers it can hold (memory), its least seconds per layer,
-    its constant seconds per micro-batch without sends (embedding, logits, ZeRO-2/3 traffic) and its least DP
-    tail."""
-    p = sm.dims.pp
-    cap = ctx.stage_terms(sm, g, s)[3]
-    z, z0 = ctx.sharded_line(sm, s)
-    const = (sm.emb_time if s == 0 else 0.0) + (sm.logits_time if s == p - 1 else 0.0) + z0
-    return cap, fastest_layer(sm.kinds) + z, const, ctx.tail_floor(sm, s, cap)
-
-
-def _stage_row(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], g: int, i: int) -> tuple:
-    """_stage_bound of stage i, memoized per stage model and position and across depths (as
-    MixedContext.stage_terms: the terms depend on the depth only through the in-flight count and the ends)."""
-    sm = sms[i]
-    row = sm.bound_rows[i]
-    if row is None:
-        key = ("bound", sm.family_key, sm.inflight(i), i == 0, i == c.pp - 1)
-        row = ctx.memo.get(key)
-        if row is None:
-            row = ctx.memo[key] = _stage_bound(ctx, sm, g, i)
-        sm.bound_rows[i] = row
-    return row
-
-
-def _stage_bounds(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel]) -> list[tuple]:
-    """_stage_row of every stage."""
-    out = []
-    s = 0
-    for g, _, k in c.groups:
-        rows = sms[s].bound_rows
-        out += [rows[i] or _stage_row(ctx, c, sms, g, i) for i in range(s, s + k)]
-        s += k
-    return out
-
-
-def _group_bound(ctx: MixedContext, fam: "_Family", c: HeteroCandidate, sms: list[StageModel]) -> float:
-    """A first bound on the candidate from a few stages per group (cheap: no per-stage pass): the family's box
-    bound at its stage counts with each group's per-layer time raised by its ZeRO-2/3 traffic, plus the largest
-    DP tail floor seen; inf when even each group's roomiest stage cannot hold the layers. Along a group's run of
-    stages the in-flight micro-batches fall, so its roomiest stage is its last (or, at the pipeline's end, the
-    one before, as the last also holds the logits); a run's first, last and (at the end) next-to-last stages
-    cover every kind of position (first, middle, last) it has."""
-    L = ctx.job.model.num_layers
-    P = c.pp
-    a, room, tail = [], 0, 0.0
-    s = 0
-    for j, (g, _, k) in enumerate(c.groups):
-        end = s + k - 1
-        seen = sorted({s, end, max(s, end - 1) if end == P - 1 else end})
-        rows = [_stage_row(ctx, c, sms, g, i) for i in seen]
-        room += k * max(r[0] for r in rows)
-        lines = [ctx.sharded_line(sms[i], i) for i in seen]
-        slope = min(z for z, _ in lines) if min(z0 for _, z0 in lines) >= 0 else 0.0
-        a.append(fam.a[j] + slope)
-        tail = max(tail, max(r[3] for r in rows))
-        s = end + 1
-    if room < L:
-        return float("inf")
-    ks = tuple(k for _, _, k in c.groups)
-    return box_bound(a, ks, ks, Ends.of(a, fam.ends, 0, len(a) - 1), L, fam.mb, fam.send) + tail
-
-
-def _refined_bound(ctx: MixedContext, fam: "_Family", c: HeteroCandidate, sms: list[StageModel],
-                   target: float = float("inf")) -> float:
-    """The candidate bound with each stage's pipeline sends, ZeRO-2/3 traffic (MixedContext.sharded_line), its
-    memory cap on layers and the least DP tail of any stage (MixedContext.tail_floor); inf if the layers cannot
-    fit at all. Only whether it reaches ``target`` is decided exactly (the bottleneck terms are probed at
-    the value that would reach it), which is all pruning needs. _group_bound decides first where it can."""
-    quick = _group_bound(ctx, fam, c, sms)
-    if quick >= target:
-        return quick
-    L = ctx.job.model.num_layers
-    caps, a, const, tails = zip(*_stage_bounds(ctx, c, sms))
-    if min(caps) < 1 or sum(caps) < L:
-        return float("inf")
-    cst = [x + send for x, send in zip(const, _sends(ctx, c, sms))]
-    rest = sum(cst) + min_work(a, L, caps) + max(tails)
-    mb = sms[0].mb
-    probe = (target - rest) / (mb - 1) if mb > 1 and target < float("inf") else None
-    T = _capped_bottleneck(a, cst, caps, L, probe)
-    if probe is None or T < probe:
-        T = max(T, _memory_bottleneck(ctx, c, sms, cst, probe))
-    if probe is not None and T >= probe:
-        return max(target, (mb - 1) * T + rest)  # the bound reaches target (float rounding aside)
-    return (mb - 1) * T + rest
-
-
-def _memory_bottleneck(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], cst: list[float],
-                       probe: float | None = None) -> float:
-    """Smallest bottleneck T at which the stages hold the layers of the heaviest kind when each stage recomputes
-    just enough whole layers to fit its own GPU (the per-stage form of quick.memory_bottleneck): stage s holds n
-    layers in n*a_s + r_s(n)*rc_s + c_s with r_s(n) = ceil((n*alpha_s - room_s)/beta_s). Valid for every plan of
-    the candidate, since other layers only add time and memory. With ``probe``: ``probe`` when the bottleneck is
-    above it, else a weaker valid bound."""
-    m = ctx.job.model
-    heavy_name = "moe" if m.moe is not None else "dense"
-    need = m.num_moe_layers if m.moe is not None else m.num_layers
-    stages = []
-    for s, (sm, g) in enumerate(zip(sms, c.stage_groups)):
-        room, alpha, beta, _ = ctx.stage_terms(sm, g, s)
-        k = sm.kinds[heavy_name]
-        stages.append((room, alpha, beta, k.compute + k.tp + k.cp, k.recompute_extra + k.tp_recompute, cst[s]))
-
-    def held(T: float) -> int:
-        total = 0
-        for room, alpha, beta, a, rc, const in stages:
-            x = T - const
-            n = int(x / a) if x > 0 else 0
-            if room <= 0:
-                n = 0
-            elif n * alpha > room:
-                if beta > 0:  # r(n) without the ceiling: an upper bound, made exact by the loop below
-                    n = min(n, int((x + room * rc / beta) / (a + alpha * rc / beta)))
-                else:
-                    n = int(room / alpha)
-                if alpha > beta:
-                    n = min(n, int(room / (alpha - beta)))  # even with every layer recomputed
-            while n > 0:
-                over = n * alpha - room
-                r = 0 if over <= 0 else (-(-over // beta) if beta > 0 else n + 1)
-                if r <= n and n * a + r * rc + const <= T * (1 + 1e-12):
-                    break
-                n -= 1
-            total += n
-        return total
-
-    lo = max(const for *_, const in stages)
-    hi = lo + m.num_layers * max(a + rc for *_, a, rc, _c in stages)
-    if held(hi) < need:
-        return float("inf")
-    if probe is not None:
-        return probe if probe < hi and held(probe) < need else lo
-    while hi - lo > 1e-6 * hi:
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if held(mid) >= need else (mid, hi)
-    return lo
-
-
-def _capped_bottleneck(a, c, caps, L, probe: float | None = None) -> float:
-    """Smallest T (bisection) with sum_s min(caps_s, floor((T - c_s)/a_s)) >= L and every stage >= 1 layer.
-    With ``probe``: ``probe`` when T is above it, else a weaker valid bound."""
-    def holds(T):
-        return sum(min(k, int((T - ci) / ai + 1e-9)) for ai, ci, k in zip(a, c, caps) if T > ci)
-
-    lo = max(ci + ai for ai, ci in zip(a, c))
-    hi = max(c) + L * max(a)
-    if holds(lo) >= L:
-        return lo
-    if probe is not None:
-        return probe if lo < probe < hi and holds(probe) < L else lo
-    while hi - lo > 1e-6 * hi:
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if holds(mid) >= L else (mid, hi)
-    return lo
 
 
 def _solve(ctx: MixedContext, c: HeteroCandidate, sms, cap_s: float, remaining: float, workers: int):
@@ -650,7 +415,7 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
         # their refined bounds and the first solves already give a plan close to the best
         for c in fam.candidates(ctx, lo, lb):
             sms = _stage_models(ctx, c, cache)
-            refined = _refined_bound(ctx, fam, c, sms, kth)
+            refined = refined_bound(ctx, fam, c, sms, kth)
             if refined >= kth:
                 continue
             if kth == float("inf") and (not heap or refined <= heap[0][0] * (1 + DIVE)):
