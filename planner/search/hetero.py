@@ -330,9 +330,8 @@ def _solve(ctx: MixedContext, c: HeteroCandidate, sms, cap_s: float, remaining: 
                           even_layers=ctx.opts.even_layers, uniform_recompute=ctx.opts.uniform_recompute)
     if res.plans is None:
         return res, None
-    layers, rec = _stage_tuple(res.plans)
-    full = rec is not None and all(r == n for r, n in zip(rec, layers))
-    dims = c.dims(ctx.job, layers, None if full else rec, "full" if full else c.recompute)
+    layers, rec, base = _stage_tuple(res.plans, c.recompute)
+    dims = c.dims(ctx.job, layers, rec, base)
     final_sms = hetero_stage_models(ctx.job, dims, ctx.costs)
     return res, evaluate_stages(ctx.job, dims, final_sms, res.plans, ctx.opts.memory_margin)
 
@@ -365,8 +364,11 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
     # candidate. The first box whose bound reaches the K-th best time ends the search (all others are worse).
     # A bound must beat the K-th best by more than RESOLUTION (0.01%) to be explored: plans closer than that
     # are equal in time (as in planner/search/quick.py), so the top K are optimal to within it.
+    def kth_time() -> float:
+        return best[top - 1].time if len(best) >= top else float("inf")
+
     def cut() -> float:
-        return best[top - 1].time * (1 - RESOLUTION) if len(best) >= top else float("inf")
+        return kth_time() * (1 - RESOLUTION)
 
     def solve(c: HeteroCandidate, sms: list[StageModel], kth: float) -> None:
         nonlocal solved
@@ -424,7 +426,7 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
                 heapq.heappush(heap, (max(lb, refined), next(tie), c, sms))
     complete, open_bound = settle_open_solves(complete, open_bounds, best, top)
     if replicas and len(job.cluster) > 1 and opts.framework is None:  # stock frameworks: one count per replica
-        beat = best[top - 1].time if len(best) >= top else float("inf")
+        beat = kth_time()
         stop = min(start + time_limit_s * share, time.monotonic() + 0.25 * time_limit_s * share)
         found, replica_low = search_replicas(ctx, beat, stop, workers)
         for cand, est in found:
@@ -433,8 +435,7 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
         replica_low = float("inf")
     frontier = min(frontier, open_bound)
     # the top K are proven only if no replica plan can enter them (replica plans themselves are not proven)
-    kth = best[top - 1].time if len(best) >= top else float("inf")
-    proven = complete and replica_low >= kth * (1 - 1e-9)
+    proven = complete and replica_low >= kth_time() * (1 - 1e-9)
     final = [p if proven else Plan(p.candidate, p.estimate, "feasible") for p in best]
     gap = 0.0
     if not proven and final:

@@ -14,14 +14,15 @@ from planner.spec import Job
 
 
 def pipeline_dims(job: Job, stage_groups, stage_tp, dp: int, cp: int, mbs: int, zero: int, base: str,
-                  layers: tuple[int, ...] | None = None, recompute=None) -> HeteroDims:
-    """The degrees of a mixed pipeline; without ``layers`` an even split (the last stage takes the rest), which
-    the cost coefficients do not depend on."""
+                  layers: tuple[int, ...] | None = None, recompute=None, **extra) -> HeteroDims:
+    """The degrees of a mixed pipeline (``extra``: a replica's micro_batches and dp_total); without ``layers`` an
+    even split (the last stage takes the rest), which the cost coefficients do not depend on."""
     p, L = len(stage_groups), job.model.num_layers
     return HeteroDims(stage_groups=tuple(stage_groups), stage_tp=tuple(stage_tp), dp=dp, micro_batch_size=mbs,
                       zero_stage=zero, recompute=base,
                       stage_layers=layers or tuple([L // p] * (p - 1) + [L - L // p * (p - 1)]),
-                      stage_recompute=recompute, cluster=job.cluster, model=job.model, training=job.training, cp=cp)
+                      stage_recompute=recompute, cluster=job.cluster, model=job.model, training=job.training, cp=cp,
+                      **extra)
 
 
 def per_layer_bound(ctx: "MixedContext", g: int, tp: int, cp: int, mbs: int, base: str) -> float:

@@ -47,17 +47,24 @@ class SearchResult:
     unrestricted_best_s: float | None = None   # --framework: best plan without the framework's limits
 
 
-def _stage_tuple(plans) -> tuple[tuple[int, ...], tuple[int, ...] | None]:
+def stage_recompute(layers, rec, base: str) -> tuple[tuple[int, ...] | None, str]:
+    """(per-stage recompute counts, baseline recompute mode) of a layout: None when no layer is recomputed, and
+    when every layer is, the baseline "full" instead of counts."""
+    rec = tuple(rec) if rec is not None and any(rec) else None
+    if rec is not None and all(r == n for r, n in zip(rec, layers)):
+        return None, "full"
+    return rec, base
+
+
+def _stage_tuple(plans, base: str) -> tuple[tuple[int, ...], tuple[int, ...] | None, str]:
+    """Layer counts, per-stage recompute counts and baseline recompute mode of a solved partition."""
     layers = tuple(p.layers for p in plans)
-    rec = tuple(p.recomputed for p in plans)
-    return layers, (rec if any(rec) else None)
+    return (layers, *stage_recompute(layers, [p.recomputed for p in plans], base))
 
 
 def _finalize_dims(job: Job, c: Candidate, plans, tp_overlap: bool = False) -> ParallelDims:
-    layers, rec = _stage_tuple(plans)
-    full = rec is not None and all(r == n for r, n in zip(rec, layers))
-    base = "full" if full else c.recompute
-    d = dims_for(job, c, layers, None if full else rec, tp_overlap)
+    layers, rec, base = _stage_tuple(plans, c.recompute)
+    d = dims_for(job, c, layers, rec, tp_overlap)
     return ParallelDims(**{**d.__dict__, "recompute": base})
 
 

@@ -26,10 +26,11 @@ from planner.cost import flops as F
 from planner.cost import memory as M
 from planner.cost.memory import GIB
 from planner.cost.stage import StageModel, split_kinds
-from planner.parallel import HeteroDims, ReplicaDims, cp_error, tp_heads_error
+from planner.parallel import ReplicaDims, cp_error, tp_heads_error
 from planner.search import quick
-from planner.search.mixed import end_costs, per_layer_bound
+from planner.search.mixed import end_costs, per_layer_bound, pipeline_dims
 from planner.search.partition import solve_partition
+from planner.search.planner import stage_recompute
 from planner.search.space import divisors
 
 REPLICA_ZERO = (1, 0, 3)
@@ -168,12 +169,9 @@ def _replica_dims(job, shape, zero, counts, layers, recs, ms, base) -> ReplicaDi
     total = sum(d for _, d in counts)
     reps = []
     for (g, d), rec, mi in zip(counts, recs, ms):
-        full = all(r == n for r, n in zip(rec, layers))
-        reps.append(HeteroDims(
-            stage_groups=(g,) * pp, stage_tp=(tp,) * pp, dp=d, micro_batch_size=mbs, zero_stage=zero,
-            recompute="full" if full else base, stage_layers=tuple(layers),
-            stage_recompute=None if full or not any(rec) else tuple(rec), cluster=job.cluster, model=job.model,
-            training=job.training, cp=cp, micro_batches=mi, dp_total=total))
+        rec, mode = stage_recompute(layers, rec, base)
+        reps.append(pipeline_dims(job, (g,) * pp, (tp,) * pp, d, cp, mbs, zero, mode, tuple(layers), rec,
+                                  micro_batches=mi, dp_total=total))
     return ReplicaDims(tuple(reps))
 
 
