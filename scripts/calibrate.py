@@ -1,4 +1,4 @@
-"""Fit the cost model's global efficiencies (profiles/calibration.yaml) on measured runs.
+"""Fit the cost model's global efficiencies (planner/data/calibration.yaml) on measured runs.
 
     python scripts/calibrate.py [RUNS.yaml] [--write]
 
@@ -101,7 +101,7 @@ def main() -> None:
     for k, v in cal.as_dict().items():
         print(f"  {k:24s} {v:.6g}   (was {getattr(cal0, k):.6g})")
     if args.write:
-        path = Path(__file__).resolve().parents[1] / "profiles" / "calibration.yaml"
+        path = Path(__file__).resolve().parents[1] / "planner" / "data" / "calibration.yaml"
         text = path.read_text()
         data = yaml.safe_load(text)
         lines = []

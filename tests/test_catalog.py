@@ -1,4 +1,4 @@
-"""GPU/model catalogs (profiles/*.yaml) and Hugging Face config.json mapping (planner.catalog.hf)."""
+"""GPU/model catalogs (planner/data/*.yaml) and Hugging Face config.json mapping (planner.catalog.hf)."""
 from __future__ import annotations
 
 import json
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.catalog import gpu_names, model_names, profiles_dir, resolve_gpu, resolve_model
+from planner.catalog import gpu_names, model_names, data_file, resolve_gpu, resolve_model
 from planner.catalog.hf import load_hf_config
 from planner.errors import SpecError
 from planner.io import load_yaml
@@ -49,7 +49,7 @@ def test_required_presets_exist():
 
 @pytest.mark.parametrize("kind", ["gpus", "models"])
 def test_names_and_aliases_are_unique(kind):
-    entries = load_yaml(profiles_dir() / f"{kind}.yaml")[kind]
+    entries = load_yaml(data_file(f"{kind}.yaml"))[kind]
     seen: dict[str, str] = {}
     for name, entry in entries.items():
         assert entry.get("name", name) == name

@@ -1,7 +1,8 @@
-"""GPU and model catalogs (``profiles/``) and resolution of names, paths and inline mappings."""
+"""GPU and model catalogs (``planner/data/``) and resolution of names, paths and inline mappings."""
 from __future__ import annotations
 
 import functools
+import importlib.resources
 import os
 from pathlib import Path
 from typing import Any
@@ -11,10 +12,21 @@ from pydantic import ValidationError
 from planner.errors import SpecError, did_you_mean
 
 
-def profiles_dir() -> Path:
-    """``$PLANNER_PROFILES`` or the repository's ``profiles/`` folder."""
-    env = os.environ.get("PLANNER_PROFILES")
-    return Path(env) if env else Path(__file__).resolve().parents[2] / "profiles"
+CATALOG_ENV = "PLANNER_CATALOG"
+
+
+def builtin_data_dir() -> Path:
+    """The catalogs shipped inside the package (``planner/data/``, package data of the wheel)."""
+    return Path(str(importlib.resources.files("planner") / "data"))
+
+
+def data_file(name: str) -> Path:
+    """``gpus.yaml``, ``models.yaml`` or ``calibration.yaml``: from the folder ``$PLANNER_CATALOG`` names when it
+    holds that file, else the built-in copy."""
+    env = os.environ.get(CATALOG_ENV)
+    if env and (Path(env) / name).is_file():
+        return Path(env) / name
+    return builtin_data_dir() / name
 
 
 @functools.lru_cache(maxsize=None)
@@ -22,7 +34,8 @@ def _catalog(kind: str) -> dict[str, dict[str, Any]]:
     """name -> entry for ``gpus`` or ``models``; every alias maps to the same entry (lower-cased)."""
     from planner.io import load_yaml
 
-    data = load_yaml(profiles_dir() / f"{kind}.yaml", field=f"profiles/{kind}.yaml")
+    path = data_file(f"{kind}.yaml")
+    data = load_yaml(path, field=str(path))
     table: dict[str, dict[str, Any]] = {}
     for name, entry in data[kind].items():
         entry = dict(entry)

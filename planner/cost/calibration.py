@@ -1,4 +1,4 @@
-"""The calibrated efficiencies of the analytic cost model (``profiles/calibration.yaml``).
+"""The calibrated efficiencies of the analytic cost model (``planner/data/calibration.yaml``).
 
 Each is a physically meaningful, global number (a fraction of a datasheet or measured rate, an overlap share, an
 allocator allowance); none is specific to one run. ``scripts/calibrate.py`` fits them on the measured runs.
@@ -31,8 +31,9 @@ class Calibration:
 
 @functools.lru_cache(maxsize=None)
 def default_calibration() -> Calibration:
-    from planner.catalog import profiles_dir
+    from planner.catalog import data_file
     from planner.io import load_yaml
 
-    data = load_yaml(profiles_dir() / "calibration.yaml", field="profiles/calibration.yaml")
+    path = data_file("calibration.yaml")
+    data = load_yaml(path, field=str(path))
     return Calibration(**{f.name: float(data[f.name]) for f in fields(Calibration)})
