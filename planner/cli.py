@@ -10,12 +10,58 @@ from typing import Optional
 import typer
 from rich.console import Console
 
+from planner.cost.memory import DEFAULT_MEMORY_MARGIN
 from planner.errors import SpecError
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="Auto-parallel planner for distributed LLM training.")
+app = typer.Typer(no_args_is_help=True, help="Auto-parallel planner for distributed LLM training.\n\n"
+                  "Start with: planner plan examples/llama3-70b-h100.yaml (or `planner list gpus` for the presets).")
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 150)
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_NO_FIT, EXIT_UNSUPPORTED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
+
+
+def _show_flags_without_type() -> None:
+    """Newer typer prints a switch as ``--json <bool>`` in --help, as if it took a value; a switch takes none."""
+    from typer.core import TyperOption
+
+    shown = getattr(TyperOption, "display_type_rich", None)
+    if shown is not None and not getattr(shown, "_planner_switch", False):
+        def display_type_rich(self, ctx):
+            return None if self.is_flag else shown(self, ctx)
+
+        display_type_rich._planner_switch = True
+        TyperOption.display_type_rich = display_type_rich
+
+
+_show_flags_without_type()
+
+
+def _version(value: bool) -> None:
+    if value:
+        from planner import __version__
+
+        print(f"planner {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
+                                       help="print the version and exit")) -> None:
+    """Auto-parallel planner for distributed LLM training."""
+
+
+JOB_HELP = "job YAML, or - to read it from standard input"
+MARGIN_HELP = "share of each GPU's memory kept free (the same default for plan and estimate)"
+
+
+def _warn(job) -> list:
+    """The job's likely unit mistakes, each as one `warning:` line on stderr; returned for the JSON."""
+    from planner.sanity import job_warnings
+
+    found = job_warnings(job)
+    for w in found:
+        print(_one_line(w.line()), file=sys.stderr)
+    return found
 
 
 def _emit_json(doc: dict, out_path: Optional[Path] = None) -> None:
@@ -29,16 +75,25 @@ def _emit_json(doc: dict, out_path: Optional[Path] = None) -> None:
 
 @app.command()
 def estimate(
-    job: Path = typer.Argument(..., help="job YAML with a `layout` to evaluate"),
+    job: Path = typer.Argument(..., help=JOB_HELP + "; its `layout` is evaluated"),
     json_: bool = typer.Option(False, "--json", help="print one JSON object"),
+    memory_margin: float = typer.Option(DEFAULT_MEMORY_MARGIN, "--memory-margin", min=0.0, max=0.9, help=MARGIN_HELP),
 ) -> None:
-    """Predict iteration time, throughput and per-GPU memory of the job's layout."""
+    """Predict iteration time, throughput and per-GPU memory of the job's layout.
+
+    Example: planner estimate examples/llama3-70b-h100.yaml --json
+    """
     from planner.cost.estimate import estimate as run_estimate
     from planner.spec import load_job
 
-    est = run_estimate(load_job(job))
+    spec = load_job(job)
+    warnings = _warn(spec)
+    est = run_estimate(spec, capacity_margin=memory_margin)
     if json_:
-        _emit_json(est.to_json())
+        doc = est.to_json(job=spec)
+        doc["warnings"] = [{"field": w.field, "message": w.message} for w in warnings]
+        doc["memory_margin"] = memory_margin
+        _emit_json(doc)
     else:
         from planner.report.estimate import render_estimate
 
@@ -47,10 +102,13 @@ def estimate(
 
 @app.command()
 def validate(
-    runs: Path = typer.Argument(..., help="measured runs YAML (format of measured-runs.yaml)"),
+    runs: Path = typer.Argument(..., help="measured runs YAML (format: docs/measured-runs.md)"),
     json_: bool = typer.Option(False, "--json", help="print one JSON object"),
 ) -> None:
-    """Predict published or your own measured runs and report the error against what was measured."""
+    """Predict published or your own measured runs and report the error against what was measured.
+
+    Example: planner validate ../shared/reference/measured-runs.yaml
+    """
     from planner.runs import load_runs
     from planner.validate import run_validation, to_json
 
@@ -94,10 +152,10 @@ def _usage_error_line(exc: Exception) -> str:
 
 @app.command()
 def plan(
-    job: Path = typer.Argument(..., help="job YAML (a `layout`, if present, is reported as the current one)"),
+    job: Path = typer.Argument(..., help=JOB_HELP + " (a `layout`, if present, is compared as the current one)"),
     top: int = typer.Option(5, "--top", min=1, max=100, help="how many plans to show"),
     time_limit: float = typer.Option(60.0, "--time-limit", min=0.1, max=86400.0, help="search budget in seconds"),
-    memory_margin: float = typer.Option(0.05, "--memory-margin", min=0.0, max=0.9, help="share of GPU memory kept free"),
+    memory_margin: float = typer.Option(DEFAULT_MEMORY_MARGIN, "--memory-margin", min=0.0, max=0.9, help=MARGIN_HELP),
     allow_cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp", help="let TP groups span nodes"),
     tp_comm_overlap: bool = typer.Option(False, "--tp-comm-overlap",
                                          help="the framework overlaps TP collectives with GEMMs (Megatron + TE)"),
@@ -106,9 +164,14 @@ def plan(
     out_path: Optional[Path] = typer.Option(None, "--out", help="also write the JSON object to this file (atomically)"),
     no_timing: bool = typer.Option(False, "--no-timing", help="write search.seconds as null: byte-identical output"),
     framework: Optional[str] = typer.Option(None, "--framework",
-                                            help="megatron|deepspeed|torchtitan: only plans that framework runs"),
+                                            help="megatron|deepspeed|torchtitan: only plans that framework runs "
+                                                 "(`planner list frameworks`)"),
+    verbose: bool = typer.Option(False, "--verbose", "-v", help="report the search's phases on stderr"),
 ) -> None:
-    """Search for the fastest layout that fits: degrees, micro-batch, interleaving, ZeRO, recompute, layer split."""
+    """Search for the fastest layout that fits: degrees, micro-batch, interleaving, ZeRO, recompute, layer split.
+
+    Example: planner plan examples/llama3-70b-h100.yaml --top 3 --out plan.json
+    """
     from planner.cost.estimate import estimate as run_estimate
     from planner.report.plan_json import plan_document
     from planner.search.planner import search
@@ -123,6 +186,7 @@ def plan(
     started = time.monotonic()
     fw = get_framework(framework)
     spec = load_job(job)
+    warnings = _warn(spec)
     opts = SearchOptions(allow_cross_node_tp=allow_cross_node_tp, memory_margin=memory_margin,
                          tp_comm_overlap=tp_comm_overlap, framework=fw)
     current = run_estimate(spec, capacity_margin=memory_margin) if spec.layout is not None else None
@@ -132,10 +196,15 @@ def plan(
 
     def run_search(options, limit, progress=None):
         if len(spec.cluster) > 1:
-            return search_hetero(spec, top=top, time_limit_s=max(0.0, limit), workers=workers, options=options)
+            return search_hetero(spec, top=top, time_limit_s=max(0.0, limit), workers=workers, options=options,
+                                 progress=progress)
         return search(spec, top=top, time_limit_s=max(0.0, limit), workers=workers, options=options, progress=progress)
 
-    result = _with_progress(lambda progress: run_search(opts, budget * share, progress), quiet=json_)
+    if verbose:
+        print(f"planner: searching {spec.num_gpus:,} GPUs in {len(spec.cluster)} node group(s): enumerating "
+              "candidates", file=sys.stderr, flush=True)
+    result = _with_progress(lambda progress: run_search(opts, budget * share, progress), quiet=json_,
+                            verbose=verbose)
     if fw is not None:
         free = run_search(SearchOptions(**{**opts.__dict__, "framework": None}),
                           time_limit - (time.monotonic() - started) - min(0.05, 0.05 * time_limit))
@@ -159,7 +228,8 @@ def plan(
               f"{spec.cluster[0].gpu.memory_gib * (1 - memory_margin):.1f} GiB per GPU. To make it fit: {reasons}",
               file=sys.stderr)
         sys.exit(EXIT_NO_FIT)
-    doc = plan_document(spec, result, current, timing=not no_timing, framework=fw.name if fw else None)
+    doc = plan_document(spec, result, current, timing=not no_timing, framework=fw.name if fw else None,
+                        memory_margin=memory_margin, warnings=warnings)
     if json_:
         _emit_json(doc, out_path)
         return
@@ -172,28 +242,65 @@ def plan(
     out.print(render_plan(doc))
 
 
+@app.command("list")
+def list_presets(
+    what: str = typer.Argument(..., help="gpus, models or frameworks"),
+    json_: bool = typer.Option(False, "--json", help="print one JSON object"),
+) -> None:
+    """List the GPU and model presets a job can name, and the frameworks --framework knows, with key numbers.
+
+    Example: planner list gpus
+    """
+    from planner.report.catalog import LISTS, catalog_rows, render_catalog
+
+    kind = what.strip().lower()
+    if kind not in LISTS:
+        from planner.errors import did_you_mean
+
+        raise SpecError("what", f"unknown list '{what}'{did_you_mean(what, LISTS)}; choose one of {', '.join(LISTS)}")
+    rows = catalog_rows(kind)
+    if json_:
+        _emit_json({"schema_version": 1, kind: rows})
+    else:
+        out.print(render_catalog(kind, rows))
+
+
 @app.command()
-def schema(kind: str = typer.Argument("plan", help="which output: plan")) -> None:
-    """Print the JSON Schema of a versioned output."""
-    from planner.report.plan_json import plan_schema
+def schema(kind: str = typer.Argument("plan", help="which output: plan or estimate")) -> None:
+    """Print the JSON Schema of a versioned output.
 
-    if kind != "plan":
-        raise SpecError("kind", f"unknown schema '{kind}'; available: plan")
-    _emit_json(plan_schema())
+    Example: planner schema plan > plan.schema.json
+    """
+    from planner.report.plan_json import estimate_schema, plan_schema
+
+    schemas = {"plan": plan_schema, "estimate": estimate_schema}
+    if kind not in schemas:
+        raise SpecError("kind", f"unknown schema '{kind}'; available: {', '.join(schemas)}")
+    _emit_json(schemas[kind]())
 
 
-def _with_progress(run, quiet: bool):
-    """Run a search with a progress bar on stderr when it is a terminal."""
+def _with_progress(run, quiet: bool, verbose: bool = False):
+    """Run a search with a progress bar on stderr when it is a terminal; with --verbose, one line per report.
+    The search calls ``progress(done, total)`` (candidates visited) or, in the mixed-GPU search's phases,
+    ``progress(done, total, what)`` with ``what`` naming what it counts."""
+    if verbose:
+        def report(done: int, total: int, what: str | None = None) -> None:
+            line = (f"solving candidates with CP-SAT: {done:,} of {total:,} visited" if what is None
+                    else f"{what}: {done:,} of {total:,}")
+            print(f"planner: {line}", file=sys.stderr, flush=True)
+
+        return run(report)
     if quiet or not sys.stderr.isatty():
         return run(None)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("searching"), BarColumn(), TextColumn("{task.completed:,}/{task.total:,} candidates"),
+    with Progress(TextColumn("searching"), BarColumn(),
+                  TextColumn("{task.completed:,}/{task.total:,} {task.fields[what]}"),
                   TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
-        task = bar.add_task("search", total=1)
+        task = bar.add_task("search", total=1, what="candidates")
 
-        def progress(done: int, total: int) -> None:
-            bar.update(task, completed=done, total=total)
+        def progress(done: int, total: int, what: str | None = None) -> None:
+            bar.update(task, completed=done, total=total, what=what or "candidates")
 
         return run(progress)
 

@@ -47,7 +47,17 @@ def path_exists(path: str | Path, field: str = "file") -> bool:
         raise SpecError(field, f"cannot use '{path}' as a path: {getattr(exc, 'strerror', None) or exc}")
 
 
+STDIN = "-"  # a path of "-" means standard input, as in other Unix tools
+
+
 def read_text(path: str | Path, field: str = "file") -> str:
+    if str(path) == STDIN:
+        import sys
+
+        raw = sys.stdin.buffer.read(MAX_INPUT_BYTES + 1)
+        if len(raw) > MAX_INPUT_BYTES:
+            raise SpecError(field, f"standard input is larger than {MAX_INPUT_BYTES // (1024 * 1024)} MiB")
+        return _decode(raw, "standard input", field)
     p = Path(path)
     if not path_exists(p, field):
         raise SpecError(field, f"no such file '{path}'")
@@ -59,17 +69,22 @@ def read_text(path: str | Path, field: str = "file") -> str:
         raw = p.read_bytes()
     except OSError as exc:
         raise SpecError(field, f"cannot read '{path}': {exc.strerror or exc}")
+    return _decode(raw, f"'{path}'", field)
+
+
+def _decode(raw: bytes, source: str, field: str) -> str:
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError:
-        raise SpecError(field, f"'{path}' is not UTF-8 text")
+        raise SpecError(field, f"{source} is not UTF-8 text")
 
 
 def load_yaml(path: str | Path, field: str = "file") -> Any:
     """Load a YAML file with a safe loader; errors name the file and line."""
     text = read_text(path, field)
+    shown = "standard input" if str(path) == STDIN else f"'{path}'"
     if not text.strip():
-        raise SpecError(field, f"'{path}' is empty")
+        raise SpecError(field, f"{shown} is empty")
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - SafeLoader subclass
     except yaml.YAMLError as exc:
@@ -79,11 +94,11 @@ def load_yaml(path: str | Path, field: str = "file") -> Any:
         if problem.startswith("could not determine a constructor for the tag"):  # !!python/object and friends
             tag = problem.split("'")[1].replace("tag:yaml.org,2002:", "!!") if "'" in problem else "?"
             problem = f"the tag {tag} is not allowed; only plain mappings, lists and scalars are read"
-        raise SpecError(field, f"invalid YAML in '{path}'{where}: {problem}")
+        raise SpecError(field, f"invalid YAML in {shown}{where}: {problem}")
     except (ValueError, RecursionError) as exc:  # a scalar the safe constructors reject, or absurd nesting
-        raise SpecError(field, f"invalid YAML in '{path}': {_decode_problem(exc)}")
+        raise SpecError(field, f"invalid YAML in {shown}: {_decode_problem(exc)}")
     if data is None:
-        raise SpecError(field, f"'{path}' is empty (no YAML content, only comments or null)")
+        raise SpecError(field, f"{shown} is empty (no YAML content, only comments or null)")
     return data
 
 

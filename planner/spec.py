@@ -410,7 +410,8 @@ def _check_links(job: Job) -> None:
 
 
 def load_job(path: str | Path) -> Job:
-    from planner.io import load_yaml
+    """A job file, or standard input for ``-`` (relative model paths then resolve from the working folder)."""
+    from planner.io import STDIN, load_yaml
 
     raw = load_yaml(path, field="job")
-    return parse_job(raw, base_dir=Path(path).resolve().parent)
+    return parse_job(raw, base_dir=Path.cwd() if str(path) == STDIN else Path(path).resolve().parent)

@@ -9,6 +9,10 @@ Each case i draws its job from random.Random(f"{seed}:{i}") with the generators 
 ones the hypothesis properties use), so a case is reproducible on its own whatever --procs is. A few cases
 (--invalid-rate) get one field broken on purpose to exercise the bad-input path. Prints a table of counts and
 exits 1 if any case crashed (an exception other than SpecError from parse_job) or broke an invariant.
+
+Needs a checkout with tests/ (strategies.py and the independent checkers invariants.py, invariants_mixed.py); no
+data files. Time: about 0.09 s per case on 2 cores (10,000 cases: about 15 minutes; --mixed: about
+0.4 s per case); --procs 2 halves it on an idle machine.
 """
 from __future__ import annotations
 
@@ -22,8 +26,17 @@ import traceback
 from collections import Counter
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import ROOT, fail, run, shown  # noqa: E402
+
+sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests"))
+if __name__ == "__main__":  # the generators and the independent checkers live in the test suite
+    for _name in ("strategies.py", "invariants.py", "invariants_mixed.py"):
+        if not (ROOT / "tests" / _name).is_file():
+            fail("tests", f"scripts/fuzz.py needs tests/{_name} of a checkout of the repository; none at "
+                          f"{shown(ROOT / 'tests' / _name)}")
 
 from strategies import RandomChooser, gen_case, gen_mixed_case  # noqa: E402
 
@@ -217,4 +230,4 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run(main)

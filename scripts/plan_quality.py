@@ -1,7 +1,11 @@
 """Plan quality on published runs: for every run of a measured-runs file, plan the same model, GPUs, sequence and
 global batch, and compare the best plan with the published layout (both predicted by the same cost model).
 
-    python scripts/plan_quality.py [RUNS.yaml] [--time-limit 20] [--top 5] [--limit N]
+    python scripts/plan_quality.py [--runs RUNS.yaml] [--time-limit 20] [--top 5] [--limit N]
+
+Needs a measured-runs file (format: docs/measured-runs.md; RUNS.yaml may also be given positionally); the default
+is ../shared/reference/measured-runs.yaml, next to the repository. Runs one search per run: about 3 minutes for
+the 148 runs of the shared file at --time-limit 10 on 2 cores (at most runs x time limit); --limit N for a quick look.
 
 Reports, per run and in total: whether the best plan is predicted at least as fast as the published layout, and,
 when the published layout is inside the search space and within 1% of the best, whether it appears among the top
@@ -15,13 +19,16 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _common import SHARED_RUNS, fail, need_file, run, shown  # noqa: E402
 
 from planner.runs import RunCase, load_runs  # noqa: E402
 from planner.search.planner import search  # noqa: E402
 from planner.search.space import SearchOptions  # noqa: E402
 from planner.validate import predict  # noqa: E402
 
-DEFAULT_RUNS = Path(__file__).resolve().parents[2] / "shared" / "reference" / "measured-runs.yaml"
+DEFAULT_RUNS = SHARED_RUNS
 
 
 def in_space(dims, opts: SearchOptions) -> bool:
@@ -35,13 +42,19 @@ def same_layout(a, b) -> bool:
 
 
 def main() -> None:
-    ap = argparse.ArgumentParser()
-    ap.add_argument("runs", nargs="?", default=str(DEFAULT_RUNS))
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("runs", nargs="?", default=None, help="measured-runs YAML (same as --runs)")
+    ap.add_argument("--runs", dest="runs_opt", metavar="FILE", default=None,
+                    help=f"measured-runs YAML (default: {DEFAULT_RUNS})")
     ap.add_argument("--time-limit", type=float, default=20.0)
     ap.add_argument("--top", type=int, default=5)
     ap.add_argument("--limit", type=int, default=0, help="only the first N runs")
     args = ap.parse_args()
-    cases = [c for c in load_runs(args.runs) if isinstance(c, RunCase)]
+    if args.runs and args.runs_opt and args.runs != args.runs_opt:
+        fail("runs", f"two measured-runs files given ('{args.runs}' and --runs '{args.runs_opt}'); pass one")
+    runs = need_file(args.runs_opt or args.runs or shown(DEFAULT_RUNS), "runs", "plan_quality.py",
+                     "a measured-runs file", "--runs FILE")
+    cases = [c for c in load_runs(runs) if isinstance(c, RunCase)]
     if args.limit:
         cases = cases[: args.limit]
     rows = []
@@ -84,4 +97,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    run(main)

@@ -61,7 +61,7 @@ def test_names_and_aliases_are_unique(kind):
 @pytest.mark.parametrize(
     "alias, name",
     [
-        ("H100", "h100-sxm"), ("a100-sxm4-80gb", "a100-80gb"), ("h200-sxm-141gb", "h200"),
+        ("HGX-H100", "h100-sxm"), ("a100-sxm4-80gb", "a100-80gb"), ("h200-sxm-141gb", "h200"),
         ("h100-sxm5-80gb", "h100-sxm"), ("h100-pcie-80gb", "h100-pcie"), ("b200-sxm-180gb", "b200"),
         ("gb200-nvl72", "gb200"), ("v100-sxm2-32gb", "v100-32gb"), ("rtx-4090", "rtx4090"),
         ("a100-sxm4-40gb", "a100-40gb"),

@@ -1,14 +1,20 @@
-"""Ctrl-C during `planner plan`: exit 130, one `error:` line on stderr, no traceback, no partial or temp file."""
+"""Ctrl-C during `planner plan`: exit 130, one `error:` line on stderr, no traceback, no partial or temp file.
+
+The signal is sent when `plan --verbose` reports that the search has reached the phase under test, read from its
+stderr, never after a fixed delay: the test holds on any machine speed. The remaining phase lasts seconds (the
+DeepSeek-V3 job enumerates ~100k candidates, then runs ~100 CP-SAT solves), the signal goes out microseconds
+after the line is read.
+"""
+import queue
 import signal
 import subprocess
 import sys
-import time
+import threading
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
-JOB = ROOT / "examples" / "bench" / "deepseek-v3-2048-h800.yaml"  # its search takes well over 10 s
+JOB = ROOT / "examples" / "bench" / "deepseek-v3-2048-h800.yaml"
+HANG_GUARD_S = 300  # only catches a hung process; no assertion depends on how fast the machine is
 
 
 def _default_sigint():
@@ -17,41 +23,51 @@ def _default_sigint():
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-def interrupt_after(delay_s: float, tmp_path: Path):
+def interrupt_at(marker: str, tmp_path: Path):
+    """Run `plan -v`, send SIGINT as soon as a stderr line contains ``marker``; (rc, stdout, stderr lines)."""
     out = tmp_path / "plan.json"
-    proc = subprocess.Popen([sys.executable, "-m", "planner", "plan", str(JOB), "--out", str(out), "--json"],
+    proc = subprocess.Popen([sys.executable, "-m", "planner", "plan", str(JOB), "--out", str(out), "--json", "-v"],
                             cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             preexec_fn=_default_sigint)
-    time.sleep(delay_s)
-    if proc.poll() is not None:
-        proc.communicate()
-        pytest.skip(f"the search ended (rc={proc.returncode}) before the signal at {delay_s} s")
-    sent = time.monotonic()
-    proc.send_signal(signal.SIGINT)
+    lines: queue.Queue = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr] + [lines.put(None)], daemon=True).start()
+    stdout_chunks: list[str] = []
+    threading.Thread(target=lambda: stdout_chunks.append(proc.stdout.read()), daemon=True).start()
+    seen = []
     try:
-        stdout, stderr = proc.communicate(timeout=15)  # CP-SAT may hold the signal until its solve returns
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.communicate()
-        raise AssertionError("planner plan did not exit within 15 s of SIGINT")
-    return proc.returncode, stdout, stderr, time.monotonic() - sent
+        while True:
+            line = lines.get(timeout=HANG_GUARD_S)
+            if line is None:
+                raise AssertionError(f"the search ended (rc={proc.wait()}) before reporting {marker!r}: {seen}")
+            seen.append(line.rstrip("\n"))
+            if marker in line:
+                assert proc.poll() is None, "the process ended right after reporting the phase"
+                proc.send_signal(signal.SIGINT)
+                break
+        rc = proc.wait(timeout=HANG_GUARD_S)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    while (line := lines.get(timeout=HANG_GUARD_S)) is not None:
+        seen.append(line.rstrip("\n"))
+    return rc, "".join(stdout_chunks), seen
 
 
-def assert_clean_interrupt(rc, stdout, stderr, waited, tmp_path):
-    assert rc == 130, (rc, stderr)
-    assert "Traceback" not in stderr
-    lines = stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith("error:"), repr(stderr)
+def assert_clean_interrupt(rc, stdout, stderr_lines, tmp_path):
+    assert rc == 130, (rc, stderr_lines)
+    assert not any("Traceback" in line for line in stderr_lines), stderr_lines
+    assert stderr_lines[-1] == "error: interrupted", stderr_lines
+    assert all(line.startswith("planner: ") for line in stderr_lines[:-1]), stderr_lines  # progress lines only
     assert stdout == ""
     assert list(tmp_path.iterdir()) == [], "plan.json or a temp file was left behind"
-    assert waited < 10, f"took {waited:.1f} s to exit after SIGINT"
 
 
-def test_sigint_during_search_exits_130_cleanly(tmp_path):
-    """~2 s in: the candidate enumeration (Python code)."""
-    assert_clean_interrupt(*interrupt_after(2.0, tmp_path), tmp_path)
+def test_sigint_during_enumeration_exits_130_cleanly(tmp_path):
+    """The candidate enumeration (Python code)."""
+    assert_clean_interrupt(*interrupt_at("enumerating candidates", tmp_path), tmp_path)
 
 
 def test_sigint_during_cp_sat_phase_exits_130_cleanly(tmp_path):
-    """~8 s in: candidates are being solved by CP-SAT (the enumeration ends after ~5 s here)."""
-    assert_clean_interrupt(*interrupt_after(8.0, tmp_path), tmp_path)
+    """Candidates are being solved by CP-SAT (the first progress report comes after the enumeration)."""
+    assert_clean_interrupt(*interrupt_at("solving candidates with CP-SAT", tmp_path), tmp_path)

@@ -30,20 +30,68 @@ def data_file(name: str) -> Path:
 
 
 @functools.lru_cache(maxsize=None)
-def _catalog(kind: str) -> dict[str, dict[str, Any]]:
-    """name -> entry for ``gpus`` or ``models``; every alias maps to the same entry (lower-cased)."""
+def _catalog_file(kind: str) -> tuple[Path, dict[str, Any]]:
     from planner.io import load_yaml
 
     path = data_file(f"{kind}.yaml")
-    data = load_yaml(path, field=str(path))
+    return path, load_yaml(path, field=str(path))
+
+
+@functools.lru_cache(maxsize=None)
+def _catalog(kind: str) -> dict[str, dict[str, Any]]:
+    """name -> entry for ``gpus`` or ``models``; every alias maps to the same entry (lower-cased)."""
+    _, data = _catalog_file(kind)
     table: dict[str, dict[str, Any]] = {}
     for name, entry in data[kind].items():
         entry = dict(entry)
-        aliases = entry.pop("aliases", [])
+        others = entry.pop("aliases", [])
         entry.setdefault("name", name)
-        for key in [name, *aliases]:
+        for key in [name, *others]:
             table[key.lower()] = entry
     return table
+
+
+def aliases(kind: str, name: str) -> list[str]:
+    """The aliases of the ``gpus`` or ``models`` entry ``name`` (as the catalog spells them)."""
+    _, data = _catalog_file(kind)
+    entry = data[kind].get(_catalog(kind).get(name.strip().lower(), {}).get("name", name)) or {}
+    return [str(a) for a in entry.get("aliases", [])]
+
+
+@functools.lru_cache(maxsize=None)
+def ambiguous_gpus() -> dict[str, tuple[Any, ...]]:
+    """Lower-cased name -> its variants (catalog names or inline GPU mappings), from gpus.yaml ``ambiguous:``:
+    names like ``A100`` that fit GPUs differing in memory or interconnect, so that no entry may claim them."""
+    path, data = _catalog_file("gpus")
+    table = _catalog("gpus")
+    found: dict[str, tuple[Any, ...]] = {}
+    for name, choices in (data.get("ambiguous") or {}).items():
+        key = str(name).strip().lower()
+        where = f"{path}: ambiguous.{name}"
+        if key in table:
+            raise SpecError(where, f"'{name}' is also the GPU {table[key]['name']} (a name or an alias)")
+        if not isinstance(choices, list) or len(choices) < 2:
+            raise SpecError(where, "expected a list of at least two variants")
+        for choice in choices:  # each variant is a catalog GPU, or one with overrides: never another ambiguous name
+            base = choice if isinstance(choice, str) else choice.get("base") if isinstance(choice, dict) else None
+            if not isinstance(base, str) or base.strip().lower() not in table:
+                raise SpecError(where, f"variant {choice!r} is neither a GPU name nor {{base: <GPU name>, ...}}")
+            resolve_gpu(choice, field=where)
+        found[key] = tuple(choices)
+    return found
+
+
+def _ambiguity(value: str, choices: tuple[Any, ...]) -> str:
+    """``'A100' is ambiguous: a100-40gb (40 GiB), a100-80gb (80 GiB); name one``: each variant as a job names it,
+    with its memory, and its scale-up bandwidth where the variants differ in it (H100 SXM vs PCIe)."""
+    gpus = [resolve_gpu(c) for c in choices]
+    links = len({g.intra_node_gbps for g in gpus}) > 1
+    shown = []
+    for choice, gpu in zip(choices, gpus):
+        name = choice if isinstance(choice, str) else "{" + ", ".join(f"{k}: {v}" for k, v in choice.items()) + "}"
+        notes = f"{gpu.memory_gib:g} GiB" + (f", {gpu.intra_node_gbps:g} GB/s scale-up" if links else "")
+        shown.append(f"{name} ({notes})")
+    return f"'{value}' is ambiguous: {', '.join(shown)}; name one"
 
 
 def gpu_names() -> list[str]:
@@ -55,13 +103,17 @@ def model_names() -> list[str]:
 
 
 def resolve_gpu(value: Any, field: str = "gpu"):
-    """A catalog name (or alias), or an inline mapping of GpuSpec fields (optionally ``base: <name>`` + overrides)."""
+    """A catalog name (or alias), or an inline mapping of GpuSpec fields (optionally ``base: <name>`` + overrides).
+    A name that fits several GPUs (gpus.yaml ``ambiguous:``) is an error listing them."""
     from planner.spec import GpuSpec, format_validation_error
 
     table = _catalog("gpus")
     if isinstance(value, str):
         entry = table.get(value.strip().lower())
         if entry is None:
+            choices = ambiguous_gpus().get(value.strip().lower())
+            if choices:
+                raise SpecError(field, _ambiguity(value, choices))
             raise SpecError(field, f"unknown GPU '{value}'{did_you_mean(value, gpu_names())}; known: {', '.join(gpu_names())}")
         return GpuSpec.model_validate(entry)
     if isinstance(value, dict):

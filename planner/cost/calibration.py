@@ -29,11 +29,20 @@ class Calibration:
         return {f.name: getattr(self, f.name) for f in fields(self)}
 
 
-@functools.lru_cache(maxsize=None)
 def default_calibration() -> Calibration:
+    return _default()[0]
+
+
+def default_calibration_file():
+    """The file default_calibration() was read from (``$PLANNER_CATALOG/calibration.yaml`` or the built-in one)."""
+    return _default()[1]
+
+
+@functools.lru_cache(maxsize=None)
+def _default():
     from planner.catalog import data_file
     from planner.io import load_yaml
 
     path = data_file("calibration.yaml")
     data = load_yaml(path, field=str(path))
-    return Calibration(**{f.name: float(data[f.name]) for f in fields(Calibration)})
+    return Calibration(**{f.name: float(data[f.name]) for f in fields(Calibration)}), path

@@ -40,6 +40,7 @@ class Estimate:
     model_flops: float
     peak_tflops_per_gpu: float
     stage_capacity_gib: list[float] | None = None  # heterogeneous plans: each stage's own GPU capacity
+    calibration: Calibration | None = None  # the cost model's efficiencies this estimate was priced with
 
     def capacity_of(self, position: int) -> float:
         """Capacity of ``stages[position]``'s GPU."""
@@ -75,9 +76,12 @@ class Estimate:
     def mfu(self) -> float:
         return self.model_tflops_per_gpu / self.peak_tflops_per_gpu
 
-    def to_json(self) -> dict:
+    def to_json(self, job: Job | None = None) -> dict:
+        """The estimate as JSON (planner.report.plan_json.EstimateOut). With ``job`` (the job estimated), also
+        ``job``, ``planner_version`` and ``cost_model`` (planner.report.provenance): the `planner estimate --json`
+        document, readable without the job file."""
         r = lambda x, n=6: float(round(x, n))  # noqa: E731 - fixed rounding keeps JSON byte-stable
-        return {
+        out = {
             "schema_version": SCHEMA_VERSION,
             "fits": self.fits,
             "iteration_time_s": r(self.iteration_time_s),
@@ -90,11 +94,16 @@ class Estimate:
             "memory_capacity_gib": r(self.capacity_gib, 3),
             "peak_memory_stage": self.peak_stage.index,
             **({"peak_memory_replica": self.peak_stage.replica} if self.peak_stage.replica is not None else {}),
-            "layout": self.dims.as_dict(),
+            "layout": layout_json(self.dims),
             "time_breakdown_s": {k: r(v) for k, v in self.time_breakdown_s.items()},
             "memory_breakdown_gib": {k: r(v / M.GIB, 3) for k, v in self.peak_stage.memory_bytes.items()},
             "stages": [self._stage_json(i, r) for i in range(len(self.stages))],
         }
+        if job is not None:
+            from planner.report.provenance import provenance
+
+            out.update(provenance(job, self.calibration))
+        return out
 
     def _stage_json(self, i: int, r) -> dict:
         s = self.stages[i]
@@ -108,6 +117,23 @@ class Estimate:
             out["group"] = self.dims.stage_groups[s.index]
             out["memory_capacity_gib"] = r(self.stage_capacity_gib[i], 3)
         return out
+
+
+def layout_json(dims) -> dict:
+    """``dims.as_dict()`` with no top-level value that a stage or replica entry contradicts: in mixed layouts
+    (stages on node groups) ``tp`` is the stages' common TP degree and null when they differ (each stage's own
+    ``tp`` holds), ``sequence_parallel`` (on exactly in the stages with tp > 1) null when only some stages have
+    tp > 1, and with replicas ``num_microbatches`` null when the replicas run different counts."""
+    out = dims.as_dict()
+    pipes = dims.replicas if isinstance(dims, ReplicaDims) else (dims,) if isinstance(dims, HeteroDims) else ()
+    if pipes:
+        tps = {tp for p in pipes for tp in p.stage_tp}
+        out["tp"] = next(iter(tps)) if len(tps) == 1 else None
+        sp = {tp > 1 for tp in tps}
+        out["sequence_parallel"] = next(iter(sp)) if len(sp) == 1 else None
+        counts = {p.num_microbatches for p in pipes}
+        out["num_microbatches"] = next(iter(counts)) if len(counts) == 1 else None
+    return out
 
 
 def estimate(job: Job, layout: Layout | None = None, cal: Calibration | None = None,
@@ -221,7 +247,7 @@ def evaluate_stages(job: Job, dims, models: list[StageModel], plans: list[StageP
         dims=dims, capacity_gib=caps[max(stages, key=lambda s: (s.peak_bytes, -s.index)).index],
         iteration_time_s=steady + bubble + dp_exposed + opt, time_breakdown_s=breakdown, stages=stages,
         model_flops=F.model_flops_per_iteration(job.model, t.seq_length, t.global_batch_size),
-        peak_tflops_per_gpu=peak, stage_capacity_gib=caps if hetero else None,
+        peak_tflops_per_gpu=peak, stage_capacity_gib=caps if hetero else None, calibration=models[0].cal,
     )
 
 
@@ -275,5 +301,5 @@ def estimate_replicas(job: Job, dims: ReplicaDims, capacity_margin: float = 0.0,
     return Estimate(
         dims=dims, capacity_gib=caps[top], iteration_time_s=ests[slow].iteration_time_s,
         time_breakdown_s=ests[slow].time_breakdown_s, stages=stages, model_flops=ests[slow].model_flops,
-        peak_tflops_per_gpu=peak, stage_capacity_gib=caps,
+        peak_tflops_per_gpu=peak, stage_capacity_gib=caps, calibration=ests[slow].calibration,
     )

@@ -13,6 +13,10 @@ from __future__ import annotations
 from planner.spec import ModelSpec
 
 GIB = 1024**3
+# The share of each GPU's memory kept free for what the model does not count (allocator spikes, NCCL and
+# communication buffers beyond the fitted allowance): one default for `plan` and `estimate` alike, so the two
+# commands agree on whether a layout fits.
+DEFAULT_MEMORY_MARGIN = 0.05
 # bytes per parameter of the gradient buffers; "bf16+fp32" is DeepSpeed's BF16_Optimizer (16-bit .grad plus an
 # fp32 accumulation buffer that ZeRO-1 does not shard, bigscience tr11-176B-ml chronicles)
 GRAD_BYTES = {"fp32": 4.0, "bf16": 2.0, "bf16+fp32": 6.0}

@@ -8,9 +8,13 @@ from planner.cost.estimate import Estimate
 
 
 def _layout_line(d: dict) -> str:
-    parts = [f"tp={d['tp']}", f"pp={d['pp']}", f"dp={d['dp']}", f"cp={d['cp']}", f"ep={d['ep']}", f"vpp={d['vpp']}",
-             f"mbs={d['micro_batch_size']}", f"sp={'on' if d['sequence_parallel'] else 'off'}",
-             f"zero={d['zero_stage']}", f"recompute={d['recompute']}", f"micro-batches={d['num_microbatches']}"]
+    # mixed-GPU layouts: tp, sequence_parallel and num_microbatches are null where stages (or replicas) differ
+    tp = "per-stage" if d["tp"] is None else d["tp"]
+    sp = "per-stage" if d["sequence_parallel"] is None else "on" if d["sequence_parallel"] else "off"
+    micro = "per-replica" if d["num_microbatches"] is None else d["num_microbatches"]
+    parts = [f"tp={tp}", f"pp={d['pp']}", f"dp={d['dp']}", f"cp={d['cp']}", f"ep={d['ep']}", f"vpp={d['vpp']}",
+             f"mbs={d['micro_batch_size']}", f"sp={sp}",
+             f"zero={d['zero_stage']}", f"recompute={d['recompute']}", f"micro-batches={micro}"]
     if d.get("tp_comm_overlap"):
         parts.append("tp-overlap")
     return " ".join(parts)

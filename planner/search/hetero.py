@@ -11,8 +11,9 @@ open), which open into one family per group order and ZeRO stage, whose boxes of
 single candidates; every level's bound holds for all it stands for. A candidate's refined bound
 (hetero_bounds.refined_bound: its stages' memory, sends, ZeRO traffic and DP tail) puts it back in line, so CP-SAT solves
 candidates in the order of those bounds. The search stops when no remaining bound beats the K-th best plan (by
-more than quick.RESOLUTION), which proves the top K (one per candidate) optimal within this space, as
-planner/search/planner.py does. Replica plans (planner/search/replicas.py) then join the list.
+more than quick.RESOLUTION), which proves the top K (K distinct plans, planner.search.planner._keep) optimal
+within this space, as planner/search/planner.py does. Replica plans (planner/search/replicas.py) then join the
+list; SearchResult.stop_reason and gap_source say what leaves a gap, and in which part of the space.
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ import itertools
 import math
 import time
 from dataclasses import dataclass
+from typing import Callable
 
 from planner.cost.estimate import costs_by_group, evaluate_stages, hetero_stage_models, with_group_sends
 from planner.cost.stage import StageModel
@@ -31,7 +33,8 @@ from planner.search.mixed import (MixedContext, ZeroTerms, cp_options, end_costs
                                   send_bound, tp_options, zero_terms)
 from planner.search.partition import solve_partition
 from planner.search.quick import RESOLUTION
-from planner.search.planner import Plan, SearchResult, _keep, _stage_tuple, settle_open_solves, solve_limit
+from planner.search.planner import (STOP_REASONS, Plan, SearchResult, _keep, _stage_tuple, settle_open_solves,
+                                    solve_limit, unproven)
 from planner.search.replicas import search_replicas
 from planner.search.space import SearchOptions, divisors
 from planner.spec import Job
@@ -117,6 +120,32 @@ def _count_space(ctx: MixedContext, tp_opts, kmax_of) -> int:
         if _uniform_ok(ctx, used):
             size += _box_size((1,) * len(used), tuple(kmax_of[g][tp] for g, tp in used), L) * math.factorial(len(used))
     return size
+
+
+def _group_size(ctx: MixedContext, grp: "_Group") -> int:
+    """Candidates a _Group stands for (every ZeRO stage): as _count_space, with its fixed choices."""
+    key = ("group size", grp.fixed, grp.tp_opts, tuple(tuple(sorted(grp.kmax_of[g].items())) for g in ctx.order))
+    if key not in ctx.memo:
+        L = ctx.job.model.num_layers
+        size = 0
+        for tps in itertools.product(*((tp,) for tp in grp.fixed), *grp.tp_opts[len(grp.fixed):]):
+            used = tuple((g, tp) for g, tp in zip(ctx.order, tps) if tp)
+            if _uniform_ok(ctx, used):
+                size += _box_size((1,) * len(used), tuple(grp.kmax_of[g][tp] for g, tp in used), L) * \
+                    math.factorial(len(used))
+        ctx.memo[key] = size
+    return ctx.memo[key] * len(grp.zeros)
+
+
+def _node_size(ctx: MixedContext, node, box) -> int:
+    """Candidates a node of the best-first search stands for (for progress: they are settled when it is cut)."""
+    if isinstance(node, _Group):
+        return _group_size(ctx, node)
+    if isinstance(node, HeteroCandidate):
+        return 1
+    lo, hi = box
+    n = _box_size(lo, hi, ctx.job.model.num_layers)
+    return n if node.ordered else n * math.factorial(len(node.used)) * len(node.zeros)
 
 
 def _uniform_ok(ctx: MixedContext, used) -> bool:
@@ -336,12 +365,21 @@ def _solve(ctx: MixedContext, c: HeteroCandidate, sms, cap_s: float, remaining: 
     return res, evaluate_stages(ctx.job, dims, final_sms, res.plans, ctx.opts.memory_margin)
 
 
+STOP_ORDER = STOP_REASONS  # most decisive first
+# progress(done, total, what): what each phase of search_hetero counts
+MIXED_PROGRESS = "mixed-pipeline candidates"  # solved, or ruled out by a bound
+
+
 def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers: int = 1,
                   options: SearchOptions | None = None, single_type: bool = True,
-                  replicas: bool = True) -> SearchResult:
+                  replicas: bool = True, progress: Callable[..., None] | None = None) -> SearchResult:
     """Best heterogeneous plans of a multi-group job (see the module docstring). With ``single_type`` the best
     plan on each node group alone (the homogeneous search) is reported for comparison; with ``replicas`` plans
-    whose DP replicas sit on different GPU types (planner/search/replicas.py) join the top list."""
+    whose DP replicas sit on different GPU types (planner/search/replicas.py) join the top list.
+
+    ``progress(done, total, what)`` is called as each phase moves, ``what`` naming what it counts: mixed-pipeline
+    candidates solved or ruled out by a bound (MIXED_PROGRESS; a box cut by its bound settles every candidate in
+    it), then replica shapes evaluated or ruled out, then each single-type search's candidates."""
     opts = options or SearchOptions()
     start = time.monotonic()
     # shares of the time limit: mixed pipelines, then replicas on different types, then the single-type searches
@@ -354,6 +392,8 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
     heapq.heapify(heap)
     tie = itertools.count(len(heap))
     counted = sum(size for _, _, size in groups)
+    settled = 0  # candidates solved or ruled out (progress)
+    pops = 0
     best: list[Plan] = []
     cache: dict = {}
     solved = 0
@@ -370,31 +410,50 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
     def cut() -> float:
         return kth_time() * (1 - RESOLUTION)
 
+    def report() -> None:
+        if progress is not None:
+            progress(min(settled, counted), counted, MIXED_PROGRESS)
+
     def solve(c: HeteroCandidate, sms: list[StageModel], kth: float) -> None:
-        nonlocal solved
+        nonlocal solved, settled
         # without a plan to beat, a solve only needs to find one: a short limit (its bound is kept)
         limit = solve_limit(deadline - time.monotonic(), time_limit_s if kth < float("inf") else 0.0)
         res, est = _solve(ctx, c, with_group_sends(ctx.job, c.stage_groups, sms), kth, limit, workers)
         solved += 1
+        settled += 1
         if res.status not in ("optimal", "infeasible"):
             open_bounds.append(res.bound_s)
         if est is not None and est.fits:
             _keep(best, Plan(c, est, res.status), top)
+        report()
 
+    def push(bound: float, node, nbox) -> None:
+        nonlocal settled
+        if bound < cut():
+            heapq.heappush(heap, (bound, next(tie), node, nbox))
+        else:
+            settled += _node_size(ctx, node, nbox)  # cut by its bound: every candidate in it is settled
+
+    timed_out = False
+    report()
     while heap:
         kth = cut()
         lb, _, fam, box = heapq.heappop(heap)
+        pops += 1
+        if pops % 64 == 0:
+            report()
         if lb >= kth:
             frontier = min(frontier, lb)
+            settled = counted  # this node and every one left in line are cut by their bounds
             break
         if time.monotonic() > deadline:  # everything left is unexplored: the top K are not proven
             complete = False
+            timed_out = True
             frontier = min(frontier, lb)
             break
         if isinstance(fam, _Group):
             for flb, family, fbox in fam.families(ctx):
-                if flb < kth:
-                    heapq.heappush(heap, (flb, next(tie), family, fbox))
+                push(flb, family, fbox)
             continue
         if isinstance(fam, HeteroCandidate):  # a candidate back with its refined bound: solve it
             solve(fam, box, kth)
@@ -402,56 +461,69 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
         lo, hi = box
         if not fam.ordered:
             for ordered, box in fam.expand(ctx, lo, hi):
-                flb = ordered.bound(L, *box)
-                if flb < kth:
-                    heapq.heappush(heap, (flb, next(tie), ordered, box))
+                push(ordered.bound(L, *box), ordered, box)
             continue
         if lo != hi:
             for box in _split(lo, hi):
                 if sum(box[0]) <= L:
-                    blb = fam.bound(L, *box)
-                    if blb < kth:
-                        heapq.heappush(heap, (blb, next(tie), fam, box))
+                    push(fam.bound(L, *box), fam, box)
             continue
         # a single candidate: its refined bound puts it back in line, so candidates are solved in the order of
         # their refined bounds and the first solves already give a plan close to the best
-        for c in fam.candidates(ctx, lo, lb):
+        cands = fam.candidates(ctx, lo, lb)
+        settled += 1 - len(cands)  # a stage-count choice outside the space is settled at once
+        for c in cands:
             sms = _stage_models(ctx, c, cache)
             refined = refined_bound(ctx, fam, c, sms, kth)
             if refined >= kth:
+                settled += 1
                 continue
             if kth == float("inf") and (not heap or refined <= heap[0][0] * (1 + DIVE)):
                 solve(c, sms, kth)  # no plan yet: one close to the frontier gives the cut a start
             else:
                 heapq.heappush(heap, (max(lb, refined), next(tie), c, sms))
+    report()
     complete, open_bound = settle_open_solves(complete, open_bounds, best, top)
+    rs = None
     if replicas and len(job.cluster) > 1 and opts.framework is None:  # stock frameworks: one count per replica
         beat = kth_time()
         stop = min(start + time_limit_s * share, time.monotonic() + 0.25 * time_limit_s * share)
-        found, replica_low = search_replicas(ctx, beat, stop, workers)
-        for cand, est in found:
+        rs = search_replicas(ctx, beat, stop, workers, progress)
+        for cand, est in rs.found:
             _keep(best, Plan(cand, est, "feasible"), top)
-    else:
-        replica_low = float("inf")
-    frontier = min(frontier, open_bound)
-    # the top K are proven only if no replica plan can enter them (replica plans themselves are not proven)
-    proven = complete and replica_low >= kth_time() * (1 - 1e-9)
-    final = [p if proven else Plan(p.candidate, p.estimate, "feasible") for p in best]
-    gap = 0.0
-    if not proven and final:
-        low = min(replica_low, frontier if not complete else float("inf"), final[0].time)
-        gap = max(0.0, (final[0].time - low) / final[0].time)
+    # What keeps the top K from being proven, as (bound, stop reason, part of the space): the mixed pipelines as
+    # today's ``complete`` says (cut by the deadline, or a solve stopped at its per-solve cap), and replica shapes
+    # whose bound is below the K-th best (left unexplored by the deadline, or evaluated heuristically: replica
+    # plans themselves are never proven).
+    kth = kth_time() * (1 - 1e-9)
+    open_parts = []
+    if not complete:
+        open_parts.append((min(frontier, open_bound), "time_limit" if timed_out else "solve_cap", "mixed_pipelines"))
+    if rs is not None and rs.unexplored < kth:
+        open_parts.append((rs.unexplored, "time_limit", "replica_shapes"))
+    if rs is not None and rs.low < kth:
+        open_parts.append((rs.low, "heuristic", "replica_shapes"))
+    proven = not open_parts
+    final = [p if proven else unproven(p) for p in best]
+    gap, reason, source = 0.0, "proven", None
+    if open_parts:
+        reason = min((r for _, r, _ in open_parts), key=STOP_ORDER.index)  # the most decisive reason
+        low, _, source = min(open_parts, key=lambda x: x[0])  # the part whose bound sets the gap
+        if final:
+            gap = max(0.0, (final[0].time - min(low, final[0].time)) / final[0].time)
     # candidates: every (family, stage counts) in the space; all but the solved ones were pruned by a bound
-    result = SearchResult(final, counted, counted - solved, solved, 0.0, complete, gap)
+    result = SearchResult(final, counted, counted - solved, solved, 0.0, complete, gap, stop_reason=reason,
+                          gap_source=source)
     if single_type:
         result.single_type_best_s, result.single_type_group = best_single_type(
-            job, opts, workers, max(0.5, start + time_limit_s - time.monotonic()))
+            job, opts, workers, max(0.5, start + time_limit_s - time.monotonic()), progress)
     result.seconds = time.monotonic() - start
     return result
 
 
-def best_single_type(job: Job, opts: SearchOptions, workers: int, time_limit_s: float):
-    """(seconds, group) of the best homogeneous plan on one node group alone, or (None, None) if none fits."""
+def best_single_type(job: Job, opts: SearchOptions, workers: int, time_limit_s: float, progress=None):
+    """(seconds, group) of the best homogeneous plan on one node group alone, or (None, None) if none fits.
+    ``progress(done, total, what)``: each search's candidates."""
     from planner.search.planner import search
 
     out = (None, None)
@@ -460,7 +532,9 @@ def best_single_type(job: Job, opts: SearchOptions, workers: int, time_limit_s: 
         sub = job.model_copy(update={"cluster": (job.cluster[g],), "layout": None})
         share = time_limit_s / (len(groups) - i)
         t0 = time.monotonic()
-        res = search(sub, top=1, time_limit_s=share, workers=workers, options=opts)
+        what = f"candidates, group {g} ({job.cluster[g].gpu.name}) alone"
+        each = None if progress is None else (lambda done, total, what=what: progress(done, total, what))
+        res = search(sub, top=1, time_limit_s=share, workers=workers, options=opts, progress=each)
         time_limit_s -= time.monotonic() - t0
         if res.plans and (out[0] is None or res.plans[0].time < out[0]):
             out = (res.plans[0].time, g)

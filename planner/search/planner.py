@@ -2,13 +2,15 @@
 
 Candidates (degrees, micro-batch, interleaving, ZeRO) are visited in order of their lower bound. Each visited
 candidate gets its best layer partition and recompute placement from CP-SAT (planner/search/partition.py); the
-search stops when the next lower bound cannot beat the K-th best plan found, which proves the top K (one plan per
-candidate) optimal within the modeled space. A time limit returns the best so far with the remaining gap.
+search stops when the next lower bound cannot beat the K-th best plan found, which proves the top K optimal within
+the modeled space. The top K are K distinct plans: plans the model cannot tell apart (iteration time and peak memory
+within quick.RESOLUTION) are one entry that lists the others as equivalent (_keep). A time limit returns the best so
+far with the remaining gap, and SearchResult.stop_reason says what left a gap.
 """
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from planner.cost.estimate import Estimate, evaluate_plans
@@ -26,10 +28,22 @@ class Plan:
     candidate: Candidate
     estimate: Estimate
     status: str  # "optimal" | "feasible"
+    # plans the model cannot tell apart from this one (_ties), in plan order; only on an entry of the top list
+    equivalent: list["Plan"] = field(default_factory=list)
 
     @property
     def time(self) -> float:
         return self.estimate.iteration_time_s
+
+    def order_key(self):
+        return (self.time, self.candidate.sort_key())
+
+
+# Why a search's top K are not proven (SearchResult.stop_reason), most decisive first: the time limit (or a
+# phase's share of it) stopped the search with bounds below the K-th best unexplored; a CP-SAT solve stopped at
+# its per-solve cap (solve_limit) with its bound below the K-th best; replica shapes (planner/search/replicas.py)
+# are evaluated heuristically and their bound is below the K-th best.
+STOP_REASONS = ("proven", "time_limit", "solve_cap", "heuristic")
 
 
 @dataclass
@@ -45,6 +59,9 @@ class SearchResult:
     single_type_best_s: float | None = None    # heterogeneous search: best plan on one node group alone
     single_type_group: int | None = None
     unrestricted_best_s: float | None = None   # --framework: best plan without the framework's limits
+    stop_reason: str = "proven"                # one of STOP_REASONS
+    gap_source: str | None = None              # mixed search: "mixed_pipelines" | "replica_shapes", the part of
+    #                                            the space whose bound sets ``gap`` (None when proven, or one group)
 
 
 def stage_recompute(layers, rec, base: str) -> tuple[tuple[int, ...] | None, str]:
@@ -142,8 +159,9 @@ def search(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers: int =
         stopped_at = len(cands)
     if progress is not None:
         progress(len(cands), len(cands))
+    timed_out = not complete  # only the deadline (of the enumeration or of this loop) clears it before here
     complete, open_bound = settle_open_solves(complete, open_bounds, best, top)
-    final = [p if complete else Plan(p.candidate, p.estimate, "feasible") for p in best]
+    final = [p if complete else unproven(p) for p in best]
     unexplored = cands[stopped_at].lower_bound_s if stopped_at < len(cands) else float("inf")
     unexplored = min(unexplored, open_bound)
     if not enumerated:
@@ -151,8 +169,15 @@ def search(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers: int =
     gap = 0.0
     if not complete and final:
         gap = max(0.0, (final[0].time - min(unexplored, final[0].time)) / final[0].time)
+    reason = "proven" if complete else "time_limit" if timed_out else "solve_cap"
     return SearchResult(final, len(cands), pruned + (len(cands) - stopped_at), solved,
-                        time.monotonic() - start, complete, gap, {"infeasible_candidates": infeasible})
+                        time.monotonic() - start, complete, gap, {"infeasible_candidates": infeasible},
+                        stop_reason=reason)
+
+
+def unproven(plan: Plan) -> Plan:
+    """The plan (and its equivalents) reported as feasible: the top list it belongs to is not proven."""
+    return replace(plan, status="feasible", equivalent=[replace(e, status="feasible") for e in plan.equivalent])
 
 
 # One CP-SAT solve may take at most this share of the search's time limit, so that one hard partition cannot
@@ -185,16 +210,54 @@ def global_lower_bound(job: Job, costs: AnalyticCosts) -> float:
     return (total - attn) / rate / job.num_gpus
 
 
+def _layout_key(plan: Plan):
+    d = plan.estimate.dims
+    return d.world, repr(sorted(d.as_dict().items()))
+
+
+def _close(a: float, b: float) -> bool:
+    return abs(a - b) <= quick.RESOLUTION * max(abs(a), abs(b))
+
+
+def _ties(a: Plan, b: Plan) -> bool:
+    """The model cannot tell the two plans apart: iteration time and peak memory within quick.RESOLUTION (0.01%),
+    the resolution the search proves times to."""
+    return _close(a.time, b.time) and _close(a.estimate.peak_memory_gib, b.estimate.peak_memory_gib)
+
+
 def _keep(best: list[Plan], plan: Plan, top: int) -> None:
-    """Insert into the top list. Two candidates can end in the same layout (e.g. base recompute none and
-    selective when every layer ends up fully recomputed): keep the layout once, with its faster estimate."""
-    key = (plan.estimate.dims.world, repr(sorted(plan.estimate.dims.as_dict().items())))
-    for i, other in enumerate(best):
-        if (other.estimate.dims.world, repr(sorted(other.estimate.dims.as_dict().items()))) == key:
-            if plan.time < other.time:
-                best[i] = plan
-                best.sort(key=lambda p: (p.time, p.candidate.sort_key()))
+    """Insert into the top list, which holds at most ``top`` distinct plans in plan order (time, then candidate).
+
+    A plan that ties an entry (_ties with the entry's plan) joins it: the first of the two in plan order is the
+    entry, the other is listed in its ``equivalent``. So K counts distinct plans, and the K-th entry's time stays a
+    valid cut for the branch and bound: a candidate whose bound is at or above it can only make a plan that ties an
+    entry or is slower than the K-th, never a new distinct entry among the top K (plans that tie are within
+    RESOLUTION, the resolution the proof has anyway). Ties found after a candidate was cut are not all listed:
+    ``equivalent`` names the equivalent plans the search met, not every one in the space.
+
+    Two candidates can also end in the same layout (e.g. base recompute none and selective when every layer ends
+    up fully recomputed): the layout is kept once, with its faster estimate."""
+    key = _layout_key(plan)
+    for i, entry in enumerate(best):
+        members = [entry, *entry.equivalent]
+        for j, other in enumerate(members):
+            if _layout_key(other) != key:
+                continue
+            if plan.time >= other.time:
+                return
+            del members[j]  # the same layout, now faster: take the old estimate out and insert the new one
+            if members:
+                best[i] = replace(members[0], equivalent=members[1:])
+            else:
+                del best[i]
+            _keep(best, plan, top)
             return
-    best.append(plan)
-    best.sort(key=lambda p: (p.time, p.candidate.sort_key()))
+    for i, entry in enumerate(best):
+        if _ties(plan, entry):
+            members = sorted([entry, *entry.equivalent, replace(plan, equivalent=[])], key=Plan.order_key)
+            best[i] = replace(members[0], equivalent=[replace(m, equivalent=[]) for m in members[1:]])
+            best.sort(key=Plan.order_key)
+            return
+    best.append(replace(plan, equivalent=[]))
+    best.sort(key=Plan.order_key)
     del best[top:]

@@ -58,8 +58,8 @@ class ReplicaCandidate:
 
 
 def _shapes(ctx, deadline: float, beat: float):
-    """(bound, shape) for every tp, cp, pp, micro-batch, baseline recompute and set of >= 2 used groups whose
-    bound is below ``beat``."""
+    """((bound, shape, work) for every tp, cp, pp, micro-batch, baseline recompute and set of >= 2 used groups
+    whose bound is below ``beat``, whether the deadline cut the enumeration short)."""
     job = ctx.job
     m, t = job.model, job.training
     L = m.num_layers
@@ -93,7 +93,7 @@ def _shapes(ctx, deadline: float, beat: float):
                         if ctx.opts.even_layers and L % pp:
                             continue
                         if time.monotonic() > deadline:
-                            return out
+                            return out, True
                         fit = {g: gpus[g] // (tp * cp * pp) for g in groups}  # whole replicas per group
                         if sum(1 for d in fit.values() if d >= 1) < 2:
                             break  # deeper pipelines fit even fewer replicas
@@ -112,7 +112,7 @@ def _shapes(ctx, deadline: float, beat: float):
                             if bound < beat:
                                 work = tuple(per_mb[g] for g, _ in counts)
                                 out.append((bound, (tp, cp, pp, mbs, base, counts), work))
-    return out
+    return out, False
 
 
 def _min_recompute(job, sms: list[StageModel], layers, caps: list[float], base_full: bool):
@@ -272,11 +272,41 @@ def _sharded_bound(ctx, zero: int, tp: int, cp: int, pp: int, mbs: int, counts, 
     return max((M + (pp - 1) * sum(d for _, d in counts)) / rate, single)
 
 
-def search_replicas(ctx, incumbent_s: float, deadline: float, workers: int) -> tuple[list, float]:
-    """(candidate, estimate) of replica plans faster than ``incumbent_s``, best-first until the bound reaches the
-    best time known or the deadline passes; and the smallest bound of any replica shape that could beat
-    ``incumbent_s`` (inf if none): no replica plan is faster than that, which is all these heuristic plans prove."""
-    shapes = _shapes(ctx, deadline, incumbent_s)
+@dataclass
+class ReplicaSearch:
+    """What search_replicas found: (candidate, estimate) pairs, the least bound of an evaluated (shape, ZeRO) not
+    proven infeasible (``low``: the heuristic evaluation does not close it) and the least bound of the shapes the
+    deadline left unexplored (``unexplored``); inf where there is none."""
+    found: list
+    low: float
+    unexplored: float
+
+    @property
+    def bound(self) -> float:
+        """No replica plan is faster than this."""
+        return min(self.low, self.unexplored)
+
+
+def global_floor(ctx) -> float:
+    """Iteration seconds no plan on the cluster can beat: the model's FLOPs (attention halved by the causal mask)
+    over every GPU of every group at the better of its GEMM and attention rates (planner.search.planner
+    .global_lower_bound, summed over the groups)."""
+    job = ctx.job
+    m, t = job.model, job.training
+    total = F.model_flops_per_iteration(m, t.seq_length, t.global_batch_size)
+    attn = 3.0 * m.num_layers * F.attention_core_flops(m, t.seq_length * t.global_batch_size, t.seq_length, 1,
+                                                        causal=True)
+    rate = sum(grp.num_gpus * max(ctx.costs(g).roof.gemm_rate, ctx.costs(g).roof.attn_rate)
+               for g, grp in enumerate(job.cluster))
+    return (total - attn) / rate
+
+
+def search_replicas(ctx, incumbent_s: float, deadline: float, workers: int, progress=None) -> ReplicaSearch:
+    """Replica plans faster than ``incumbent_s``, best-first until the bound reaches the best time known or the
+    deadline passes, and the smallest bounds of the replica shapes that could beat ``incumbent_s``: no replica
+    plan is faster than them, which is all these heuristic plans prove. ``progress(done, total, what)``: shapes
+    evaluated or ruled out."""
+    shapes, cut_short = _shapes(ctx, deadline, incumbent_s)
     shapes.sort(key=lambda x: (x[0], x[1][:5], x[1][5]))
     t = ctx.job.training
     grad_wire = 2.0 if t.grad_dtype == "bf16" else 4.0
@@ -284,9 +314,17 @@ def search_replicas(ctx, incumbent_s: float, deadline: float, workers: int) -> t
     found = []
     best = incumbent_s
     low = float("inf")  # no replica plan beats this: the least bound of a (shape, ZeRO) not proven infeasible
-    for bound, (tp, cp, pp, mbs, base, counts), work in shapes:
-        if bound >= best or time.monotonic() > deadline:
-            low = min(low, bound)  # this shape and all after it are unexplored
+    # shapes the enumeration did not reach have no bound of their own: the floor of every plan stands for them
+    unexplored = global_floor(ctx) if cut_short else float("inf")
+    what = "replica shapes"  # evaluated, or ruled out by a bound
+    for i, (bound, (tp, cp, pp, mbs, base, counts), work) in enumerate(shapes):
+        if progress is not None:
+            progress(i, len(shapes), what)
+        if bound >= best:
+            low = min(low, bound)  # this shape and all after it cannot beat the best plan
+            break
+        if time.monotonic() > deadline:
+            unexplored = min(unexplored, bound)  # this shape and all after it are unexplored
             break
         for zero in REPLICA_ZERO:
             if zero not in ctx.opts.zero_stages or (ctx.fw is not None and zero not in ctx.fw.zero_stages(pp)):
@@ -295,8 +333,11 @@ def search_replicas(ctx, incumbent_s: float, deadline: float, workers: int) -> t
                 continue  # proven: the model states alone do not fit
             zbound = bound if zero < 2 else _sharded_bound(ctx, zero, tp, cp, pp, mbs, counts, work, grad_wire, params)
             remaining = deadline - time.monotonic()
-            if zbound >= best or remaining <= 0:
+            if zbound >= best:
                 low = min(low, zbound)
+                continue
+            if remaining <= 0:
+                unexplored = min(unexplored, zbound)
                 continue
             cand = ReplicaCandidate(tp, cp, pp, mbs, zero, base, counts, bound)
             est, infeasible = _evaluate_shape(ctx, cand, remaining, workers)
@@ -305,4 +346,6 @@ def search_replicas(ctx, incumbent_s: float, deadline: float, workers: int) -> t
             if est is not None:
                 found.append((cand, est))
                 best = min(best, est.iteration_time_s)
-    return found, low
+    if progress is not None:
+        progress(len(shapes), len(shapes), what)
+    return ReplicaSearch(found, low, unexplored)

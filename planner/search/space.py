@@ -11,6 +11,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from planner.cost.memory import DEFAULT_MEMORY_MARGIN
 from planner.cost.provider import AnalyticCosts
 from planner.errors import SpecError
 from planner.frameworks import Framework
@@ -45,7 +46,7 @@ class Candidate:
 @dataclass
 class SearchOptions:
     allow_cross_node_tp: bool = False
-    memory_margin: float = 0.05
+    memory_margin: float = DEFAULT_MEMORY_MARGIN
     max_micro_batch: int = 64
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     partial_recompute: bool = True

@@ -1,0 +1,254 @@
+"""What `planner plan` tells the user: the search's status sentence (search.stop_reason), plans the model cannot
+tell apart collapsed into one entry (plans[].equivalent), "Why #1 wins" against a plan that differs, and a job
+layout that does not fit, said in words.
+
+Nothing here depends on machine speed: the status wording is checked on constructed SearchResults and on searches
+whose outcome is fixed (a CP-SAT stub that leaves a bound open, a zero time limit, a mixed search whose gap is the
+heuristic replica evaluation's), and the end-to-end case runs with an hour's limit, far above what it needs.
+"""
+import contextlib
+import dataclasses
+import io
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from rich.console import Console
+
+from planner.cli import main
+from planner.cost.estimate import estimate
+from planner.report.plan import render_plan, status_sentence
+from planner.report.plan_json import plan_document
+from planner.search import planner as homogeneous
+from planner.search.planner import Plan, _keep, _ties, search, unproven
+from planner.search.quick import RESOLUTION
+from planner.spec import load_job, parse_job
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tests"))
+from test_search_exact import SMALL_GPT, TIGHT_GPU, job  # noqa: E402
+
+EXAMPLE_70B = ROOT / "examples" / "llama3-70b-h100.yaml"
+
+
+def text_of(doc: dict) -> str:
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(render_plan(doc))
+    return console.export_text()
+
+
+def plan_cli(*args: str) -> str:
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        main(["plan", *args])
+    return buf.getvalue()
+
+
+# ----------------------------------------------------------------------------------- the status sentence
+@pytest.fixture(scope="module")
+def small():
+    """A memory-bound job whose plans need CP-SAT (recompute placement), and its proven top 3."""
+    j = job(model={**SMALL_GPT, "num_layers": 6}, gpu=TIGHT_GPU, gbs=4, seq=8192, attention="eager")
+    result = search(j, top=3, time_limit_s=3600)
+    assert result.plans and result.solved > 0
+    return j, result
+
+
+def sentence(j, result) -> str:
+    doc = plan_document(j, result, None, timing=False, memory_margin=0.05)
+    return status_sentence(doc["search"]), doc
+
+
+def test_status_proven(small):
+    j, result = small
+    assert result.complete and result.stop_reason == "proven" and result.gap == 0
+    text, doc = sentence(j, result)
+    assert doc["search"]["stop_reason"] == "proven" and doc["search"]["gap"] == 0.0
+    assert "gap_source" not in doc["search"]
+    assert text == "proven optimal (within the modeled space)"
+    assert "proven optimal (within the modeled space)" in text_of(doc)
+
+
+def test_status_time_limit(small):
+    j, result = small
+    stopped = dataclasses.replace(result, complete=False, gap=0.0123, stop_reason="time_limit",
+                                  plans=[unproven(p) for p in result.plans])
+    text, doc = sentence(j, stopped)
+    assert doc["search"]["stop_reason"] == "time_limit" and not doc["search"]["complete"]
+    assert text == "stopped by the time limit with gap 1.23%; raise --time-limit to search further"
+    assert all(p["optimality"] == {"status": "feasible", "gap": 0.0123} for p in doc["plans"])
+    footer = text_of(doc)
+    assert "stopped by the time limit with gap 1.23%" in footer and "proven" not in footer
+
+
+def test_status_solve_cap(small):
+    j, result = small
+    capped = dataclasses.replace(result, complete=False, gap=0.0042, stop_reason="solve_cap",
+                                 plans=[unproven(p) for p in result.plans])
+    text, doc = sentence(j, capped)
+    assert doc["search"]["stop_reason"] == "solve_cap"
+    assert "time limit was not reached" in text and "per-solve cap" in text and "gap 0.42%" in text
+    assert "stopped by the time limit" not in text
+    assert text.endswith("raise --time-limit to raise the cap")  # the cap is SOLVE_SHARE of the limit
+    assert homogeneous.solve_limit(1000.0, 60.0) < homogeneous.solve_limit(1000.0, 120.0)
+
+
+def test_search_reports_solve_cap_when_a_solve_stops_early(monkeypatch):
+    """A solve that stops at its cap with a bound below the K-th best leaves the top list unproven, and the search
+    says so as solve_cap (not the time limit, which is an hour away). CP-SAT is stubbed to report exactly that."""
+    real = homogeneous.solve_partition
+
+    def capped(*args, **kwargs):
+        res = real(*args, **kwargs)
+        return dataclasses.replace(res, status="feasible" if res.plans else "unknown", bound_s=0.0)
+
+    monkeypatch.setattr(homogeneous, "solve_partition", capped)
+    j = job(model={**SMALL_GPT, "num_layers": 6}, gpu=TIGHT_GPU, gbs=4, seq=8192, attention="eager")
+    result = search(j, top=3, time_limit_s=3600)
+    assert result.solved > 0 and result.plans
+    assert not result.complete and result.stop_reason == "solve_cap" and result.gap > 0
+    assert all(p.status == "feasible" for p in result.plans)
+
+
+def test_search_reports_time_limit_at_zero_budget():
+    j = job(model={**SMALL_GPT, "num_layers": 6}, gpu=TIGHT_GPU, gbs=4, seq=8192, attention="eager")
+    result = search(j, top=3, time_limit_s=0.0)
+    assert not result.complete and result.stop_reason == "time_limit"
+
+
+def test_mixed_gap_from_heuristic_replicas_is_named():
+    """A mixed-GPU search whose mixed pipelines are proven but whose replica shapes (evaluated heuristically) have
+    a bound below the best plan: `complete` stays true (today's meaning), the plans are feasible with a gap, and
+    the sentence names the replica shapes instead of saying "complete"."""
+    from test_hetero import OPTS, small_job
+
+    from planner.search.hetero import search_hetero
+
+    j = small_job()
+    result = search_hetero(j, top=3, time_limit_s=3600, options=OPTS, single_type=False)
+    assert result.complete and result.gap > 0
+    assert result.stop_reason == "heuristic" and result.gap_source == "replica_shapes"
+    text, doc = sentence(j, result)
+    assert doc["search"]["gap_source"] == "replica_shapes"
+    assert text.startswith("mixed pipelines proven; gap ") and "evaluated heuristically" in text
+    assert "does not close it" in text
+
+
+def test_mixed_progress_moves(monkeypatch):
+    """search_hetero reports progress in each phase: mixed-pipeline candidates settled (up to all of them),
+    replica shapes, then each single-type search, every phase's counts never going back."""
+    from test_hetero import OPTS, small_job
+
+    from planner.search.hetero import MIXED_PROGRESS, search_hetero
+
+    calls = []
+    search_hetero(small_job(), top=3, time_limit_s=3600, options=OPTS,
+                  progress=lambda done, total, what="candidates": calls.append((what, done, total)))
+    phases = list(dict.fromkeys(w for w, _, _ in calls))
+    assert phases[0] == MIXED_PROGRESS and phases[1] == "replica shapes"
+    assert [w for w in phases[2:]] == ["candidates, group 1 (a100-40gb) alone", "candidates, group 0 (small-gpu) alone"]
+    for what in phases:
+        seen = [(d, t) for w, d, t in calls if w == what]
+        assert all(a <= b for (a, _), (b, _) in zip(seen, seen[1:])), what
+        assert seen[-1][0] == seen[-1][1], what  # the phase ends settled (every candidate solved or cut)
+    mixed = [d for w, d, _ in calls if w == MIXED_PROGRESS]
+    assert len(set(mixed)) > 3  # moves while the search runs, not only at the end
+
+
+# ----------------------------------------------------------------------------------- ties collapsed
+def fake(name: str, t: float, mem: float, key: int) -> Plan:
+    """A Plan stub: _keep reads the time, peak memory, layout (dims) and candidate order."""
+    dims = SimpleNamespace(world=8, as_dict=lambda: {"name": name})
+    est = SimpleNamespace(iteration_time_s=t, peak_memory_gib=mem, dims=dims)
+    return Plan(SimpleNamespace(sort_key=lambda: (key,)), est, "optimal")
+
+
+def names(best):
+    return [(p.estimate.dims.as_dict()["name"], [e.estimate.dims.as_dict()["name"] for e in p.equivalent])
+            for p in best]
+
+
+def test_keep_counts_distinct_plans():
+    best: list[Plan] = []
+    _keep(best, fake("a", 1.0, 10.0, 2), 2)
+    _keep(best, fake("a-twin", 1.0 * (1 + RESOLUTION / 2), 10.0, 3), 2)  # ties a: joins it
+    _keep(best, fake("b", 1.1, 10.0, 1), 2)
+    _keep(best, fake("b-more-memory", 1.1, 12.0, 4), 2)  # same time, different memory: a distinct plan
+    assert names(best) == [("a", ["a-twin"]), ("b", [])]  # K = 2 distinct plans, b-more-memory falls out
+    _keep(best, fake("a-first", 1.0, 10.0, 0), 2)  # ties a and sorts first: it leads the entry
+    assert names(best) == [("a-first", ["a", "a-twin"]), ("b", [])]
+    _keep(best, fake("c", 0.5, 10.0, 5), 2)  # a new best pushes b (the K-th distinct plan) out
+    assert names(best) == [("c", []), ("a-first", ["a", "a-twin"])]
+    _keep(best, fake("a", 0.9, 10.0, 6), 2)  # the same layout as a member, faster: moved out of the tie
+    assert names(best) == [("c", []), ("a", [])]
+
+
+def test_top_k_of_distinct_plans_is_exact():
+    """The K distinct plans of a K search are the first K distinct plans of a much deeper search: cutting at the
+    K-th distinct time keeps every plan that could be one of them."""
+    j = job(model={**SMALL_GPT, "num_layers": 6}, gpu=TIGHT_GPU, gbs=4, seq=8192, attention="eager")
+    deep = search(j, top=40, time_limit_s=3600)
+    for k in (1, 3, 5):
+        got = search(j, top=k, time_limit_s=3600)
+        assert got.complete
+        assert [(p.time, p.estimate.peak_memory_gib) for p in got.plans] == \
+            [(p.time, p.estimate.peak_memory_gib) for p in deep.plans[:k]]
+
+
+@pytest.fixture(scope="module")
+def doc_70b():
+    """Llama-3-70B at 8K on H100 (examples/llama3-70b-h100.yaml), proven: an hour's limit is far above the seconds
+    it needs, and the per-solve cap (10% of it) far above any solve."""
+    return json.loads(plan_cli(str(EXAMPLE_70B), "--json", "--no-timing", "--time-limit", "3600"))
+
+
+def test_70b_top5_are_distinct_and_name_their_twins(doc_70b):
+    plans = doc_70b["plans"]
+    assert doc_70b["search"]["stop_reason"] == "proven" and doc_70b["search"]["complete"]
+    assert len(plans) == 5
+    pairs = [(p["estimate"]["iteration_time_s"], p["estimate"]["peak_memory_gib"]) for p in plans]
+    assert len(set(pairs)) == 5
+    for i, a in enumerate(pairs):
+        for b in pairs[i + 1:]:
+            assert not (abs(a[0] - b[0]) <= RESOLUTION * a[0] and abs(a[1] - b[1]) <= RESOLUTION * a[1]), (a, b)
+    first = plans[0]["layout"]
+    assert (first["tp"], first["pp"], first["dp"], first["cp"], first["micro_batch_size"]) == (2, 4, 8, 8, 1)
+    twins = [(e["tp"], e["pp"], e["dp"], e["cp"], e["micro_batch_size"]) for e in plans[0]["equivalent"]]
+    assert (2, 4, 4, 16, 2) in twins
+
+
+def test_70b_why_compares_against_a_plan_that_differs(doc_70b):
+    one, two = (p["estimate"] for p in doc_70b["plans"][:2])
+    assert (abs(one["iteration_time_s"] - two["iteration_time_s"]) > RESOLUTION * one["iteration_time_s"]
+            or abs(one["peak_memory_gib"] - two["peak_memory_gib"]) > RESOLUTION * one["peak_memory_gib"])
+    text = text_of(doc_70b)
+    row = next(line for line in text.splitlines() if line.startswith("│ iteration time s"))
+    lead = row.split("│")[4].strip()  # the "#1 - #2" column
+    assert float(lead) != 0, row
+    assert "= tp2 pp4 dp4 cp16 mbs2 zero1 none" in text  # the twin, listed under plan 1
+    assert "proven optimal (within the modeled space)" in text
+
+
+def test_plan_text_footer_end_to_end():
+    """The footer of the text report, through the CLI."""
+    out = plan_cli(str(EXAMPLE_70B), "--time-limit", "3600", "--top", "2")
+    footer = next(line for line in out.splitlines() if line.startswith("searched "))
+    assert footer.endswith("proven optimal (within the modeled space)"), footer
+
+
+def test_current_layout_that_does_not_fit_is_said_in_words(tmp_path):
+    raw = (ROOT / "examples" / "gpt-13b-a100-small.yaml").read_text().split("layout:")[0]
+    path = tmp_path / "job.yaml"
+    path.write_text(raw + "layout: {tp: 1, pp: 1, dp: 32, micro_batch_size: 4, zero_stage: 0, recompute: none}\n")
+    j = load_job(path)
+    current = estimate(j, capacity_margin=0.05)
+    assert not current.fits
+    result = search(j, top=1, time_limit_s=3600)
+    doc = plan_document(j, result, current, timing=False, memory_margin=0.05)
+    text = " ".join(text_of(doc).split())
+    cap = j.cluster[0].gpu.memory_gib * 0.95
+    need = current.to_json()["peak_memory_gib"]
+    assert (f"your layout does not fit: it needs {need:.1f} GiB per GPU on stage 0, more than the {cap:.1f} GiB "
+            f"available ({j.cluster[0].gpu.memory_gib:.0f} GiB less the 5% margin)") in text
