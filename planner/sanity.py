@@ -4,7 +4,7 @@ A job can be valid and still be wrong by a unit: ``global_batch_size`` given in 
 cost model prices such a job without complaint (a 4,194,304-sequence batch is a 112,917 s iteration), so each
 check here names the field, what the value would mean in the likely unit, and leaves the decision to the user:
 a warning, never an error. Every threshold sits far beyond real values (each check cites what is real), so that
-no shipped example and no measured run (``/work/shared/reference/measured-runs*.yaml``) triggers one.
+no shipped example and no measured run (``shared/reference/measured-runs*.yaml``) triggers one.
 """
 from __future__ import annotations
 

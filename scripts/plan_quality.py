@@ -68,7 +68,7 @@ def main() -> None:
         ratio = (best.time / published.iteration_time_s) if best else float("nan")
         inside = in_space(published.dims, opts) and pub_fits
         near = inside and best is not None and published.iteration_time_s <= best.time * 1.01
-        listed = near and any(same_layout(p.estimate.dims, published.dims) for p in result.plans)
+        listed = near and any(same_layout(q.estimate.dims, published.dims) for p in result.plans for q in [p, *p.equivalent])
         # ties: top plans often differ only in choices the model prices the same (ZeRO stage when the
         # reduction hides under compute); the published layout "ranks" when it is no slower than the K-th plan
         ranks = near and published.iteration_time_s <= result.plans[-1].time * (1 + 1e-4)

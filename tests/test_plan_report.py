@@ -22,9 +22,9 @@ from planner.cost.estimate import estimate
 from planner.report.plan import render_plan, status_sentence
 from planner.report.plan_json import plan_document
 from planner.search import planner as homogeneous
-from planner.search.planner import Plan, _keep, _ties, search, unproven
+from planner.search.planner import Plan, _keep, search, unproven
 from planner.search.quick import RESOLUTION
-from planner.spec import load_job, parse_job
+from planner.spec import load_job
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -136,7 +136,7 @@ def test_mixed_gap_from_heuristic_replicas_is_named():
     assert "does not close it" in text
 
 
-def test_mixed_progress_moves(monkeypatch):
+def test_mixed_progress_moves():
     """search_hetero reports progress in each phase: mixed-pipeline candidates settled (up to all of them),
     replica shapes, then each single-type search, every phase's counts never going back."""
     from test_hetero import OPTS, small_job
@@ -148,7 +148,7 @@ def test_mixed_progress_moves(monkeypatch):
                   progress=lambda done, total, what="candidates": calls.append((what, done, total)))
     phases = list(dict.fromkeys(w for w, _, _ in calls))
     assert phases[0] == MIXED_PROGRESS and phases[1] == "replica shapes"
-    assert [w for w in phases[2:]] == ["candidates, group 1 (a100-40gb) alone", "candidates, group 0 (small-gpu) alone"]
+    assert phases[2:] == ["candidates, group 1 (a100-40gb) alone", "candidates, group 0 (small-gpu) alone"]
     for what in phases:
         seen = [(d, t) for w, d, t in calls if w == what]
         assert all(a <= b for (a, _), (b, _) in zip(seen, seen[1:])), what

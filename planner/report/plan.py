@@ -184,7 +184,8 @@ def render_why(doc: dict) -> Table:
     digits = min(6, max([3] + [1 - math.floor(math.log10(x)) for x in leads if x > 0]))
     for k in keys + ["iteration_time_s"]:
         vals = [(c["iteration_time_s"] if k == "iteration_time_s" else c["time_breakdown_s"].get(k, 0.0)) for _, c in cols]
-        row = [k.replace("_", " ")] + [f"{v:.{digits}f}" for v in vals] + [f"{vals[0] - v:+.{digits}f}" for v in vals[1:]]
+        row = ([k.replace("_", " ")] + [f"{v:.{digits}f}" for v in vals]
+               + [f"{vals[0] - v:+.{digits}f}" for v in vals[1:]])
         t.add_row(*row)
     t.add_row("peak memory GiB", *[f"{c['peak_memory_gib']:.1f}" for _, c in cols],
               *[f"{win['peak_memory_gib'] - c['peak_memory_gib']:+.1f}" for _, c in cols[1:]])

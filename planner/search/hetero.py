@@ -365,7 +365,6 @@ def _solve(ctx: MixedContext, c: HeteroCandidate, sms, cap_s: float, remaining: 
     return res, evaluate_stages(ctx.job, dims, final_sms, res.plans, ctx.opts.memory_margin)
 
 
-STOP_ORDER = STOP_REASONS  # most decisive first
 # progress(done, total, what): what each phase of search_hetero counts
 MIXED_PROGRESS = "mixed-pipeline candidates"  # solved, or ruled out by a bound
 
@@ -507,7 +506,7 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
     final = [p if proven else unproven(p) for p in best]
     gap, reason, source = 0.0, "proven", None
     if open_parts:
-        reason = min((r for _, r, _ in open_parts), key=STOP_ORDER.index)  # the most decisive reason
+        reason = min((r for _, r, _ in open_parts), key=STOP_REASONS.index)  # the most decisive
         low, _, source = min(open_parts, key=lambda x: x[0])  # the part whose bound sets the gap
         if final:
             gap = max(0.0, (final[0].time - min(low, final[0].time)) / final[0].time)

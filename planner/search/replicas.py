@@ -281,11 +281,6 @@ class ReplicaSearch:
     low: float
     unexplored: float
 
-    @property
-    def bound(self) -> float:
-        """No replica plan is faster than this."""
-        return min(self.low, self.unexplored)
-
 
 def global_floor(ctx) -> float:
     """Iteration seconds no plan on the cluster can beat: the model's FLOPs (attention halved by the causal mask)
