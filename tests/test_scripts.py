@@ -86,7 +86,8 @@ def test_default_files_missing(script, fragments, bare_checkout):
 
 def test_every_script_is_covered_and_documented():
     scripts = sorted(p.name for p in SCRIPTS.glob("*.py") if not p.name.startswith("_"))
-    assert scripts == ["bench_hetero.py", "bench_search.py", "calibrate.py", "fuzz.py", "plan_quality.py"]
+    assert scripts == ["bench_hetero.py", "bench_search.py", "calibrate.py", "compare_revisions.py", "fuzz.py",
+                       "plan_quality.py"]
     for name in scripts:
         text = (SCRIPTS / name).read_text()
         assert text.startswith('"""'), name
@@ -101,6 +102,7 @@ def test_measured_runs_doc_example_validates(tmp_path):
     block = re.search(r"```yaml\n(.*?)```", text, re.S).group(1)
     (tmp_path / "runs.yaml").write_text(block)
     env = {k: v for k, v in os.environ.items() if k != "PLANNER_CATALOG"}
+    env["PYTHONPATH"] = str(ROOT)  # this checkout's planner, whatever is installed
     proc = subprocess.run([sys.executable, "-m", "planner", "validate", "runs.yaml", "--json"], capture_output=True,
                           text=True, cwd=tmp_path, env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr

@@ -1,84 +1,57 @@
-"""`planner plan --time-limit 1` on a 2,048-GPU job returns within the limit (plus process startup), exits 0 with
-plans whose optimality is reported, and stays under 1 GiB of resident memory.
+"""`planner plan --time-limit` on a search that takes far longer: the run ends with a consistent answer.
 
-Startup is measured separately and subtracted: `python -m planner --help` (the interpreter, typer and rich), and,
-because `plan` imports its heavy modules lazily (OR-tools, which pulls in pandas and numpy, and pydantic models),
-`planner plan` on a trivial one-GPU job, which is that startup plus a search of a few milliseconds. The allowance
-is the larger of the two + 1.1 s + 0.3 s slack.
+Behaviour only, on any machine speed: either plans whose optimality says how the search ended (a stopped search
+reports `feasible` plans with a gap and says why in `search.stop_reason`), or, when the limit left no time to
+find a plan, exit 1 with one line saying so. How close the wall time stays to the limit is measured by
+`scripts/bench_time_limit.py`, not here. Resident memory stays under 1 GiB (a property of the code, not of the
+machine's speed).
 """
 import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
-import pytest
-
 ROOT = Path(__file__).resolve().parents[1]
-JOB = ROOT / "examples" / "bench" / "deepseek-v3-2048-h800.yaml"
-TINY = """model: {num_layers: 1, hidden_size: 256, ffn_hidden_size: 1024, num_attention_heads: 4, vocab_size: 1000}
-cluster: [{gpu: a100-80gb, nodes: 1, gpus_per_node: 1}]
-training: {seq_length: 256, global_batch_size: 1}
-"""
-LIMIT_S, GRACE_S, SLACK_S = 1.0, 1.1, 0.3
+JOB = ROOT / "examples" / "bench" / "deepseek-v3-2048-h800.yaml"  # ~100k candidates, ~100 CP-SAT solves
 GIB = 1024**3
 
 
-def timed(args, tmp_path: Path, kill_after_s: float = 120.0):
-    """(returncode, stdout, stderr, wall seconds, peak RSS bytes) of ``python -m planner ARGS``. The peak RSS is
-    that child's own (os.wait4), not the maximum over every child this test process has waited for."""
+def run_with_rss(args, tmp_path: Path) -> tuple[int, str, str, int]:
+    """(returncode, stdout, stderr, peak RSS bytes of that child alone, from os.wait4)."""
     out, err = tmp_path / "stdout", tmp_path / "stderr"
     with out.open("w") as fo, err.open("w") as fe:
-        start = time.perf_counter()
         proc = subprocess.Popen([sys.executable, "-m", "planner", *map(str, args)], cwd=ROOT, stdout=fo, stderr=fe)
-        killed = False
-        while True:
-            pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
-            if pid:
-                break
-            if time.perf_counter() - start > kill_after_s:
-                proc.kill()
-                killed = True
-                pid, status, usage = os.wait4(proc.pid, 0)
-                break
-            time.sleep(0.005)
-        wall = time.perf_counter() - start
-    proc.returncode = os.waitstatus_to_exitcode(status)
-    if killed:
-        pytest.fail(f"planner {' '.join(map(str, args))} still running after {kill_after_s:.1f} s; killed")
-    return proc.returncode, out.read_text(), err.read_text(), wall, usage.ru_maxrss * 1024
+        _, status, usage = os.wait4(proc.pid, 0)
+    return os.waitstatus_to_exitcode(status), out.read_text(), err.read_text(), usage.ru_maxrss * 1024
 
 
-@pytest.fixture(scope="module")
-def startup_s(tmp_path_factory) -> float:
-    tmp = tmp_path_factory.mktemp("startup")
-    tiny = tmp / "tiny.yaml"
-    tiny.write_text(TINY)
-    helps, tinies = [], []
-    for _ in range(2):
-        rc, _, stderr, wall, _ = timed(["--help"], tmp)
-        assert rc == 0, stderr
-        helps.append(wall)
-        rc, _, stderr, wall, _ = timed(["plan", tiny, "--json", "--time-limit", "0.1"], tmp)
-        assert rc == 0, stderr
-        tinies.append(wall)
-    return max(min(helps), min(tinies))
-
-
-def test_time_limit_is_respected(tmp_path, startup_s):
-    allowed = startup_s + GRACE_S + SLACK_S
-    rc, stdout, stderr, wall, rss = timed(["plan", JOB, "--time-limit", LIMIT_S, "--json"], tmp_path,
-                                          kill_after_s=allowed + 10)
-    assert wall <= allowed, (f"wall {wall:.2f} s > startup {startup_s:.2f} s + {GRACE_S} s + {SLACK_S} s "
-                             f"(rc {rc}, stderr {stderr.strip()[:200]!r})")
+def test_a_stopped_search_reports_what_it_has(tmp_path):
+    rc, stdout, stderr, _ = run_with_rss(["plan", JOB, "--time-limit", "1", "--json"], tmp_path)
+    assert "Traceback" not in stderr
+    if rc == 1:  # a machine too slow to reach a plan within 1 s: says so in one line
+        assert stderr.strip().splitlines() == [
+            "error: time-limit: no plan found within --time-limit 1 s (nothing was proven not to fit); raise the limit"]
+        return
     assert rc == 0, stderr
     doc = json.loads(stdout)
-    assert doc["plans"], "no plans"
+    search = doc["search"]
+    assert doc["plans"]
+    assert search["stop_reason"] in ("proven", "time_limit", "solve_cap")
+    if search["stop_reason"] == "time_limit":
+        assert not search["complete"] and search["gap"] >= 0
+    if search["stop_reason"] == "proven":
+        assert search["complete"] and search["gap"] == 0
     for p in doc["plans"]:
         opt = p["optimality"]
-        assert opt["status"] in ("optimal", "feasible")
         assert isinstance(opt["gap"], float) and opt["gap"] >= 0
+        if search["stop_reason"] == "proven":
+            assert opt == {"status": "optimal", "gap": 0.0}
         if opt["status"] == "optimal":
             assert opt["gap"] == 0
-    assert rss < GIB, f"peak RSS {rss / GIB:.2f} GiB"
+
+
+def test_peak_memory_stays_under_one_gib(tmp_path):
+    rc, stdout, stderr, rss = run_with_rss(["plan", JOB, "--time-limit", "3", "--json"], tmp_path)
+    assert rc in (0, 1), stderr
+    assert 0 < rss < GIB, f"peak RSS {rss / GIB:.2f} GiB"
