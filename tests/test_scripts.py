@@ -86,8 +86,8 @@ def test_default_files_missing(script, fragments, bare_checkout):
 
 def test_every_script_is_covered_and_documented():
     scripts = sorted(p.name for p in SCRIPTS.glob("*.py") if not p.name.startswith("_"))
-    assert scripts == ["bench_hetero.py", "bench_search.py", "calibrate.py", "compare_revisions.py", "fuzz.py",
-                       "plan_quality.py"]
+    assert scripts == ["bench_hetero.py", "bench_search.py", "bench_time_limit.py", "calibrate.py",
+                       "compare_revisions.py", "fuzz.py", "plan_quality.py"]
     for name in scripts:
         text = (SCRIPTS / name).read_text()
         assert text.startswith('"""'), name
