@@ -28,9 +28,9 @@ class Framework:
     def zero_stages(self, pp: int) -> frozenset:
         return self.zero_with_pp if pp > 1 else self.zero_without_pp
 
-    def allows(self, *, pp: int, vpp: int, zero: int, cp: int, ep: int) -> bool:
-        """Whether a homogeneous candidate's degrees are runnable by this framework."""
-        return (zero in self.zero_stages(pp) and (vpp == 1 or self.interleaving)
+    def allows(self, *, pp: int = 1, vpp: int = 1, zero: int | None = None, cp: int = 1, ep: int = 1) -> bool:
+        """Whether these degrees are runnable by this framework; a degree not given is not asked about."""
+        return ((zero is None or zero in self.zero_stages(pp)) and (vpp == 1 or self.interleaving)
                 and (cp == 1 or self.context_parallel) and (ep == 1 or self.expert_parallel))
 
 

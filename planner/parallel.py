@@ -3,21 +3,77 @@
 Rank order follows Megatron-LM's default ``tp-cp-ep-dp-pp`` (TP fastest-varying), so a TP group is a run of
 consecutive ranks, a CP group has stride tp, a DP group stride tp*cp and a PP group stride tp*cp*dp.
 EP is carved out of DP*CP (Megatron convention): an expert's EP group is a subset of the DP*CP ranks.
+
+Every rule is written once, as a predicate that returns why a degree is rejected (``*_error``: None when it is
+accepted), and every enumerator takes its degrees from the option generators built on them (``*_options``), so the
+layouts a search proposes and the layouts ``check()`` accepts follow the same rules:
+
+| rule | predicate | options |
+|---|---|---|
+| TP shards the heads, kv-heads divide or are replicated | tp_heads_error | tp_options, node_group_tp_options |
+| TP within one node: homogeneous no larger than a node, node groups a divisor | tp_fits_node, tp_node_error | (same) |
+| the sequence shard splits over TP (sequence parallelism) | seq_shard_error | (per cp, in the enumerators) |
+| load-balanced CP cuts the sequence in 2*cp chunks | cp_error | cp_options |
+| EP needs experts, divides dp*cp and the experts | ep_error | ep_options |
+| the stages hold every layer, at least one each | layer_sum_error, (pp <= num_layers) | pp_options |
+| interleaving: pp > 1, stages of whole chunks, micro-batches by pp | vpp_error | vpp_options |
+| the batch splits into micro-batches over DP | batch_error | dp_options, micro_batch_options |
+| flash attention makes selective recompute the same as none | | baseline_recompute_modes |
+| group strides and ranks per node under RANK_ORDER | | rank_strides, ranks_per_node |
 """
 from __future__ import annotations
 
+import functools
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 from planner.errors import SpecError
 from planner.spec import Job, Layout, ModelSpec, Training
 
 RANK_ORDER = "tp-cp-ep-dp-pp"
+CARVED_DIMS = frozenset({"ep"})  # groups carved out of the ranks of later dimensions: no factor of the world size
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n`` in ascending order."""
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return sorted(set(small + [n // d for d in small]))
 
 
 def balanced_split(total: int, parts: int) -> list[int]:
     """``total`` items over ``parts`` bins as evenly as possible, larger bins last (DeepSpeed partition_balanced)."""
     base, extra = divmod(total, parts)
     return [base + (1 if i >= parts - extra else 0) for i in range(parts)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Rank layout
+
+
+def rank_strides(sizes: Mapping[str, int]) -> dict[str, int]:
+    """Rank distance between neighbouring members of each dimension's group under RANK_ORDER: the product of the
+    sizes of the dimensions before it. EP is carved out of DP*CP, so it adds no factor (it shares DP's stride).
+    ``sizes`` needs only the dimensions before the last stride wanted; strides stop at the first one missing."""
+    out: dict[str, int] = {}
+    stride = 1
+    for dim in RANK_ORDER.split("-"):
+        out[dim] = stride
+        if dim in CARVED_DIMS:
+            continue
+        if dim not in sizes:
+            break
+        stride *= sizes[dim]
+    return out
+
+
+def ranks_per_node(size: int, stride: int, gpus_per_node: int) -> int:
+    """Members of a group of ``size`` ranks ``stride`` apart that share one node (1 once the stride spans a
+    node)."""
+    return max(1, min(size, gpus_per_node // stride)) if stride < gpus_per_node else 1
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Predicates: why a degree is rejected, None when it is accepted
 
 
 def tp_heads_error(model: ModelSpec, tp: int) -> str | None:
@@ -30,20 +86,27 @@ def tp_heads_error(model: ModelSpec, tp: int) -> str | None:
     return None
 
 
-def check_tp_heads(model: ModelSpec, tp: int, field: str) -> None:
-    err = tp_heads_error(model, tp)
-    if err:
-        raise SpecError(field, err)
+def tp_fits_node(tp: int, gpus_per_node: int, cross_node: bool = False) -> bool:
+    """The homogeneous search keeps a TP group within one node (no larger than it; the world is whole nodes)
+    unless cross-node TP is allowed (``--allow-cross-node-tp``)."""
+    return cross_node or tp <= gpus_per_node
 
 
-def check_batch(training: Training, micro_batch_size: int, dp: int) -> None:
-    """The global batch splits into micro-batches over the DP replicas."""
-    if training.global_batch_size % (micro_batch_size * dp):
-        raise SpecError(
-            "layout.micro_batch_size",
-            f"global_batch_size ({training.global_batch_size}) is not divisible by micro_batch_size*dp "
-            f"({micro_batch_size}*{dp})",
-        )
+def tp_node_error(tp: int, gpus_per_node: int) -> str | None:
+    """Why a stage placed on a node group cannot use ``tp`` (None when it can): its TP groups tile the group's
+    nodes, so tp divides gpus_per_node."""
+    if gpus_per_node % tp:
+        return f"tp ({tp}) must divide gpus_per_node ({gpus_per_node})"
+    return None
+
+
+def seq_shard_error(training: Training, cp: int, tp: int) -> str | None:
+    """Why sequence parallelism cannot split the sequence shard over ``tp`` (None when it can): each CP rank's
+    seq_length/cp tokens are scattered evenly over the TP ranks (Korthikanti et al. 2022)."""
+    shard = training.seq_length // cp
+    if shard % tp:
+        return f"the sequence shard ({shard}) is not divisible by tp ({tp})"
+    return None
 
 
 def cp_error(training: Training, cp: int) -> str | None:
@@ -55,10 +118,147 @@ def cp_error(training: Training, cp: int) -> str | None:
     return None
 
 
-def check_cp(training: Training, cp: int) -> None:
-    err = cp_error(training, cp)
+def ep_error(model: ModelSpec, ep: int, dp: int, cp: int) -> str | None:
+    """Why ``ep`` cannot shard the experts (None when it can): it needs an MoE model, its groups are carved out
+    of the DP*CP ranks, and the experts split evenly over them."""
+    if ep == 1:
+        return None
+    if model.moe is None:
+        return "expert parallelism needs an MoE model (model.moe)"
+    if (dp * cp) % ep:
+        return f"ep ({ep}) must divide dp*cp ({dp * cp})"
+    if model.moe.num_experts % ep:
+        return f"num_experts ({model.moe.num_experts}) is not divisible by ep ({ep})"
+    return None
+
+
+def vpp_error(vpp: int, pp: int, num_microbatches: int, stage_layers: Iterable[int]) -> str | None:
+    """Why the interleaved schedule cannot run ``vpp`` model chunks per stage (None when it can): it needs a
+    pipeline, every stage a whole number of chunks, and the micro-batches in rounds of pp (Megatron-LM)."""
+    if vpp == 1:
+        return None
+    if pp == 1:
+        return "interleaving (vpp > 1) needs pp > 1"
+    bad = [n for n in stage_layers if n % vpp]
+    if bad:
+        return f"stage layer counts {sorted(set(bad))} are not divisible by vpp ({vpp})"
+    if num_microbatches % pp:
+        return (f"the interleaved schedule needs micro-batches per replica ({num_microbatches}) divisible by "
+                f"pp ({pp})")
+    return None
+
+
+def layer_sum_error(model: ModelSpec, stage_layers: Iterable[int]) -> str | None:
+    """Why the stages do not hold the model (None when their layers add up to it)."""
+    total = sum(stage_layers)
+    if total != model.num_layers:
+        return f"stage layers sum to {total}, the model has {model.num_layers}"
+    return None
+
+
+def batch_error(training: Training, micro_batch_size: int, dp: int) -> str | None:
+    """Why the global batch does not split into micro-batches over the DP replicas (None when it does)."""
+    if training.global_batch_size % (micro_batch_size * dp):
+        return (f"global_batch_size ({training.global_batch_size}) is not divisible by micro_batch_size*dp "
+                f"({micro_batch_size}*{dp})")
+    return None
+
+
+def interleaved_split(num_layers: int, pp: int, vpp: int) -> list[int] | None:
+    """A split of the layers into ``pp`` stages of whole chunks of ``vpp`` layers, each stage at least one chunk
+    (the most even one), or None when there is none: the split the search's stage counts range around."""
+    if num_layers % vpp or num_layers < pp * vpp:
+        return None
+    return [vpp * n for n in balanced_split(num_layers // vpp, pp)]
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Option generators: every degree an enumerator may try, in ascending order
+
+
+def tp_options(model: ModelSpec, world: int, gpus_per_node: int, cross_node: bool = False) -> list[int]:
+    """TP degrees of a homogeneous plan on ``world`` GPUs: divide the world, fit a node (tp_fits_node), shard
+    the heads (tp_heads_error)."""
+    return [tp for tp in divisors(world)
+            if tp_fits_node(tp, gpus_per_node, cross_node) and tp_heads_error(model, tp) is None]
+
+
+def node_group_tp_options(model: ModelSpec, gpus_per_node: Iterable[int]) -> list[int]:
+    """TP degrees a stage may use on every one of these node groups (their gpus_per_node): a divisor of each
+    (tp_node_error) that shards the heads (tp_heads_error)."""
+    gpns = list(gpus_per_node)
+    return [tp for tp in divisors(min(gpns))
+            if all(tp_node_error(tp, gpn) is None for gpn in gpns) and tp_heads_error(model, tp) is None]
+
+
+def cp_options(training: Training, gpus: int) -> list[int]:
+    """CP degrees that divide ``gpus`` and split the sequence (cp_error)."""
+    return [cp for cp in divisors(gpus) if cp_error(training, cp) is None]
+
+
+def dp_options(training: Training) -> list[int]:
+    """Data-parallel sizes that split the global batch (batch_error at micro-batch 1)."""
+    return [dp for dp in divisors(training.global_batch_size) if batch_error(training, 1, dp) is None]
+
+
+def ep_options(model: ModelSpec, dp: int, cp: int) -> list[int]:
+    """EP degrees at this dp and cp (ep_error); [1] for a dense model."""
+    return [ep for ep in divisors(dp * cp) if ep_error(model, ep, dp, cp) is None]
+
+
+def pp_options(num_layers: int, gpus: int) -> list[int]:
+    """Pipeline depths that divide ``gpus`` with at least one layer per stage."""
+    return [pp for pp in divisors(gpus) if pp <= num_layers]
+
+
+@functools.lru_cache(maxsize=4096)
+def vpp_options(num_layers: int, pp: int, num_microbatches: int) -> tuple[int, ...]:
+    """Model chunks per stage: a split into whole chunks exists (interleaved_split) that the interleaved
+    schedule accepts (vpp_error). Cached: the homogeneous enumeration asks once per micro-batch choice."""
+    out = []
+    for vpp in divisors(num_layers):
+        split = interleaved_split(num_layers, pp, vpp)
+        if split is not None and vpp_error(vpp, pp, num_microbatches, split) is None:
+            out.append(vpp)
+    return tuple(out)
+
+
+def micro_batch_options(training: Training, dp: int, max_micro_batch: int) -> list[int]:
+    """Micro-batch sizes up to ``max_micro_batch`` that split the global batch over ``dp`` replicas
+    (batch_error); none when dp does not divide the batch."""
+    if training.global_batch_size % dp:
+        return []
+    per_replica = training.global_batch_size // dp
+    return [mbs for mbs in divisors(per_replica)
+            if mbs <= max_micro_batch and batch_error(training, mbs, dp) is None]
+
+
+def baseline_recompute_modes(training: Training) -> tuple[str, ...]:
+    """Recompute modes of the layers not chosen for full recompute: with flash attention selective recompute
+    is the same as none (the kernel already recomputes the scores), so only none is searched."""
+    return ("none",) if training.attention == "flash" else ("none", "selective")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# check() helpers: raise SpecError (exit 2) naming the field
+
+
+def check_rule(field: str, err: str | None) -> None:
     if err:
-        raise SpecError("layout.cp", err)
+        raise SpecError(field, err)
+
+
+def check_tp_heads(model: ModelSpec, tp: int, field: str) -> None:
+    check_rule(field, tp_heads_error(model, tp))
+
+
+def check_batch(training: Training, micro_batch_size: int, dp: int) -> None:
+    """The global batch splits into micro-batches over the DP replicas."""
+    check_rule("layout.micro_batch_size", batch_error(training, micro_batch_size, dp))
+
+
+def check_cp(training: Training, cp: int) -> None:
+    check_rule("layout.cp", cp_error(training, cp))
 
 
 def dims_from_layout(layout: Layout, job: Job):
@@ -140,32 +340,15 @@ class ParallelDims:
         check_tp_heads(m, self.tp, "layout.tp")
         if len(self.stage_layers) != self.pp:
             raise SpecError("layout.stages", f"{len(self.stage_layers)} stages listed but pp = {self.pp}")
-        if sum(self.stage_layers) != m.num_layers:
-            raise SpecError("layout.stages", f"stage layers sum to {sum(self.stage_layers)}, the model has {m.num_layers}")
+        check_rule("layout.stages", layer_sum_error(m, self.stage_layers))
         if min(self.stage_layers) < 1:
             raise SpecError("layout.stages", "every pipeline stage needs at least one layer")
-        if self.vpp > 1:
-            if self.pp == 1:
-                raise SpecError("layout.vpp", "interleaving (vpp > 1) needs pp > 1")
-            bad = [n for n in self.stage_layers if n % self.vpp]
-            if bad:
-                raise SpecError("layout.vpp", f"stage layer counts {sorted(set(bad))} are not divisible by vpp ({self.vpp})")
-            if self.num_microbatches % self.pp:
-                raise SpecError(
-                    "layout.vpp",
-                    f"the interleaved schedule needs micro-batches per replica ({self.num_microbatches}) divisible by pp ({self.pp})",
-                )
+        check_rule("layout.vpp", vpp_error(self.vpp, self.pp, self.num_microbatches, self.stage_layers))
         check_batch(t, self.micro_batch_size, self.dp)
         check_cp(t, self.cp)
-        if self.sequence_parallel and t.seq_length // self.cp % self.tp:
-            raise SpecError("layout.sequence_parallel", f"the sequence shard ({t.seq_length // self.cp}) is not divisible by tp ({self.tp})")
-        if self.ep > 1:
-            if m.moe is None:
-                raise SpecError("layout.ep", "expert parallelism needs an MoE model (model.moe)")
-            if (self.dp * self.cp) % self.ep:
-                raise SpecError("layout.ep", f"ep ({self.ep}) must divide dp*cp ({self.dp * self.cp})")
-            if m.moe.num_experts % self.ep:
-                raise SpecError("layout.ep", f"num_experts ({m.moe.num_experts}) is not divisible by ep ({self.ep})")
+        if self.sequence_parallel:
+            check_rule("layout.sequence_parallel", seq_shard_error(t, self.cp, self.tp))
+        check_rule("layout.ep", ep_error(m, self.ep, self.dp, self.cp))
         return self
 
     # ------------------------------------------------------------------ derived quantities
@@ -189,17 +372,15 @@ class ParallelDims:
     @staticmethod
     def spans(tp: int, cp: int, ep: int, gpus_per_node: int) -> dict[str, tuple[int, int]]:
         """(group size, members per node) of the TP, CP and EP groups, which do not depend on DP or PP."""
-        out = {}
-        for dim, size, stride in (("tp", tp, 1), ("cp", cp, tp), ("ep", ep, tp * cp)):
-            out[dim] = (size, max(1, min(size, gpus_per_node // stride)) if stride < gpus_per_node else 1)
-        return out
+        sizes = {"tp": tp, "cp": cp, "ep": ep}
+        strides = rank_strides(sizes)
+        return {dim: (size, ranks_per_node(size, strides[dim], gpus_per_node)) for dim, size in sizes.items()}
 
     def group_span(self, dim: str, gpus_per_node: int) -> tuple[int, int]:
         """(group size, GPUs of the group that share one node) for a parallel dimension under RANK_ORDER."""
-        size = {"tp": self.tp, "cp": self.cp, "dp": self.dp, "ep": self.ep, "pp": self.pp}[dim]
-        stride = {"tp": 1, "cp": self.tp, "ep": self.tp * self.cp, "dp": self.tp * self.cp, "pp": self.tp * self.cp * self.dp}[dim]
-        per_node = max(1, min(size, gpus_per_node // stride)) if stride < gpus_per_node else 1
-        return size, per_node
+        sizes = {"tp": self.tp, "cp": self.cp, "ep": self.ep, "dp": self.dp, "pp": self.pp}
+        size = sizes[dim]
+        return size, ranks_per_node(size, rank_strides(sizes)[dim], gpus_per_node)
 
     def as_dict(self) -> dict:
         return {
@@ -286,13 +467,10 @@ class HeteroDims:
         """Raise SpecError naming the first rule a heterogeneous layout breaks."""
         m, t = self.model, self.training
         for i, (g, tp) in enumerate(zip(self.stage_groups, self.stage_tp)):
-            gpn = self.cluster[g].gpus_per_node
-            if gpn % tp:
-                raise SpecError(f"{field}[{i}].tp", f"tp ({tp}) must divide gpus_per_node ({gpn}) of group {g}")
+            err = tp_node_error(tp, self.cluster[g].gpus_per_node)
+            check_rule(f"{field}[{i}].tp", err and f"{err} of group {g}")
             check_tp_heads(m, tp, f"{field}[{i}].tp")
-            if tp > 1 and t.seq_length // self.cp % tp:
-                raise SpecError(f"{field}[{i}].tp",
-                                f"the sequence shard ({t.seq_length // self.cp}) is not divisible by tp ({tp})")
+            check_rule(f"{field}[{i}].tp", seq_shard_error(t, self.cp, tp))
         check_cp(t, self.cp)
         runs = [g for i, g in enumerate(self.stage_groups) if i == 0 or self.stage_groups[i - 1] != g]
         if len(runs) != len(set(runs)):
@@ -302,8 +480,7 @@ class HeteroDims:
             if used > self.cluster[g].num_gpus:
                 raise SpecError(field, f"stages on group {g} need {used} GPUs (sum of tp*cp*dp), "
                                 f"the group has {self.cluster[g].num_gpus}")
-        if sum(self.stage_layers) != m.num_layers:
-            raise SpecError(field, f"stage layers sum to {sum(self.stage_layers)}, the model has {m.num_layers}")
+        check_rule(field, layer_sum_error(m, self.stage_layers))
         if self.micro_batches is None:
             check_batch(t, self.micro_batch_size, self.dp)
         return self
@@ -395,10 +572,12 @@ class ReplicaDims:
             field = f"layout.replicas[{i}].stages"
             r.check(field)
             if r.pp != first.pp:
-                raise SpecError(field, f"every replica needs the same number of stages ({r.pp} here, {first.pp} in replica 0)")
+                raise SpecError(field, f"every replica needs the same number of stages ({r.pp} here, {first.pp} in "
+                                "replica 0)")
             if r.stage_layers != first.stage_layers:
                 raise SpecError(field, "every replica needs the same layers per stage (stage s of each replica holds "
-                                f"the same parameters): {list(r.stage_layers)} here, {list(first.stage_layers)} in replica 0")
+                                f"the same parameters): {list(r.stage_layers)} here, {list(first.stage_layers)} in "
+                                "replica 0")
             if r.stage_tp != first.stage_tp:
                 raise SpecError(field, "every replica needs the same tp per stage (their gradients are reduced shard "
                                 f"by shard): {list(r.stage_tp)} here, {list(first.stage_tp)} in replica 0")
@@ -409,8 +588,8 @@ class ReplicaDims:
         t = self.training
         sequences = self.micro_batch_size * sum(r.dp * r.num_microbatches for r in self.replicas)
         if sequences != t.global_batch_size:
-            raise SpecError("layout.replicas", f"micro_batch_size * sum(count * micro_batches) = {sequences} sequences, "
-                            f"but global_batch_size is {t.global_batch_size}")
+            raise SpecError("layout.replicas", f"micro_batch_size * sum(count * micro_batches) = {sequences} "
+                            f"sequences, but global_batch_size is {t.global_batch_size}")
         return self
 
     # ------------------------------------------------------------------ shared degrees and totals

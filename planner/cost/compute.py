@@ -45,17 +45,33 @@ def peak_tflops(gpu: GpuSpec, precision: str) -> float:
     return gpu.peak_tflops_bf16
 
 
-class Roofline:
-    """Achieved rates of one GPU type at one precision."""
+def gemm_rate(gpu: GpuSpec, precision: str, cal: Calibration) -> float:
+    """Achieved GEMM FLOP/s: the matmul rate (matmul_tflops) times the calibrated GEMM efficiency."""
+    return matmul_tflops(gpu, precision) * 1e12 * cal.gemm_efficiency
 
-    def __init__(self, gpu: GpuSpec, precision: str, cal: Calibration):
-        self.gemm_rate = matmul_tflops(gpu, precision) * 1e12 * cal.gemm_efficiency
-        # Attention kernels run in 16-bit even in FP8 recipes (Transformer Engine keeps DPA in bf16). Their
-        # achievable rate is the GPU's measured flash-attention rate where known, else its GEMM rate.
-        attn = gpu.attention_tflops_bf16 or matmul_tflops(gpu, "bf16")
-        self.attn_rate = attn * 1e12 * cal.attention_efficiency
-        self.hbm = gpu.hbm_tbps * 1e12 * cal.hbm_efficiency
-        self.overhead = cal.layer_overhead_s
+
+def attention_rate(gpu: GpuSpec, cal: Calibration) -> float:
+    """Achieved attention-kernel FLOP/s. Attention kernels run in 16-bit even in FP8 recipes (Transformer Engine
+    keeps DPA in bf16). Their achievable rate is the GPU's measured flash-attention rate where known, else its
+    GEMM rate, times the calibrated attention efficiency."""
+    attn = gpu.attention_tflops_bf16 or matmul_tflops(gpu, "bf16")
+    return attn * 1e12 * cal.attention_efficiency
+
+
+def hbm_rate(gpu: GpuSpec, cal: Calibration) -> float:
+    """Achieved HBM bytes/s of element-wise kernels: the datasheet bandwidth times the calibrated efficiency."""
+    return gpu.hbm_tbps * 1e12 * cal.hbm_efficiency
+
+
+@dataclass(frozen=True)
+class Roofline:
+    """Achieved rates of one GPU type at one precision, as the cost provider (planner/cost/provider.py) gives
+    them: GEMM and attention FLOP/s, HBM bytes/s, and the fixed seconds of one layer pass (kernel launches)."""
+
+    gemm_rate: float
+    attn_rate: float
+    hbm: float
+    overhead: float
 
     def gemms(self, ops: list[F.Gemm]) -> float:
         return sum(max(op.flops / self.gemm_rate, op.bytes / self.hbm) for op in ops)

@@ -7,9 +7,8 @@ from dataclasses import dataclass
 from planner.cost import flops as F
 from planner.cost import memory as M
 from planner.cost.calibration import Calibration
-from planner.cost.comm import between_groups_link, spanning_link
 from planner.cost.compute import peak_tflops
-from planner.cost.provider import AnalyticCosts
+from planner.cost.provider import AnalyticCosts, CostSource, cost_source
 from planner.cost.schedule import pipeline_time
 from planner.cost.stage import StageModel, StagePlan, split_kinds
 from planner.errors import SpecError
@@ -151,7 +150,7 @@ def estimate(job: Job, layout: Layout | None = None, cal: Calibration | None = N
     if len(job.cluster) != 1:
         raise SpecError("cluster", "a single-degree layout needs one node group; on mixed clusters place each "
                         "stage with layout.stages[].group, tp and gpus")
-    return estimate_dims(job, dims, AnalyticCosts(job.cluster[0], job.training.precision, cal), capacity_margin)
+    return estimate_dims(job, dims, cost_source(job, cal)(0), capacity_margin)
 
 
 def estimate_dims(job: Job, dims: ParallelDims, costs: AnalyticCosts, capacity_margin: float = 0.0,
@@ -185,20 +184,14 @@ def neighbour_links(job: Job, stage_groups, sms: list[StageModel]) -> list[tuple
     for s in range(len(stage_groups) - 1):
         a, b = stage_groups[s], stage_groups[s + 1]
         if a != b:
-            out[s] = (out[s][0], between_groups_link(job.link_gbps(a, b), sms[s].cal))
-            out[s + 1] = (between_groups_link(job.link_gbps(b, a), sms[s + 1].cal), out[s + 1][1])
+            out[s] = (out[s][0], sms[s].costs.source.between(a, b))
+            out[s + 1] = (sms[s + 1].costs.source.between(b, a), out[s + 1][1])
     return out
 
 
-def costs_by_group(job: Job, cal: Calibration | None = None):
-    """A memoizing ``group index -> AnalyticCosts`` function (one cost provider per node group)."""
-    cache: dict[int, AnalyticCosts] = {}
-
-    def get(g: int) -> AnalyticCosts:
-        if g not in cache:
-            cache[g] = AnalyticCosts(job.cluster[g], job.training.precision, cal)
-        return cache[g]
-    return get
+def costs_by_group(job: Job, cal: Calibration | None = None) -> CostSource:
+    """The job's cost source (planner/cost/provider.cost_source): ``group index -> AnalyticCosts``, memoized."""
+    return cost_source(job, cal)
 
 
 def estimate_hetero(job: Job, dims: HeteroDims, capacity_margin: float = 0.0,
@@ -267,8 +260,7 @@ def replica_stage_models(job: Job, dims: ReplicaDims, costs_for) -> list[list[St
             continue
         sms = [models[s] for models in per]
         per_node = min(sm.shard_per_node for sm in sms)
-        link = spanning_link([job.cluster[g] for g in groups], job.ring_gbps(groups), sms[0].shard, per_node,
-                             sms[0].cal)
+        link = costs_for.spanning(groups, sms[0].shard, per_node)
         slowest = min(sm.shard_link.busbw for sm in sms)
         if slowest < link.busbw:
             link = dataclasses.replace(link, busbw=slowest)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import time
 
-from planner.cost.provider import AnalyticCosts
+from planner.cost.provider import cost_source
 from planner.cost.stage import StageModel
 from planner.search import quick
 from planner.search.partition import solve_partition
@@ -15,7 +15,7 @@ def any_fits(job: Job, opts: SearchOptions, budget_s: float) -> bool:
     """True when some candidate of the job has a partition that fits (feasibility only). Memory-lean candidates
     (ZeRO-3, small micro-batches, deep pipelines) are tried first."""
     deadline = time.monotonic() + budget_s
-    costs = AnalyticCosts(job.cluster[0], job.training.precision)
+    costs = cost_source(job)(0)
     capacity = job.cluster[0].gpu.memory_gib * (1 - opts.memory_margin)
     cands, _, _ = enumerate_candidates(job, costs, opts)
     cands.sort(key=lambda c: (-c.zero, c.mbs, -c.pp, -c.tp, c.sort_key()))

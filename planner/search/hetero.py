@@ -25,9 +25,10 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
-from planner.cost.estimate import costs_by_group, evaluate_stages, hetero_stage_models, with_group_sends
+from planner.cost.estimate import evaluate_stages, hetero_stage_models, with_group_sends
+from planner.cost.provider import cost_source
 from planner.cost.stage import StageModel
-from planner.parallel import HeteroDims, group_order
+from planner.parallel import HeteroDims, baseline_recompute_modes, dp_options, group_order, micro_batch_options
 from planner.search.hetero_bounds import Ends, box_bound, refined_bound
 from planner.search.mixed import (MixedContext, ZeroTerms, cp_options, end_costs, per_layer_bound, pipeline_dims,
                                   send_bound, tp_options, zero_terms)
@@ -36,7 +37,7 @@ from planner.search.quick import RESOLUTION
 from planner.search.planner import (STOP_REASONS, Plan, SearchResult, _keep, _stage_tuple, settle_open_solves,
                                     solve_limit, unproven)
 from planner.search.replicas import search_replicas
-from planner.search.space import SearchOptions, divisors
+from planner.search.space import SearchOptions
 from planner.spec import Job
 
 # ZeRO stages of mixed plans, in the order they are tried where their bounds tie: ZeRO-1 first, the usual winner
@@ -84,11 +85,11 @@ def _families(ctx: MixedContext) -> list[tuple[float, "_Group", int]]:
     job, opts = ctx.job, ctx.opts
     m, t = job.model, job.training
     L = m.num_layers
-    bases = ["none"] if t.attention == "flash" else ["none", "selective"]
+    bases = baseline_recompute_modes(t)
     zeros = tuple(z for z in HETERO_ZERO if z in opts.zero_stages)
-    cps = cp_options(ctx) if ctx.fw is None or ctx.fw.context_parallel else [1]
+    cps = [cp for cp in cp_options(ctx) if ctx.fw is None or ctx.fw.allows(cp=cp)]
     out = []
-    for dp, cp in itertools.product(divisors(t.global_batch_size), cps):
+    for dp, cp in itertools.product(dp_options(t), cps):
         kmax_of = {g: {tp: min(L, job.cluster[g].num_gpus // (tp * cp * dp)) for tp in tp_options(ctx, g, cp)}
                    for g in ctx.order}
         tp_opts = tuple((None,) + tuple(tp for tp, k in kmax_of[g].items() if k >= 1) for g in ctx.order)
@@ -96,7 +97,7 @@ def _families(ctx: MixedContext) -> list[tuple[float, "_Group", int]]:
             continue
         size = _space_size(ctx, tp_opts, kmax_of) * len(zeros)
         per_replica = t.global_batch_size // dp
-        for mbs in (x for x in divisors(per_replica) if x <= opts.max_micro_batch):
+        for mbs in micro_batch_options(t, dp, opts.max_micro_batch):
             for base in bases:
                 grp = _Group(dp, cp, mbs, base, zeros, per_replica // mbs, tp_opts, kmax_of)
                 out.append((grp.bound(ctx), grp, size))
@@ -304,7 +305,7 @@ class _Family:
         L = ctx.job.model.num_layers
         if P > L or (ctx.opts.even_layers and L % P):
             return []
-        if ctx.fw is not None and self.zero not in ctx.fw.zero_stages(P):
+        if ctx.fw is not None and not ctx.fw.allows(pp=P, zero=self.zero):
             return []
         groups = tuple((g, tp, k) for (g, tp), k in zip(self.used, ks))
         return [HeteroCandidate(self.dp, self.cp, self.mbs, self.zero, self.base, groups, lb)]
@@ -344,9 +345,8 @@ def _stage_models(ctx: MixedContext, c: HeteroCandidate, cache: dict) -> list[St
         sm = cache.get(key)
         if sm is None:
             dims = dims or c.dims(ctx.job)
-            sm = cache[key] = StageModel(ctx.job, dims.stage_dims(len(out)), ctx.costs(g))
-            sm.family_key = ctx.family_id(key[:-1])  # everything but the depth (MixedContext.stage_terms)
-            sm.bound_rows = [None] * c.pp  # hetero_bounds._stage_row, per stage position
+            # models of the same degrees share their forms at every depth (StageModel.form_key)
+            sm = cache[key] = StageModel(ctx.job, dims.stage_dims(len(out)), ctx.costs(g), ctx.form_caches)
         out += [sm] * k
     return out
 
@@ -384,7 +384,7 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
     # shares of the time limit: mixed pipelines, then replicas on different types, then the single-type searches
     share = 0.6 if single_type else 1.0
     deadline = start + time_limit_s * share * 0.7
-    ctx = MixedContext(job, opts, opts.framework, costs_by_group(job), group_order(job.cluster))
+    ctx = MixedContext(job, opts, opts.framework, cost_source(job), group_order(job.cluster))
     L = job.model.num_layers
     groups = _families(ctx)
     heap = [(lb, i, grp, None) for i, (lb, grp, _) in enumerate(groups)]

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from planner.cost.estimate import neighbour_links
 from planner.cost.stage import StageModel
-from planner.search.mixed import MixedContext, fastest_layer
+from planner.search.mixed import MixedContext
 
 if TYPE_CHECKING:
     from planner.search.hetero import HeteroCandidate, _Family
@@ -99,21 +99,18 @@ def _stage_bound(ctx: MixedContext, sm: StageModel, g: int, s: int) -> tuple[int
     p = sm.dims.pp
     cap = ctx.stage_terms(sm, g, s)[3]
     z, z0 = ctx.sharded_line(sm, s)
-    const = (sm.emb_time if s == 0 else 0.0) + (sm.logits_time if s == p - 1 else 0.0) + z0
-    return cap, fastest_layer(sm.kinds) + z, const, ctx.tail_floor(sm, s, cap)
+    const = sm.compute_form(s == 0, s == p - 1).const + z0  # embedding, logits
+    return cap, sm.layer_floor() + z, const, ctx.tail_floor(sm, s, cap)
 
 
 def _stage_row(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], g: int, i: int) -> tuple:
-    """_stage_bound of stage i, memoized per stage model and position and across depths (as
-    MixedContext.stage_terms: the terms depend on the depth only through the in-flight count and the ends)."""
+    """_stage_bound of stage i, memoized per position and across depths (as MixedContext.stage_terms: the terms
+    depend on the depth only through the in-flight count and the ends)."""
     sm = sms[i]
-    row = sm.bound_rows[i]
+    key = ("bound", sm.form_cache, sm.inflight(i), i == 0, i == c.pp - 1)
+    row = ctx.memo.get(key)
     if row is None:
-        key = ("bound", sm.family_key, sm.inflight(i), i == 0, i == c.pp - 1)
-        row = ctx.memo.get(key)
-        if row is None:
-            row = ctx.memo[key] = _stage_bound(ctx, sm, g, i)
-        sm.bound_rows[i] = row
+        row = ctx.memo[key] = _stage_bound(ctx, sm, g, i)
     return row
 
 
@@ -122,8 +119,7 @@ def _stage_bounds(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel]) 
     out = []
     s = 0
     for g, _, k in c.groups:
-        rows = sms[s].bound_rows
-        out += [rows[i] or _stage_row(ctx, c, sms, g, i) for i in range(s, s + k)]
+        out += [_stage_row(ctx, c, sms, g, i) for i in range(s, s + k)]
         s += k
     return out
 
@@ -194,7 +190,7 @@ def _memory_bottleneck(ctx: MixedContext, c: HeteroCandidate, sms: list[StageMod
     for s, (sm, g) in enumerate(zip(sms, c.stage_groups)):
         room, alpha, beta, _ = ctx.stage_terms(sm, g, s)
         k = sm.kinds[heavy_name]
-        stages.append((room, alpha, beta, k.compute + k.tp + k.cp, k.recompute_extra + k.tp_recompute, cst[s]))
+        stages.append((room, alpha, beta, k.layer_floor(), k.recompute_floor(), cst[s]))
 
     def held(T: float) -> int:
         total = 0

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from planner.cost.stage import StageModel, StagePlan, kind_coeffs, pipeline_send
+from planner import parallel
+from planner.cost.provider import CostSource
+from planner.cost.stage import FormCache, StageModel, fastest_layer, kind_coeffs, pipeline_send
 from planner.frameworks import Framework
-from planner.parallel import HeteroDims, cp_error, tp_heads_error
+from planner.parallel import HeteroDims, node_group_tp_options, seq_shard_error
 from planner.search import quick
-from planner.search.space import SearchOptions, divisors
+from planner.search.space import SearchOptions
 from planner.spec import Job
 
 
@@ -26,8 +28,8 @@ def pipeline_dims(job: Job, stage_groups, stage_tp, dp: int, cp: int, mbs: int, 
 
 
 def per_layer_bound(ctx: "MixedContext", g: int, tp: int, cp: int, mbs: int, base: str) -> float:
-    """Smallest seconds per layer of any kind on group g's GPU with this TP and CP (compute, TP collectives,
-    exposed CP ring)."""
+    """Smallest seconds per layer of any kind on group g's GPU with this TP and CP (stage.fastest_layer: compute,
+    TP collectives, exposed CP ring; mixed plans have no EP)."""
     key = ("layer", g, tp, cp, mbs, base)
     hit = ctx.memo.get(key)
     if hit is None:
@@ -37,11 +39,6 @@ def per_layer_bound(ctx: "MixedContext", g: int, tp: int, cp: int, mbs: int, bas
     return hit
 
 
-def fastest_layer(kinds) -> float:
-    """The least seconds any one layer adds to a stage per micro-batch: compute, TP collectives, exposed CP ring."""
-    return min(k.compute + k.tp + k.cp for k in kinds.values())
-
-
 @dataclass
 class MixedContext:
     """One mixed-cluster search: the job, its options and framework, a cost provider per node group, the groups in
@@ -49,21 +46,17 @@ class MixedContext:
     job: Job
     opts: SearchOptions
     fw: Framework | None
-    costs: object  # group -> AnalyticCosts
+    costs: CostSource  # group -> AnalyticCosts, and the links between groups
     order: list[int]
     memo: dict = field(default_factory=dict)  # end costs, sends, per-stage memory terms
-
-    def family_id(self, key) -> int:
-        """A small integer for a stage model's degrees (cheap memo keys)."""
-        ids = self.memo.setdefault("family ids", {})
-        return ids.setdefault(key, len(ids))
+    # the stage models' shared forms (StageModel caches): models of one set of degrees share them at every depth
+    form_caches: dict[tuple, FormCache] = field(default_factory=dict)
 
     def stage_terms(self, sm: StageModel, g: int, s: int) -> tuple[float, float, float, int]:
         """(room, alpha, beta) of quick.stage_memory_term and max_layers for stage s of a model from
         _stage_models on group g. They depend on the pipeline depth only through the stage's in-flight
         micro-batches and whether it is first or last, so they are shared across depths."""
-        sm = sm.original  # sends do not change memory
-        key = ("terms", sm.family_key, sm.inflight(s), s == 0, s == sm.dims.pp - 1)
+        key = ("terms", sm.form_cache, sm.inflight(s), s == 0, s == sm.dims.pp - 1)
         hit = self.memo.get(key)
         if hit is None:
             room, alpha, beta = quick.stage_memory_term(sm, self.capacity(g), s)
@@ -72,12 +65,11 @@ class MixedContext:
 
     def tail_floor(self, sm: StageModel, s: int, cap: int) -> float:
         """The least exposed DP communication after stage s's last backward (StageModel.iteration_tail) over
-        every layer count 1..cap (the most the stage can hold), each layer fully recomputed (the longest backward hides the most); 0 for MoE
-        models. It is the sum of two max(0, affine in n) parts (StageModel.tail_parts), so its least value over
-        integers lies at an end or next to where a part reaches 0."""
-        sm = sm.original
+        every layer count 1..cap (the most the stage can hold), each layer fully recomputed (the longest backward
+        hides the most); 0 for MoE models. It is the sum of two max(0, affine in n) parts (TailForms), so its
+        least value over integers lies at an end or next to where a part reaches 0."""
         cap = min(cap, self.job.model.num_layers)
-        key = ("tail", sm.family_key, s == 0, s == sm.dims.pp - 1, cap)
+        key = ("tail", sm.form_cache, s == 0, s == sm.dims.pp - 1, cap)
         hit = self.memo.get(key)
         if hit is None:
             hit = self.memo[key] = _tail_floor(sm, s, cap)
@@ -85,10 +77,9 @@ class MixedContext:
 
     def sharded_line(self, sm: StageModel, s: int) -> tuple[float, float]:
         """(per layer, constant) of a line under ZeRO-2/3's exposed per-micro-batch traffic of stage s
-        (StageModel.microbatch_time: max(0, sharded_comm - fsdp_overlap * compute)), valid for every layer count
-        and recompute: the compute that hides it is taken with every layer recomputed. (0, 0) below ZeRO-2."""
-        sm = sm.original
-        key = ("sharded", sm.family_key, s == 0, s == sm.dims.pp - 1)
+        (TimeForms.zero: max(0, traffic - fsdp_overlap * compute)), valid for every layer count and recompute:
+        the compute that hides it is taken with every layer recomputed. (0, 0) below ZeRO-2."""
+        key = ("sharded", sm.form_cache, s == 0, s == sm.dims.pp - 1)
         hit = self.memo.get(key)
         if hit is None:
             hit = self.memo[key] = _sharded_line(sm, s)
@@ -140,8 +131,7 @@ def _zero_terms(ctx: MixedContext, g: int, tp: int, dp: int, cp: int, mbs: int, 
     if L < 3:
         return ZeroTerms(0.0, 0.0, 0.0, 0.0, None, 0.0)
     dims = pipeline_dims(job, (g, g, g), (tp, tp, tp), dp, cp, mbs, zero, base)
-    sm = StageModel(job, dims.stage_dims(0), ctx.costs(g))
-    sm.family_key = ctx.family_id(("zero terms", g, tp, dp, cp, mbs, base, zero))
+    sm = StageModel(job, dims.stage_dims(0), ctx.costs(g), ctx.form_caches)
     lines = [ctx.sharded_line(sm, s) for s in range(3)]
     room = quick.stage_memory_term(sm, ctx.capacity(g), 1)[0]
     tail = min(ctx.tail_floor(sm, s, L) for s in range(3))  # first, middle, last: at any depth >= 2
@@ -151,18 +141,16 @@ def _zero_terms(ctx: MixedContext, g: int, tp: int, dp: int, cp: int, mbs: int, 
 
 
 def tp_options(ctx: MixedContext, g: int, cp: int) -> list[int]:
-    """TP degrees a stage on group g may use: divide gpus_per_node, the heads rules, the sequence shard."""
-    m, t = ctx.job.model, ctx.job.training
-    gpn = ctx.job.cluster[g].gpus_per_node
-    return [tp for tp in divisors(gpn) if tp_heads_error(m, tp) is None and (tp == 1 or t.seq_length // cp % tp == 0)]
+    """TP degrees a stage on group g may use (planner.parallel: node_group_tp_options, seq_shard_error)."""
+    job = ctx.job
+    return [tp for tp in node_group_tp_options(job.model, [job.cluster[g].gpus_per_node])
+            if seq_shard_error(job.training, cp, tp) is None]
 
 
 def cp_options(ctx: MixedContext) -> list[int]:
-    """CP degrees shared by all stages: split the sequence (planner.parallel.cp_error), the sequence shard
+    """CP degrees shared by all stages (planner.parallel.cp_options over the largest group); the sequence shard
     divisible by every TP degree a stage may use is checked per family."""
-    t = ctx.job.training
-    top = max(g.num_gpus for g in ctx.job.cluster)
-    return [cp for cp in divisors(top) if cp_error(t, cp) is None]
+    return parallel.cp_options(ctx.job.training, max(g.num_gpus for g in ctx.job.cluster))
 
 
 def send_bound(ctx: MixedContext, g: int, tp: int, cp: int, dp: int, mbs: int) -> float:
@@ -194,42 +182,32 @@ def _end_times(ctx: MixedContext, first, last, cp: int, mbs: int) -> tuple[float
 
 def max_layers(sm: StageModel, s: int, room: float, inflight: float | None = None) -> int:
     """Most layers stage s can hold in ``room`` allocatable bytes (quick._stage_memory_terms), with every layer
-    at its lightest (kind, recompute) footprint: an upper bound on n_s for any recompute placement. ``inflight``
-    overrides the stage's in-flight micro-batches."""
-    per_d = sum(sm.states_per_param["dense"].values())
-    per_e = sum(sm.states_per_param["expert"].values())
-    inflight = sm.inflight(s) if inflight is None else inflight
-    lean = min(k.params_dense * per_d + k.params_expert * per_e + inflight * min(k.act, k.act_recomputed)
-               for k in sm.kinds.values())
+    at its lightest (kind, recompute) footprint of its allocated-memory form: an upper bound on n_s for any
+    recompute placement. ``inflight`` overrides the stage's in-flight micro-batches."""
+    lean = sm.lightest_layer(sm.inflight(s) if inflight is None else inflight)
     return max(0, int(room / lean)) if room > 0 else 0
 
 
 def _tail_floor(sm: StageModel, s: int, L: int) -> float:
-    if "moe" in sm.kinds:
+    if sm.has_moe:
         return 0.0
-
-    def parts(n: int) -> tuple[float, float]:
-        return sm.tail_parts(s, StagePlan(dense=n, moe=0, r_dense=n))
-
-    (r1, g1), (r2, g2) = parts(1), parts(2)
+    first, last = s == 0, s == sm.dims.pp - 1
+    compute, forward = sm.compute_form(first, last), sm.forward_form(first, last)
+    # (reduction, gather) minus what hides them, as lines in the layer count n (all recomputed)
+    lines = [x.recomputed_line(compute, forward, "dense") for x in sm.tail_forms(first, last).parts()]
     points = {1, L}
-    for y1, slope in ((r1, r2 - r1), (g1, g2 - g1)):
-        if slope:  # where this part reaches 0, and its integer neighbours
-            z = 1 - y1 / slope
+    for const, per_layer in lines:
+        if per_layer:  # where this part reaches 0, and its integer neighbours
+            z = -const / per_layer
             points.update(min(L, max(1, int(z) + d)) for d in (0, 1))
-    return min(max(0.0, r) + max(0.0, g) for r, g in map(parts, sorted(points)))
+    return min(sum((max(0.0, c + p * n) for c, p in lines), 0.0) for n in sorted(points))
 
 
 def _sharded_line(sm: StageModel, s: int) -> tuple[float, float]:
     if sm.dims.zero_stage < 2:
         return 0.0, 0.0
-    kind = "moe" if "moe" in sm.kinds else "dense"
-
-    def inner(n: int) -> float:
-        plan = StagePlan(dense=0, moe=n, r_moe=n) if kind == "moe" else StagePlan(dense=n, moe=0, r_dense=n)
-        return sm.sharded_comm(*sm.params(s, plan)) - sm.cal.fsdp_overlap * sm.compute(s, plan)[0]
-
-    y1, y2 = inner(1), inner(2)
-    slope = y2 - y1
+    time = sm.time_forms(s == 0, s == sm.dims.pp - 1)
+    # the exposed part before max(0, .) with n layers of the heavier kind, all recomputed
+    const, slope = time.zero.recomputed_line(time.compute, time.forward, "moe" if sm.has_moe else "dense")
     # max(0, slope*n + y0) >= slope*n + y0 when slope >= 0; else only >= 0
-    return (slope, y1 - slope) if slope >= 0 else (0.0, 0.0)
+    return (slope, const) if slope >= 0 else (0.0, 0.0)

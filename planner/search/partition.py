@@ -1,28 +1,47 @@
 """CP-SAT model of the combinatorial core: how many layers each pipeline stage holds and how many of them are
 fully recomputed, for one choice of parallel degrees.
 
-The model is built from the same StageModel coefficients the estimator evaluates (planner/cost/stage.py):
-every stage quantity is affine in the stage's layer counts, and every overlap term is max(0, affine), which CP-SAT
-represents exactly with AddMaxEquality. Times are integers in units between a nanosecond and a microsecond, fine
-enough that rounding moves no plan's time by more than PRECISION (_time_unit); memory is in integer KiB. The
-solution is then re-evaluated in floating point by the estimator, so rounding only matters between plans within
-PRECISION of each other.
+The model is built from the same forms the estimator evaluates (planner/cost/stage.py): every stage quantity is an
+Affine form in the stage's variables, turned here into a linear expression with each coefficient rounded on its
+own, and every overlap term is max(0, affine), which CP-SAT represents exactly with AddMaxEquality. Times are
+integers in units between a nanosecond and a microsecond, fine enough that rounding moves no plan's time by more
+than PRECISION (_time_unit); memory is in integer KiB. The solution is then re-evaluated in floating point by the
+estimator, so rounding only matters between plans within PRECISION of each other.
 
     minimize  v*m*T + sum_i t_i - T + v*(D + O)        (= v * iteration time, Narayanan's schedule)
     s.t.      t_i <= T, dp_i <= D, opt_i <= O, memory_i <= capacity, sum_i n_i = L, n_i = v*k_i
+
+Layout, as in the OR-Tools examples: PartitionVars names the variables; each constraint family is one function
+(_add_layer_counts, _add_recompute_counts, _add_layer_totals, _add_stage_time, _add_dp_tail, _add_optimizer_step,
+_add_memory, _set_objective); build_partition_model builds, solve_partition solves. To look at a model,
+PLANNER_DUMP_CPSAT=DIR writes every model built as a text proto, DIR/partition-<pid>-<n>.pbtxt
+(PartitionModel.dump).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import itertools
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
 
 from ortools.sat.python import cp_model
 
-from planner.cost import memory as M
-from planner.cost.stage import StageModel, StagePlan
+from planner.cost.stage import (
+    Affine,
+    MemoryForms,
+    StageModel,
+    StagePlan,
+    TailForms,
+    TimeForms,
+    Traffic,
+)
 
 MIN_UNITS, MAX_UNITS = 1e6, 1e9  # integer time units per second: between a microsecond and a nanosecond
 PRECISION = 1e-4  # relative rounding error the time unit allows (quick.RESOLUTION)
 KIB = 1024.0
+MILLI = 1000  # overlaps with a fractional share are kept in thousandths of a time unit
+DUMP_ENV = "PLANNER_DUMP_CPSAT"
+_dumped = itertools.count(1)
 
 
 @dataclass
@@ -33,11 +52,70 @@ class PartitionResult:
     bound_s: float                 # proven lower bound, seconds
 
 
-def _affine(fn, x1: float, x2: float) -> tuple[float, float]:
-    """(slope, intercept) of a function that is affine for positive arguments (collective cost vs bytes)."""
-    y1, y2 = fn(x1), fn(x2)
-    slope = (y2 - y1) / (x2 - x1)
-    return slope, y1 - slope * x1
+@dataclass
+class PartitionVars:
+    """The model's variables: per stage i, its layer and recompute counts (the StagePlan it becomes) and its
+    micro-batch time; per iteration, the bottleneck stage time and the largest DP tail and optimizer step."""
+
+    layers: list = field(default_factory=list)          # n_i = vpp * chunks_i
+    chunks: list = field(default_factory=list)          # layers per interleaved model chunk
+    moe_layers: list = field(default_factory=list)      # MoE layers in the stage's contiguous span
+    dense_layers: list = field(default_factory=list)
+    holds_moe: list = field(default_factory=list)       # 0/1: the stage holds an MoE layer
+    recomputed: list = field(default_factory=list)      # fully recomputed layers, MoE ones first
+    recomputed_moe: list = field(default_factory=list)
+    recomputed_dense: list = field(default_factory=list)
+    recomputes: list = field(default_factory=list)      # 0/1: the stage recomputes a layer
+    stage_time: list = field(default_factory=list)      # t_i, time units per micro-batch
+    bottleneck: cp_model.IntVar | None = None           # T >= every t_i
+    dp_tail: cp_model.IntVar | None = None              # D >= every stage's exposed DP tail
+    optimizer: cp_model.IntVar | None = None            # O >= every stage's optimizer step
+
+    def linear(self, form: Affine, i: int, rounded) -> cp_model.LinearExpr:
+        """``form`` of stage i as a linear expression, each coefficient rounded to an integer by ``rounded``."""
+        return (rounded(form.dense) * self.dense_layers[i] + rounded(form.moe) * self.moe_layers[i]
+                + rounded(form.r_dense) * self.recomputed_dense[i] + rounded(form.r_moe) * self.recomputed_moe[i]
+                + rounded(form.any_moe) * self.holds_moe[i] + rounded(form.any_recomputed) * self.recomputes[i]
+                + rounded(form.const))
+
+    def traffic(self, traffic: Traffic, i: int, rounded) -> cp_model.LinearExpr:
+        """Collectives of stage i: each collective's form rounded on its own, then counted."""
+        return sum(count * self.linear(form, i, rounded) for count, form in traffic.parts)
+
+
+@dataclass(frozen=True)
+class Scale:
+    """Integer time units per second (``unit``) and the horizon every time variable stays below (``big_t``)."""
+
+    unit: float
+    big_t: int
+
+    def ti(self, seconds: float) -> int:
+        return round(seconds * self.unit)
+
+
+@dataclass
+class PartitionModel:
+    """A built model: the CP-SAT model, its variables, the objective (v * iteration time in units), the tie-break
+    weight it carries (1: no tie-break) and the time scale."""
+
+    model: cp_model.CpModel
+    vars: PartitionVars
+    objective: cp_model.LinearExpr
+    weight: int
+    scale: Scale
+    vpp: int
+
+    def dump(self, path: str | Path) -> None:
+        """Write the model as a text proto (for reading, or for ``solve`` in OR-Tools' tools)."""
+        Path(path).write_text(str(self.model.Proto()))
+
+    def plans(self, solver: cp_model.CpSolver) -> list[StagePlan]:
+        pv = self.vars
+        return [StagePlan(dense=int(solver.Value(pv.dense_layers[i])), moe=int(solver.Value(pv.moe_layers[i])),
+                          r_dense=int(solver.Value(pv.recomputed_dense[i])),
+                          r_moe=int(solver.Value(pv.recomputed_moe[i])))
+                for i in range(len(pv.layers))]
 
 
 def _moe_prefix(model: cp_model.CpModel, sm: StageModel, prefix, name: str):
@@ -59,7 +137,7 @@ def _time_horizon(sm: StageModel, L: int, p: int) -> float:
     worst_params = (sm.position_params(0) + sm.position_params(p - 1)
                     + L * max(k.params_dense + k.params_expert for k in kinds.values()))
     worst = (L * worst_layer + sm.emb_time + sm.logits_time + sm.pp_time
-             + sm.sharded_comm(worst_params, worst_params) + sm.shard_link.all_reduce(8.0 * worst_params)
+             + sm.per_microbatch_traffic(worst_params, worst_params) + sm.shard_link.all_reduce(8.0 * worst_params)
              + sm.exp_link.all_reduce(8.0 * worst_params) + sm.costs.optimizer_step(worst_params))
     return 2 * worst + 1e-3
 
@@ -82,6 +160,215 @@ def _time_unit(horizon_s: float, weight: int, span: int, sms: list[StageModel], 
     return max(MIN_UNITS, min(MAX_UNITS, need, fits))
 
 
+# ----------------------------------------------------------------------------------------- constraint families
+def _add_layer_counts(m: cp_model.CpModel, pv: PartitionVars, i: int, s0: StageModel, prefix_before):
+    """Stage i holds a multiple of vpp layers, and its MoE layers are those of its contiguous span of the model.
+    Returns the layers before the next stage (a prefix sum) and the MoE layers among them."""
+    L, v = s0.job.model.num_layers, s0.dims.vpp
+    chunks = m.NewIntVar(1, L // v, f"chunks[{i}]")
+    layers = m.NewIntVar(v, L, f"layers[{i}]")
+    m.Add(layers == v * chunks)
+    prefix = m.NewIntVar(0, L, f"layers_through[{i}]")
+    m.Add(prefix == (prefix_before[0] if prefix_before[0] is not None else 0) + layers)
+    moe_prefix = prefix_before[1]
+    if s0.has_moe:
+        moe_prefix = _moe_prefix(m, s0, prefix, f"moe_through[{i}]")
+        moe = m.NewIntVar(0, L, f"moe_layers[{i}]")
+        m.Add(moe == moe_prefix - (prefix_before[1] if prefix_before[1] is not None else 0))
+        holds = m.NewBoolVar(f"holds_moe[{i}]")
+        m.Add(moe >= 1).OnlyEnforceIf(holds)
+        m.Add(moe == 0).OnlyEnforceIf(holds.Not())
+    else:
+        moe, holds = m.NewConstant(0), m.NewConstant(0)
+    dense = m.NewIntVar(0, L, f"dense_layers[{i}]")
+    m.Add(dense == layers - moe)
+    pv.chunks.append(chunks)
+    pv.layers.append(layers)
+    pv.moe_layers.append(moe)
+    pv.holds_moe.append(holds)
+    pv.dense_layers.append(dense)
+    return prefix, moe_prefix
+
+
+def _add_recompute_counts(m: cp_model.CpModel, pv: PartitionVars, i: int, L: int, full_only: bool,
+                          partial_recompute: bool) -> None:
+    """Stage i fully recomputes every layer (baseline full), any number of them (partial recompute) or none, MoE
+    layers first (StagePlan.with_recompute)."""
+    layers = pv.layers[i]
+    if full_only:
+        recomputed = layers
+    elif partial_recompute:
+        recomputed = m.NewIntVar(0, L, f"recomputed[{i}]")
+        m.Add(recomputed <= layers)
+    else:
+        recomputed = m.NewConstant(0)
+    recomputed_moe = m.NewIntVar(0, L, f"recomputed_moe[{i}]")
+    m.AddMinEquality(recomputed_moe, [recomputed, pv.moe_layers[i]])
+    recomputed_dense = m.NewIntVar(0, L, f"recomputed_dense[{i}]")
+    m.Add(recomputed_dense == recomputed - recomputed_moe)
+    recomputes = m.NewBoolVar(f"recomputes[{i}]")
+    m.Add(recomputed >= 1).OnlyEnforceIf(recomputes)
+    m.Add(recomputed == 0).OnlyEnforceIf(recomputes.Not())
+    pv.recomputed.append(recomputed)
+    pv.recomputed_moe.append(recomputed_moe)
+    pv.recomputed_dense.append(recomputed_dense)
+    pv.recomputes.append(recomputes)
+
+
+def _add_layer_totals(m: cp_model.CpModel, pv: PartitionVars, last_prefix, L: int, even_layers: bool,
+                      uniform_recompute: bool) -> None:
+    """The stages hold every layer of the model, each stage alike where the framework needs it (even split, one
+    recompute count)."""
+    m.Add(last_prefix == L)
+    for i in range(1, len(pv.layers)):
+        if even_layers:
+            m.Add(pv.layers[i] == pv.layers[0])
+        if uniform_recompute:
+            m.Add(pv.recomputed[i] == pv.recomputed[0])
+
+
+def _exposed_units(m: cp_model.CpModel, name: str, traffic, window, big_t: int):
+    """max(0, traffic - window) in time units: communication the whole window hides (TP overlap)."""
+    out = m.NewIntVar(0, big_t, name)
+    m.AddMaxEquality(out, [traffic - window, 0])
+    return out
+
+
+def _exposed_milli(m: cp_model.CpModel, name: str, traffic, window, share: float, big_t: int):
+    """max(0, traffic - share * window) in thousandths of a time unit, the share rounded to thousandths: no
+    division constraint, which CP-SAT propagates poorly."""
+    signed = m.NewIntVar(-big_t * MILLI, big_t * MILLI, f"{name}_signed")
+    m.Add(signed == MILLI * traffic - round(share * MILLI) * window)
+    out = m.NewIntVar(0, big_t * MILLI, name)
+    m.AddMaxEquality(out, [signed, 0])
+    return out
+
+
+def _add_stage_time(m: cp_model.CpModel, pv: PartitionVars, i: int, time: TimeForms, pp_time: float,
+                    scale: Scale):
+    """Stage i's micro-batch time t_i covers its compute, exposed TP, CP, EP, pipeline sends and exposed ZeRO-2/3
+    traffic (TimeForms.at), and the bottleneck T covers every t_i. Returns (compute, forward) for the tail."""
+    ti, big_t = scale.ti, scale.big_t
+    comp = m.NewIntVar(0, big_t, f"compute[{i}]")
+    m.Add(comp == pv.linear(time.compute, i, ti))
+    fwd = pv.linear(time.forward, i, ti)
+    tp = pv.linear(time.tp, i, ti)
+    if time.tp_hidden:
+        tp = _exposed_units(m, f"tp_exposed[{i}]", tp, comp, big_t)
+    other = pv.linear(time.cp, i, ti) + pv.linear(time.ep, i, ti) + ti(pp_time)
+    zero = 0
+    if time.zero is not None:
+        zero = _exposed_milli(m, f"zero_exposed[{i}]", pv.traffic(time.zero.traffic, i, ti), comp,
+                              time.zero.share, big_t)
+    t_i = m.NewIntVar(0, big_t, f"stage_time[{i}]")
+    # t_i >= its time, rounded up to a whole unit (minimizing makes it equal)
+    m.Add(MILLI * t_i >= MILLI * (comp + tp + other) + zero)
+    m.Add(t_i <= pv.bottleneck)
+    pv.stage_time.append(t_i)
+    return comp, fwd
+
+
+def _add_dp_tail(m: cp_model.CpModel, pv: PartitionVars, i: int, tail: TailForms, comp, fwd, scale: Scale) -> None:
+    """Stage i's exposed DP communication after its last backward (reduction behind the backward, gather behind
+    the forward; none under ZeRO-3) is at most D."""
+    if tail.reduction is None:
+        return
+    windows = {"compute": comp, "forward": fwd, "backward": comp - fwd}
+    parts = [_exposed_milli(m, f"dp_{name}[{i}]", pv.traffic(x.traffic, i, scale.ti), windows[x.window], x.share,
+                            scale.big_t)
+             for name, x in (("reduction", tail.reduction), ("gather", tail.gather))]
+    m.Add(sum(parts) <= MILLI * pv.dp_tail)
+
+
+def _add_optimizer_step(m: cp_model.CpModel, pv: PartitionVars, i: int, tail: TailForms, scale: Scale) -> None:
+    """Stage i's optimizer step is at most O."""
+    m.Add(pv.linear(tail.optimizer, i, scale.ti) <= pv.optimizer)
+
+
+def _add_memory(m: cp_model.CpModel, pv: PartitionVars, i: int, memory: MemoryForms, allocatable: float) -> None:
+    """Stage i's allocated bytes (KiB) fit what its GPU allows before the allocator's allowance."""
+    m.Add(pv.linear(memory.allocated, i, _kib) <= int(allocatable / KIB))
+
+
+def _kib(nbytes: float) -> int:
+    return round(nbytes / KIB)
+
+
+def _set_objective(m: cp_model.CpModel, pv: PartitionVars, mb: int, v: int, L: int, scale: Scale, span: int,
+                   objective_cap_s: float | None) -> tuple[cp_model.LinearExpr, int]:
+    """Minimize v times the iteration time of the 1F1B/interleaved schedule (planner/cost/schedule.py), below the
+    caller's cap; ties in time are broken inside the objective (fewer layers, then less recompute, on earlier
+    stages) so that the optimum is the same for any worker count or search order. Returns (objective, weight of
+    the time in the minimized expression)."""
+    p = len(pv.layers)
+    T = pv.bottleneck
+    obj = v * mb * T + sum(pv.stage_time) - T + v * (pv.dp_tail + pv.optimizer)
+    if objective_cap_s is not None:
+        m.Add(obj <= int(objective_cap_s * (1 + PRECISION) * scale.unit * v))  # rounding must not exclude a plan
+    weight = _tiebreak_weight(p, L)
+    tiebreak = sum((p - i) * ((L + 1) * pv.layers[i] + pv.recomputed[i]) for i in range(p))
+    if span * scale.big_t * weight < 2**62:  # bound of obj from the variables' domains, weighted
+        m.Minimize(obj * weight + tiebreak)
+        return obj, weight
+    m.Minimize(obj)
+    return obj, 1
+
+
+def _tiebreak_weight(p: int, L: int) -> int:
+    """The tie-break weighs less than one time unit: every stage's (L+1)*n + r, weighted by position, is below it."""
+    return p * (p + 1) // 2 * (L + 1) * (L + 1) + 1
+
+
+def _add_hint(m: cp_model.CpModel, pv: PartitionVars, hint: list[StagePlan]) -> None:
+    """Seed the search with a known split; a variable may stand for several stages (constants are shared, uniform
+    recompute ties them): hinted once."""
+    hinted: set[int] = set()
+    for i, plan in enumerate(hint):
+        for var, value in ((pv.layers[i], plan.layers), (pv.recomputed[i], plan.recomputed)):
+            if var.Index() not in hinted:
+                hinted.add(var.Index())
+                m.AddHint(var, value)
+
+
+# ----------------------------------------------------------------------------------------- build, solve
+def build_partition_model(sm: StageModel | list[StageModel], capacity_gib: float | list[float], *,
+                          partial_recompute: bool, objective_cap_s: float | None = None, even_layers: bool = False,
+                          uniform_recompute: bool = False, hint: list[StagePlan] | None = None) -> PartitionModel:
+    """The CP-SAT model of solve_partition (see there for the arguments)."""
+    sms = sm if isinstance(sm, list) else [sm] * sm.dims.pp
+    caps = capacity_gib if isinstance(capacity_gib, list) else [capacity_gib] * len(sms)
+    s0 = sms[0]
+    d = s0.dims
+    L, p, v, mb = s0.job.model.num_layers, d.pp, d.vpp, s0.mb
+    m = cp_model.CpModel()
+    horizon_s = max(_time_horizon(x, L, p) for x in {id(x): x for x in sms}.values())
+    span = v * mb + p + 2 * v  # the objective is at most span horizons
+    unit = _time_unit(horizon_s, _tiebreak_weight(p, L), span, sms, d.zero_stage)
+    scale = Scale(unit, int(horizon_s * unit))
+
+    pv = PartitionVars()
+    before = (None, None)
+    for i in range(p):
+        before = _add_layer_counts(m, pv, i, s0, before)
+        _add_recompute_counts(m, pv, i, L, d.recompute == "full", partial_recompute)
+    _add_layer_totals(m, pv, before[0], L, even_layers, uniform_recompute)
+
+    pv.bottleneck = m.NewIntVar(0, scale.big_t, "T")
+    pv.dp_tail = m.NewIntVar(0, scale.big_t, "D")
+    pv.optimizer = m.NewIntVar(0, scale.big_t, "O")
+    for i in range(p):
+        forms = sms[i].forms(i)  # every per-stage form comes from this stage's own model
+        comp, fwd = _add_stage_time(m, pv, i, forms.time, sms[i].pp_time, scale)
+        _add_dp_tail(m, pv, i, forms.tail, comp, fwd, scale)
+        _add_optimizer_step(m, pv, i, forms.tail, scale)
+        _add_memory(m, pv, i, forms.memory, sms[i].allocatable(caps[i]))
+
+    obj, weight = _set_objective(m, pv, mb, v, L, scale, span, objective_cap_s)
+    if hint is not None and len(hint) == p:
+        _add_hint(m, pv, hint)
+    return PartitionModel(m, pv, obj, weight, scale, v)
+
+
 def solve_partition(sm: StageModel | list[StageModel], capacity_gib: float | list[float], *,
                     partial_recompute: bool, time_limit_s: float, workers: int = 1, seed: int = 0,
                     objective_cap_s: float | None = None, even_layers: bool = False,
@@ -97,218 +384,24 @@ def solve_partition(sm: StageModel | list[StageModel], capacity_gib: float | lis
     ``uniform_recompute`` the same number of fully recomputed layers on every stage (Megatron's
     ``--recompute-num-layers`` applies to each stage alike). ``hint`` (a known feasible split) seeds the search;
     it changes how fast the optimum is found, not which optimum (ties are broken in the objective)."""
-    sms = sm if isinstance(sm, list) else [sm] * sm.dims.pp
-    caps = capacity_gib if isinstance(capacity_gib, list) else [capacity_gib] * len(sms)
-    s0 = sms[0]
-    d = s0.dims
-    job = s0.job
-    L, p, v, mb = job.model.num_layers, d.pp, d.vpp, s0.mb
-    has_moe = "moe" in s0.kinds
-    full_only = d.recompute == "full"
-    m = cp_model.CpModel()
-    horizon_s = max(_time_horizon(x, L, p) for x in {id(x): x for x in sms}.values())
-    # Ties in time are broken inside the objective (fewer layers, then less recompute, on earlier stages) so the
-    # optimum is the same for any worker count or search order; the tie-break weighs less than one time unit.
-    weight = p * (p + 1) // 2 * (L + 1) * (L + 1) + 1
-    span = v * mb + p + 2 * v  # the objective is at most span horizons
-    unit = _time_unit(horizon_s, weight, span, sms, d.zero_stage)
-    big_t = int(horizon_s * unit)
-
-    def ti(x: float) -> int:
-        return int(round(x * unit))
-
-    n, k_v, r, rm, rd, nm, nd, b, hm = [], [], [], [], [], [], [], [], []
-    prev_prefix, prev_moe = None, None
-    for i in range(p):
-        kv = m.NewIntVar(1, L // v, f"k{i}")
-        ni = m.NewIntVar(v, L, f"n{i}")
-        m.Add(ni == v * kv)
-        n.append(ni)
-        k_v.append(kv)
-        prefix = m.NewIntVar(0, L, f"S{i}")
-        m.Add(prefix == (prev_prefix if prev_prefix is not None else 0) + ni)
-        if has_moe:
-            moe_prefix = _moe_prefix(m, s0, prefix, f"M{i}")
-            nmi = m.NewIntVar(0, L, f"nm{i}")
-            m.Add(nmi == moe_prefix - (prev_moe if prev_moe is not None else 0))
-            prev_moe = moe_prefix
-            hmi = m.NewBoolVar(f"hm{i}")
-            m.Add(nmi >= 1).OnlyEnforceIf(hmi)
-            m.Add(nmi == 0).OnlyEnforceIf(hmi.Not())
-        else:
-            nmi, hmi = m.NewConstant(0), m.NewConstant(0)
-        nm.append(nmi)
-        hm.append(hmi)
-        ndi = m.NewIntVar(0, L, f"nd{i}")
-        m.Add(ndi == ni - nmi)
-        nd.append(ndi)
-        prev_prefix = prefix
-        if full_only:
-            ri = ni
-        elif partial_recompute:
-            ri = m.NewIntVar(0, L, f"r{i}")
-            m.Add(ri <= ni)
-        else:
-            ri = m.NewConstant(0)
-        r.append(ri)
-        rmi = m.NewIntVar(0, L, f"rm{i}")
-        m.AddMinEquality(rmi, [ri, nmi])
-        rdi = m.NewIntVar(0, L, f"rd{i}")
-        m.Add(rdi == ri - rmi)
-        rm.append(rmi)
-        rd.append(rdi)
-        bi = m.NewBoolVar(f"b{i}")
-        m.Add(ri >= 1).OnlyEnforceIf(bi)
-        m.Add(ri == 0).OnlyEnforceIf(bi.Not())
-        b.append(bi)
-    m.Add(prev_prefix == L)
-    for i in range(1, p):
-        if even_layers:
-            m.Add(n[i] == n[0])
-        if uniform_recompute:
-            m.Add(r[i] == r[0])
-
-    T = m.NewIntVar(0, big_t, "T")
-    D = m.NewIntVar(0, big_t, "D")
-    O = m.NewIntVar(0, big_t, "O")
-    t_all = []
-    ref = 1e9
-    for i in range(p):
-        sm = sms[i]  # every per-stage coefficient below comes from this stage's own model
-        kinds, cal = sm.kinds, sm.cal
-        kd = kinds["dense"]
-        km = kinds.get("moe", kd)
-        # Collective costs are affine in bytes (bus-bandwidth model + latency); read their slopes off the links.
-        g = sm.grad_wire
-        z = d.zero_stage
-        sh, ex = sm.shard_link, sm.exp_link
-        rs_d = _affine(lambda x: sh.reduce_scatter(g * x), ref, 2 * ref)
-        ag_d = _affine(lambda x: sh.all_gather(2.0 * x), ref, 2 * ref)
-        ar_d = _affine(lambda x: sh.all_reduce(g * x), ref, 2 * ref)
-        rs_e = _affine(lambda x: ex.reduce_scatter(g * x), ref, 2 * ref)
-        ag_e = _affine(lambda x: ex.all_gather(2.0 * x), ref, 2 * ref)
-        ar_e = _affine(lambda x: ex.all_reduce(g * x), ref, 2 * ref)
-        hbm_opt = sm.costs.optimizer_step(1.0)
-        shard_div = sm.shard if z >= 1 else 1
-        exp_div = sm.exp_shard if z >= 1 else 1
-        frag = 1.0 + cal.memory_fragmentation
-        cap_kib = int((caps[i] * M.GIB - cal.memory_fixed_gib * M.GIB) / frag / KIB)
-        pos_params = sm.position_params(i)
-        comp_const = (sm.emb_time if i == 0 else 0.0) + (sm.logits_time if i == p - 1 else 0.0)
-        fwd_const = (sm.emb_fwd if i == 0 else 0.0) + (sm.logits_fwd if i == p - 1 else 0.0)
-        comp = m.NewIntVar(0, big_t, f"comp{i}")
-        m.Add(comp == ti(kd.compute) * nd[i] + ti(km.compute) * nm[i] + ti(kd.recompute_extra) * rd[i]
-              + ti(km.recompute_extra) * rm[i] + ti(comp_const))
-        fwd = ti(kd.forward) * nd[i] + ti(km.forward) * nm[i] + ti(fwd_const)
-        tp_raw = (ti(kd.tp) * nd[i] + ti(km.tp) * nm[i] + ti(kd.tp_recompute) * rd[i] + ti(km.tp_recompute) * rm[i])
-        if sm.dims.tp_comm_overlap:
-            tp = m.NewIntVar(0, big_t, f"tp{i}")
-            m.AddMaxEquality(tp, [tp_raw - comp, 0])
-        else:
-            tp = tp_raw
-        other = ti(kd.cp) * nd[i] + ti(km.cp) * nm[i] + ti(kd.ep) * nd[i] + ti(km.ep) * nm[i] \
-            + ti(kd.ep_recompute) * rd[i] + ti(km.ep_recompute) * rm[i] + ti(sm.pp_time)
-        # params on this GPU: dense part (replicated over DP*CP) and expert part (over expert-DP)
-        dense_p = (kd.params_dense, km.params_dense, pos_params)
-        exp_p = km.params_expert if has_moe else 0.0
-        zero_t = 0
-        if z >= 2:
-            sharded = (ti(rs_d[0] * dense_p[0]) * nd[i] + ti(rs_d[0] * dense_p[1]) * nm[i] + ti(rs_d[0] * dense_p[2] + rs_d[1]))
-            if has_moe:
-                sharded += ti(rs_e[0] * exp_p) * nm[i] + ti(rs_e[1]) * hm[i]
-            if z >= 3:
-                sharded += 2 * (ti(ag_d[0] * dense_p[0]) * nd[i] + ti(ag_d[0] * dense_p[1]) * nm[i]
-                                + ti(ag_d[0] * dense_p[2] + ag_d[1]))
-                if has_moe:
-                    sharded += 2 * (ti(ag_e[0] * exp_p) * nm[i] + ti(ag_e[1]) * hm[i])
-            hidden = int(round(cal.fsdp_overlap * 1000))
-            # max(0, sharded - overlap*comp) in thousandths of a time unit (the overlap share in thousandths)
-            scaled = m.NewIntVar(-big_t * 1000, big_t * 1000, f"zs{i}")
-            m.Add(scaled == 1000 * sharded - hidden * comp)
-            zero_t = m.NewIntVar(0, big_t * 1000, f"zp{i}")
-            m.AddMaxEquality(zero_t, [scaled, 0])
-        t_i = m.NewIntVar(0, big_t, f"t{i}")
-        # t_i >= its time, rounded up to a whole unit (minimizing makes it equal); no division constraint, which
-        # CP-SAT propagates poorly
-        m.Add(1000 * t_i >= 1000 * (comp + tp + other) + zero_t)
-        m.Add(t_i <= T)
-        t_all.append(t_i)
-
-        # end-of-iteration DP communication and optimizer step
-        if z < 3:
-            ov = int(round(cal.dp_overlap * 1000))
-            if z == 0:
-                red = (ti(ar_d[0] * dense_p[0]) * nd[i] + ti(ar_d[0] * dense_p[1]) * nm[i] + ti(ar_d[0] * dense_p[2] + ar_d[1]))
-                if has_moe:
-                    red += ti(ar_e[0] * exp_p) * nm[i] + ti(ar_e[1]) * hm[i]
-                gather = 0
-            else:
-                red = 0
-                if z == 1:
-                    red = (ti(rs_d[0] * dense_p[0]) * nd[i] + ti(rs_d[0] * dense_p[1]) * nm[i] + ti(rs_d[0] * dense_p[2] + rs_d[1]))
-                    if has_moe:
-                        red += ti(rs_e[0] * exp_p) * nm[i] + ti(rs_e[1]) * hm[i]
-                gather = (ti(ag_d[0] * dense_p[0]) * nd[i] + ti(ag_d[0] * dense_p[1]) * nm[i] + ti(ag_d[0] * dense_p[2] + ag_d[1]))
-                if has_moe:
-                    gather += ti(ag_e[0] * exp_p) * nm[i] + ti(ag_e[1]) * hm[i]
-            parts = []
-            for j, (comm, window) in enumerate(((red, comp - fwd), (gather, fwd))):
-                s = m.NewIntVar(-big_t * 1000, big_t * 1000, f"dps{i}_{j}")
-                m.Add(s == 1000 * comm - ov * window)
-                pos = m.NewIntVar(0, big_t * 1000, f"dpp{i}_{j}")
-                m.AddMaxEquality(pos, [s, 0])
-                parts.append(pos)
-            m.Add(sum(parts) <= 1000 * D)  # in thousandths, as above
-        local_d = 1.0 / shard_div
-        local_e = 1.0 / exp_div
-        opt = (ti(hbm_opt * dense_p[0] * local_d) * nd[i] + ti(hbm_opt * (dense_p[1] * local_d + exp_p * local_e)) * nm[i]
-               + ti(hbm_opt * dense_p[2] * local_d))
-        m.Add(opt <= O)
-
-        # memory (KiB), before the allocator allowance
-        spp = sm.states_per_param
-        per_d = sum(spp["dense"].values())
-        per_e = sum(spp["expert"].values())
-        inflight = sm.inflight(i)
-        kib = lambda x: int(round(x / KIB))  # noqa: E731
-        const = pos_params * per_d + (2 * 2.0 * sm.largest_layer if z >= 3 else 0.0)
-        const += (inflight * sm.emb_act if i == 0 else 0.0) + (sm.logits_act if i == p - 1 else 0.0)
-        mem = (kib(kd.params_dense * per_d + inflight * kd.act) * nd[i]
-               + kib(km.params_dense * per_d + exp_p * per_e + inflight * km.act) * nm[i]
-               + kib(inflight * (kd.act_recomputed - kd.act)) * rd[i]
-               + kib(inflight * (km.act_recomputed - km.act)) * rm[i]
-               + kib(sm.working) * b[i] + kib(const))
-        m.Add(mem <= cap_kib)
-
-    obj = v * mb * T + sum(t_all) - T + v * (D + O)
-    if objective_cap_s is not None:
-        m.Add(obj <= int(objective_cap_s * (1 + PRECISION) * unit * v))  # rounding must not exclude a plan below it
-    tiebreak = sum((p - i) * ((L + 1) * n[i] + r[i]) for i in range(p))
-    horizon = span * big_t  # bound of obj from the variables' domains
-    m.Minimize(obj * weight + tiebreak if horizon * weight < 2**62 else obj)
-    if hint is not None and len(hint) == p:
-        # a variable may stand for several stages (constants are shared, uniform recompute ties them): hint once
-        hinted: set[int] = set()
-        for i, plan in enumerate(hint):
-            for var, value in ((n[i], plan.layers), (r[i], plan.recomputed)):
-                if var.Index() not in hinted:
-                    hinted.add(var.Index())
-                    m.AddHint(var, value)
-
+    built = build_partition_model(sm, capacity_gib, partial_recompute=partial_recompute,
+                                  objective_cap_s=objective_cap_s, even_layers=even_layers,
+                                  uniform_recompute=uniform_recompute, hint=hint)
+    if os.environ.get(DUMP_ENV):
+        folder = Path(os.environ[DUMP_ENV])
+        folder.mkdir(parents=True, exist_ok=True)
+        built.dump(folder / f"partition-{os.getpid()}-{next(_dumped):05d}.pbtxt")
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
     solver.parameters.num_workers = max(1, workers)
     solver.parameters.random_seed = seed
     solver.parameters.catch_sigint_signal = False  # Ctrl-C must reach Python (exit 130), not end one solve
-    status = solver.Solve(m)
+    status = solver.Solve(built.model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         st = "infeasible" if status == cp_model.INFEASIBLE else "unknown"
         return PartitionResult(None, st, float("inf"), float("inf") if st == "infeasible" else 0.0)
-    best = solver.Value(obj)
-    bound = solver.BestObjectiveBound() / (weight if horizon * weight < 2**62 else 1)
-    optimal = status == cp_model.OPTIMAL
-    plans = []
-    for i in range(p):
-        plans.append(StagePlan(dense=int(solver.Value(nd[i])), moe=int(solver.Value(nm[i])),
-                               r_dense=int(solver.Value(rd[i])), r_moe=int(solver.Value(rm[i]))))
-    return PartitionResult(plans, "optimal" if optimal else "feasible", best / unit / v, bound / unit / v)
+    unit, v = built.scale.unit, built.vpp
+    best = solver.Value(built.objective)
+    bound = solver.BestObjectiveBound() / built.weight
+    status_name = "optimal" if status == cp_model.OPTIMAL else "feasible"
+    return PartitionResult(built.plans(solver), status_name, best / unit / v, bound / unit / v)

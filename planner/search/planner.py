@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from planner.cost.estimate import Estimate, evaluate_plans
-from planner.cost.provider import AnalyticCosts
+from planner.cost.provider import AnalyticCosts, cost_source
 from planner.cost.stage import StageModel
 from planner.parallel import ParallelDims
 from planner.search import quick
@@ -92,7 +92,7 @@ def search(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers: int =
     opts = options or SearchOptions()
     start = time.monotonic()
     deadline = start + time_limit_s
-    costs = AnalyticCosts(job.cluster[0], job.training.precision)
+    costs = cost_source(job)(0)
     # Enumeration may take at most half the budget, so that a short limit still leaves time to find plans.
     cands, pruned, enumerated = enumerate_candidates(job, costs, opts, start + time_limit_s / 2)
     capacity = job.cluster[0].gpu.memory_gib * (1 - opts.memory_margin)
@@ -206,7 +206,7 @@ def global_lower_bound(job: Job, costs: AnalyticCosts) -> float:
     m, t = job.model, job.training
     total = F.model_flops_per_iteration(m, t.seq_length, t.global_batch_size)
     attn = 3.0 * m.num_layers * F.attention_core_flops(m, t.seq_length * t.global_batch_size, t.seq_length, 1, causal=True)
-    rate = max(costs.roof.gemm_rate, costs.roof.attn_rate)
+    rate = costs.best_flop_rate()
     return (total - attn) / rate / job.num_gpus
 
 

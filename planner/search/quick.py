@@ -14,15 +14,18 @@ from planner.cost.stage import StageModel, StagePlan, split_kinds
 RESOLUTION = 1e-4  # plans closer than 0.01% are treated as equal in time
 
 
-def _per_layer(sm: StageModel) -> float:
-    """Smallest per-layer seconds of any kind (compute + unavoidable communication): valid for a bound."""
-    d = sm.dims
-    return min(k.compute + (0.0 if d.tp_comm_overlap else k.tp) + k.cp + k.ep for k in sm.kinds.values())
+def _per_stage(p: int, of_end) -> list:
+    """``of_end(first, last)`` for every stage of a p-stage pipeline, computed once per kind of end position."""
+    if p == 1:
+        return [of_end(True, True)]
+    middle = [of_end(False, False)] * (p - 2) if p > 2 else []
+    return [of_end(True, False), *middle, of_end(False, True)]
 
 
-def _stage_const(sm: StageModel, i: int) -> float:
-    p = sm.dims.pp
-    return (sm.emb_time if i == 0 else 0.0) + (sm.logits_time if i == p - 1 else 0.0) + sm.pp_time
+def _stage_consts(sm: StageModel) -> list[float]:
+    """Seconds of each stage's micro-batch besides its layers: embedding, logits (the compute form's constant)
+    and pipeline sends."""
+    return _per_stage(sm.dims.pp, lambda first, last: sm.compute_form(first, last).const + sm.pp_time)
 
 
 def _capacity(T: float, a: float, c: float, v: int) -> int:
@@ -33,10 +36,9 @@ def integer_bottleneck(sm: StageModel) -> float:
     """Smallest T with sum_i floor_v((T - c_i)/a) >= L and every stage holding at least v layers."""
     d = sm.dims
     L, p, v = sm.job.model.num_layers, d.pp, d.vpp
-    a = _per_layer(sm)
+    a = sm.layer_floor()
     groups: dict[float, int] = {}
-    for i in range(p):
-        c = _stage_const(sm, i)
+    for c in _stage_consts(sm):
         groups[c] = groups.get(c, 0) + 1
 
     def holds(T: float) -> int:
@@ -62,46 +64,45 @@ def _effective_layers(sm: StageModel) -> float:
     m = sm.job.model
     L = m.num_layers
     n_dense = L - m.num_moe_layers
-    if "moe" not in sm.kinds or not n_dense:
+    if not sm.has_moe or not n_dense:
         return float(L)
-    per_d = sum(sm.states_per_param["dense"].values())
-    per_e = sum(sm.states_per_param["expert"].values())
 
-    def mem(kind: str, inflight: float, recomputed: bool) -> float:
-        k = sm.kinds[kind]
-        return k.params_dense * per_d + k.params_expert * per_e + inflight * (k.act_recomputed if recomputed else k.act)
-
-    ratio = max(mem("dense", sm.inflight(i), rc) / mem("moe", sm.inflight(i), rc)
-                for i in range(sm.dims.pp) for rc in (False, True))
+    # per-layer coefficients of the allocated memory do not depend on the position, only on the in-flight count
+    lines = sm.allocated_memory(False, False).layer_lines(("dense", "moe"))
+    ratio = 0.0
+    for i in range(sm.dims.pp):
+        n = sm.inflight(i)
+        (dense, dense_rc), (moe, moe_rc) = ((s + (m * n + e), sr + (mr * n + er)) for s, m, e, sr, mr, er in lines)
+        ratio = max(ratio, dense / moe, (dense + dense_rc) / (moe + moe_rc))
     return L - n_dense * (1 - min(1.0, ratio))
 
 
 def forced_recompute(sm: StageModel, capacity_gib: float) -> float | None:
     """Fewest layers that must be fully recomputed for L layers to fit in memory (fractional, a lower bound), or
-    None when even full recompute everywhere cannot fit them. Per stage, memory is base_i + n*alpha_i - r*beta_i;
-    taking the lightest layer kind for alpha and the largest saving for beta keeps the bound valid for MoE."""
+    None when even full recompute everywhere cannot fit them. Per stage, memory is base_i + n*alpha_i - r*beta_i
+    (layers counted in units of the heaviest kind, _effective_layers; the largest saving for beta), so n layers
+    need r >= (n*alpha_i - room_i)/beta_i: each stage holds room_i/alpha_i layers (fractional) without recompute,
+    and every layer beyond costs alpha_i/beta_i recomputed layers, cheapest stages first."""
     d = sm.dims
     L, p = sm.job.model.num_layers, d.pp
-    cal = sm.cal
-    cap = (capacity_gib * M.GIB - cal.memory_fixed_gib * M.GIB) / (1 + cal.memory_fragmentation)
-    per_d = sum(sm.states_per_param["dense"].values())
-    per_e = sum(sm.states_per_param["expert"].values())
-    states = {n: k.params_dense * per_d + k.params_expert * per_e for n, k in sm.kinds.items()}
-    free_total, extra = 0, []
+    cap = sm.allocatable(capacity_gib)
+    kinds = tuple(sm.kinds)
+    heavy = kinds.index("moe" if sm.has_moe else "dense")
+    free_total, extra = 0.0, []
     full_total = 0
-    for i in range(p):
-        inflight = sm.inflight(i)
-        base = sm.position_params(i) * per_d + (4.0 * sm.largest_layer if d.zero_stage >= 3 else 0.0)
-        base += (inflight * sm.emb_act if i == 0 else 0.0) + (sm.logits_act if i == p - 1 else 0.0)
-        heavy = "moe" if "moe" in sm.kinds else "dense"
-        alpha = states[heavy] + inflight * sm.kinds[heavy].act
-        lean = states[heavy] + inflight * sm.kinds[heavy].act_recomputed
-        beta = max(inflight * (k.act - k.act_recomputed) for k in sm.kinds.values())
-        room = cap - base
-        if room < min(states[n] + inflight * k.act_recomputed for n, k in sm.kinds.items()) * d.vpp:
+    memories = _per_stage(p, sm.allocated_memory)
+    lines = memories[0].layer_lines(kinds)  # per-layer coefficients: the same at every position
+    for i, memory in enumerate(memories):
+        n = sm.inflight(i)
+        rows = [(s + (m * n + e), sr + (mr * n + er)) for s, m, e, sr, mr, er in lines]  # per layer, recomputed
+        alpha, saved = rows[heavy]
+        lean = alpha + saved
+        beta = max(-rc for _, rc in rows)
+        room = cap - memory.const(n)
+        if room < min(layer + rc for layer, rc in rows) * d.vpp:
             return None
-        free = max(0, int(room / alpha)) if alpha > 0 else L
         full = int(room / lean) if lean > 0 else L
+        free = min(room / alpha, full) if alpha > 0 else L
         free_total += free
         full_total += full
         if full > free and beta > 0:
@@ -127,19 +128,11 @@ def _stage_memory_terms(sm: StageModel, capacity_gib: float):
 
 
 def stage_memory_term(sm: StageModel, capacity_gib: float, i: int) -> tuple[float, float, float]:
-    """(room, alpha, beta) of stage i (see _stage_memory_terms)."""
-    d, cal = sm.dims, sm.cal
-    p = d.pp
-    cap = (capacity_gib * M.GIB - cal.memory_fixed_gib * M.GIB) / (1 + cal.memory_fragmentation)
-    per_d = sum(sm.states_per_param["dense"].values())
-    per_e = sum(sm.states_per_param["expert"].values())
-    heavy = "moe" if "moe" in sm.kinds else "dense"
-    k = sm.kinds[heavy]
-    states = k.params_dense * per_d + k.params_expert * per_e
-    inflight = sm.inflight(i)
-    base = sm.position_params(i) * per_d + (4.0 * sm.largest_layer if d.zero_stage >= 3 else 0.0)
-    base += (inflight * sm.emb_act if i == 0 else 0.0) + (sm.logits_act if i == p - 1 else 0.0)
-    return cap - base, states + inflight * k.act, inflight * (k.act - k.act_recomputed)
+    """(room, alpha, beta) of stage i (see _stage_memory_terms), read off its allocated-memory form."""
+    memory, inflight = sm.allocated_memory(i == 0, i == sm.dims.pp - 1), sm.inflight(i)
+    heavy = "moe" if sm.has_moe else "dense"
+    return (sm.allocatable(capacity_gib) - memory.const(inflight), memory.per_layer(heavy, inflight),
+            -memory.per_recomputed(heavy, inflight))
 
 
 def memory_bottleneck(sm: StageModel, capacity_gib: float, effective_layers: float,
@@ -175,11 +168,11 @@ def _memory_counts(sm: StageModel, capacity_gib: float):
     bottleneck T when it recomputes just enough whole layers to fit; lo and hi bracket the bottleneck."""
     d = sm.dims
     v = d.vpp
-    heavy = sm.kinds["moe" if "moe" in sm.kinds else "dense"]
-    a = heavy.compute + (0.0 if d.tp_comm_overlap else heavy.tp) + heavy.cp + heavy.ep
-    rc = heavy.recompute_extra + heavy.tp_recompute + heavy.ep_recompute
+    heavy = sm.kinds["moe" if sm.has_moe else "dense"]
+    a = heavy.layer_floor(d.tp_comm_overlap)
+    rc = heavy.recompute_floor(d.tp_comm_overlap)
     terms = _stage_memory_terms(sm, capacity_gib)
-    consts = [_stage_const(sm, i) for i in range(d.pp)]
+    consts = _stage_consts(sm)
 
     def capacity(i: int, T: float) -> float:
         """Most layers stage i holds within T, relaxing r_i(n) to (n*alpha - room)/beta (no ceiling)."""
@@ -229,50 +222,28 @@ def lower_bound(sm: StageModel, capacity_gib: float | None = None, cutoff: float
     plan) the memory bottleneck is only probed at the value that would reach it."""
     d, m = sm.dims, sm.job.model
     p, v = d.pp, d.vpp
-    a = _per_layer(sm)
-    total = m.num_layers * a + sum(_stage_const(sm, i) for i in range(p))
-    dense = sm.position_params(0) + (sm.position_params(p - 1) if p > 1 else 0.0)
-    expert = 0.0
-    comp = sm.emb_time + sm.logits_time
-    fwd = sm.emb_fwd + sm.logits_fwd
-    for kind, count in (("dense", m.num_layers - m.num_moe_layers), ("moe", m.num_moe_layers)):
-        if count:
-            k = sm.kinds[kind]
-            dense += count * k.params_dense
-            expert += count * k.params_expert
-            comp += count * k.compute
-            fwd += count * k.forward
+    total = m.num_layers * sm.layer_floor() + sum(_stage_consts(sm))
+    # the whole model as one stage that is first and last: the aggregate of every stage's forms
+    whole = sm.whole_model()
+    time, tail = sm.time_forms(True, True), sm.tail_forms(True, True)
+    comp, fwd = time.compute.at(whole), time.forward.at(whole)
     if capacity_gib is not None:
         forced = forced_recompute(sm, capacity_gib)
         if forced is None:
             return float("inf")
         if forced > 0:
-            per_recompute = min(k.recompute_extra + k.tp_recompute + k.ep_recompute for k in sm.kinds.values())
-            total += forced * per_recompute
+            total += forced * min(k.recompute_floor(d.tp_comm_overlap) for k in sm.kinds.values())
             comp += forced * min(k.recompute_extra for k in sm.kinds.values())
-    sharded = sm.sharded_comm(dense, expert)
-    if sharded:
-        total += max(0.0, sharded - sm.cal.fsdp_overlap * comp)
+    if time.zero is not None:
+        total += time.zero.exposed(time.zero.traffic.at(whole), comp)
     T = max(integer_bottleneck(sm), total / p)
-    tail = 0.0
-    if d.zero_stage < 3:
-        g = sm.grad_wire
-        if d.zero_stage == 0:
-            red = sm.shard_link.all_reduce(g * dense) + sm.exp_link.all_reduce(g * expert)
-            gather = 0.0
-        else:
-            red = 0.0 if d.zero_stage == 2 else sm.shard_link.reduce_scatter(g * dense) + sm.exp_link.reduce_scatter(g * expert)
-            gather = sm.shard_link.all_gather(2.0 * dense) + sm.exp_link.all_gather(2.0 * expert)
-        ov = sm.cal.dp_overlap
-        tail = (max(0.0, red - ov * (comp - fwd)) + max(0.0, gather - ov * fwd)) / p
-    sharded_opt = d.zero_stage >= 1
-    opt = sm.costs.optimizer_step(dense / p / (sm.shard if sharded_opt else 1) + expert / p / (sm.exp_shard if sharded_opt else 1))
-    rest = total / v + tail + opt
+    rest = total / v + tail.exposed(whole, comp, fwd) / p + tail.optimizer.at(whole) / p
     slope = sm.mb - 1 / v
     if capacity_gib is not None and slope * T + rest < cutoff:
         # the heaviest kind alone must fit: all layers of a dense model, the MoE layers of an MoE model
         probe = (cutoff - rest) / slope if cutoff < float("inf") and slope > 0 else None
-        T = max(T, memory_bottleneck(sm, capacity_gib, m.num_moe_layers if "moe" in sm.kinds else m.num_layers, probe))
+        heavy_layers = m.num_moe_layers if sm.has_moe else m.num_layers
+        T = max(T, memory_bottleneck(sm, capacity_gib, heavy_layers, probe))
     return slope * T + rest
 
 
@@ -280,10 +251,11 @@ def _trim_surplus(sm: StageModel, counts: list[int], L: int) -> bool:
     """Remove layers (v at a time) from the slowest stages, last stages first on ties, until the counts add up
     to L. False when that would leave a stage empty."""
     v = sm.dims.vpp
-    a = _per_layer(sm)
+    a = sm.layer_floor()
+    consts = _stage_consts(sm)
     surplus = sum(counts) - L
     while surplus > 0:
-        order = sorted(range(len(counts)), key=lambda i: (-(counts[i] * a + _stage_const(sm, i)), -i))
+        order = sorted(range(len(counts)), key=lambda i: (-(counts[i] * a + consts[i]), -i))
         for i in order:
             if counts[i] > v:
                 counts[i] -= v
@@ -299,9 +271,9 @@ def greedy_partition(sm: StageModel, capacity_gib: float) -> list[StagePlan] | N
     forces recompute or the layers do not fit."""
     d = sm.dims
     L, p, v = sm.job.model.num_layers, d.pp, d.vpp
-    a = _per_layer(sm)
+    a = sm.layer_floor()
     T = integer_bottleneck(sm) * (1 + 1e-9)
-    counts = [_capacity(T, a, _stage_const(sm, i), v) for i in range(p)]
+    counts = [_capacity(T, a, c, v) for c in _stage_consts(sm)]
     cap = capacity_gib * M.GIB
     # memory cap per stage (no recompute): the memory of a stage grows with its layers
     for i in range(p):
@@ -326,7 +298,7 @@ def greedy_recompute_partition(sm: StageModel, capacity_gib: float) -> list[Stag
     d = sm.dims
     m = sm.job.model
     L, p, v = m.num_layers, d.pp, d.vpp
-    T = memory_bottleneck(sm, capacity_gib, m.num_moe_layers if "moe" in sm.kinds else L)
+    T = memory_bottleneck(sm, capacity_gib, m.num_moe_layers if sm.has_moe else L)
     if T == float("inf"):
         return None
     stage_counts, _, _ = _memory_counts(sm, capacity_gib)

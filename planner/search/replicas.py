@@ -26,12 +26,12 @@ from planner.cost import flops as F
 from planner.cost import memory as M
 from planner.cost.memory import GIB
 from planner.cost.stage import StageModel, split_kinds
-from planner.parallel import ReplicaDims, cp_error, tp_heads_error
+from planner.parallel import (ReplicaDims, baseline_recompute_modes, cp_options, micro_batch_options,
+                              node_group_tp_options, seq_shard_error)
 from planner.search import quick
 from planner.search.mixed import end_costs, per_layer_bound, pipeline_dims
 from planner.search.partition import solve_partition
 from planner.search.planner import stage_recompute
-from planner.search.space import divisors
 
 REPLICA_ZERO = (1, 0, 3)
 
@@ -64,20 +64,17 @@ def _shapes(ctx, deadline: float, beat: float):
     m, t = job.model, job.training
     L = m.num_layers
     groups = ctx.order
-    bases = ["none"] if t.attention == "flash" else ["none", "selective"]
-    gpn_all = [job.cluster[g].gpus_per_node for g in groups]
-    cps = [cp for cp in divisors(max(job.cluster[g].num_gpus for g in groups))
-           if cp_error(t, cp) is None and (ctx.fw is None or cp == 1 or ctx.fw.context_parallel)]
+    bases = baseline_recompute_modes(t)
+    cps = [cp for cp in cp_options(t, max(job.cluster[g].num_gpus for g in groups))
+           if ctx.fw is None or ctx.fw.allows(cp=cp)]
     subsets = [s for k in range(2, len(groups) + 1) for s in itertools.combinations(groups, k)]
     gpus = {g: job.cluster[g].num_gpus for g in groups}
     out = []
-    for tp in divisors(min(gpn_all)):
-        if tp_heads_error(m, tp) is not None or any(gpn % tp for gpn in gpn_all):
-            continue
+    for tp in node_group_tp_options(m, (job.cluster[g].gpus_per_node for g in groups)):
         for cp in cps:
-            if tp > 1 and t.seq_length // cp % tp:
+            if seq_shard_error(t, cp, tp):
                 continue
-            for mbs in (x for x in divisors(t.global_batch_size) if x <= ctx.opts.max_micro_batch):
+            for mbs in micro_batch_options(t, 1, ctx.opts.max_micro_batch):  # replicas run their own counts
                 M = t.global_batch_size // mbs
                 for base in bases:
                     per_mb = {g: L * per_layer_bound(ctx, g, tp, cp, mbs, base)
@@ -253,14 +250,9 @@ def _sharded_bound(ctx, zero: int, tp: int, cp: int, pp: int, mbs: int, counts, 
     t = ctx.job.training
     M = t.global_batch_size // mbs
     n = cp * sum(d for _, d in counts)
-    cal = ctx.costs(counts[0][0]).cal
-    job = ctx.job
-    groups = [g for g, _ in counts]
-    # the ring spans the groups' nodes (planner/cost/comm.spanning_link): no faster than the best NVLink, nor than
-    # a full node of GPUs sending at the slowest NIC or inter-group rate on the ring
-    rate = job.ring_gbps(groups)
-    fastest = min(max(job.cluster[g].gpu.intra_node_gbps for g in groups) * 1e9 * cal.nvlink_efficiency,
-                  max(job.cluster[g].gpus_per_node for g in groups) * rate / 8 * 1e9 * cal.network_efficiency)
+    # the ring spans the groups' nodes: no faster than the best NVLink, nor than a full node of GPUs sending at the
+    # slowest NIC or inter-group rate on the ring (planner/cost/provider.CostSource.spanning_ceiling)
+    fastest = ctx.costs.spanning_ceiling([g for g, _ in counts])
     per_gpu = params / (tp * pp) * (grad_wire + (4.0 if zero >= 3 else 0.0))
     comm = (n - 1) / n * per_gpu / fastest
     rate, single = 0.0, 0.0
@@ -291,8 +283,7 @@ def global_floor(ctx) -> float:
     total = F.model_flops_per_iteration(m, t.seq_length, t.global_batch_size)
     attn = 3.0 * m.num_layers * F.attention_core_flops(m, t.seq_length * t.global_batch_size, t.seq_length, 1,
                                                         causal=True)
-    rate = sum(grp.num_gpus * max(ctx.costs(g).roof.gemm_rate, ctx.costs(g).roof.attn_rate)
-               for g, grp in enumerate(job.cluster))
+    rate = sum(grp.num_gpus * ctx.costs(g).best_flop_rate() for g, grp in enumerate(job.cluster))
     return (total - attn) / rate
 
 
@@ -322,7 +313,7 @@ def search_replicas(ctx, incumbent_s: float, deadline: float, workers: int, prog
             unexplored = min(unexplored, bound)  # this shape and all after it are unexplored
             break
         for zero in REPLICA_ZERO:
-            if zero not in ctx.opts.zero_stages or (ctx.fw is not None and zero not in ctx.fw.zero_stages(pp)):
+            if zero not in ctx.opts.zero_stages or (ctx.fw is not None and not ctx.fw.allows(pp=pp, zero=zero)):
                 continue
             if not _states_fit(ctx, tp, cp, pp, zero, counts):
                 continue  # proven: the model states alone do not fit

@@ -15,13 +15,10 @@ from planner.cost.memory import DEFAULT_MEMORY_MARGIN
 from planner.cost.provider import AnalyticCosts
 from planner.errors import SpecError
 from planner.frameworks import Framework
-from planner.parallel import ParallelDims, cp_error, tp_heads_error
+from planner.parallel import (ParallelDims, baseline_recompute_modes, cp_options, ep_options, micro_batch_options,
+                              pp_options, seq_shard_error, tp_options, vpp_options)
+from planner.parallel import divisors as divisors  # re-exported: the searches' divisor helper lives with the rules
 from planner.spec import Job
-
-
-def divisors(n: int) -> list[int]:
-    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
-    return sorted(set(small + [n // d for d in small]))
 
 
 @dataclass(frozen=True)
@@ -102,7 +99,8 @@ def enumerate_candidates(job: Job, costs: AnalyticCosts, opts: SearchOptions,
 def usable_node_counts(nodes: int) -> list[int]:
     """All nodes, plus the node count rounded down to multiples of 2, 4, ... 64: an awkward count (a prime like
     641) leaves no degree that divides it, and idling a node or two beats no plan."""
-    return sorted({nodes} | {nodes // 2**k * 2**k for k in range(1, 7) if nodes // 2**k * 2**k >= nodes * 3 // 4 and nodes >= 2**k})
+    rounded = {nodes // 2**k * 2**k for k in range(1, 7) if nodes >= 2**k}
+    return sorted({nodes} | {n for n in rounded if n >= nodes * 3 // 4})
 
 
 def _enumerate_world(job: Job, costs: AnalyticCosts, opts: SearchOptions, world: int,
@@ -113,41 +111,30 @@ def _enumerate_world(job: Job, costs: AnalyticCosts, opts: SearchOptions, world:
     L = m.num_layers
     flash = t.attention == "flash"
     pruned = 0
-    tps = [d for d in divisors(world) if (d <= gpn or opts.allow_cross_node_tp)
-           and tp_heads_error(m, d) is None]
-    cps = [d for d in divisors(world) if cp_error(t, d) is None]
-    bases = ["none"] if flash else ["none", "selective"]
+    bases = baseline_recompute_modes(t)
     out: list[Candidate] = []
-    for tp in tps:
-        for cp in cps:
-            if world % (tp * cp):
-                continue
-            if tp > 1 and (t.seq_length // cp) % tp:
+    for tp in tp_options(m, world, gpn, opts.allow_cross_node_tp):
+        for cp in cp_options(t, world):
+            if world % (tp * cp) or seq_shard_error(t, cp, tp):
                 continue
             rest = world // (tp * cp)
-            for pp in divisors(rest):
-                if pp > L:
-                    continue
+            for pp in pp_options(L, rest):
                 if deadline is not None and time.monotonic() > deadline:
                     return out, pruned, False
                 dp = rest // pp
-                if t.global_batch_size % dp:
+                mbss = micro_batch_options(t, dp, opts.max_micro_batch)
+                if not mbss:
                     continue
-                eps = [1]
-                if m.moe is not None:
-                    eps = [e for e in divisors(dp * cp) if m.moe.num_experts % e == 0]
-                per_replica = t.global_batch_size // dp
-                for ep in eps:
-                    for mbs in divisors(per_replica):
-                        if mbs > opts.max_micro_batch:
-                            continue
-                        nmb = per_replica // mbs
-                        vpps = [1] if pp == 1 else [v for v in divisors(L) if L >= pp * v and (v == 1 or nmb % pp == 0)]
+                for ep in ep_options(m, dp, cp):
+                    for mbs in mbss:
+                        nmb = t.global_batch_size // (mbs * dp)
+                        vpps = vpp_options(L, pp, nmb)
                         for base in bases:
                             key = (tp, cp, ep, mbs, base)
                             lb_stage = lb_memo.get(key)
                             if lb_stage is None:
-                                lb_stage = lb_memo[key] = _compute_lower_bound(job, costs, tp, cp, ep, mbs, base)
+                                lb_stage = lb_memo[key] = _compute_lower_bound(job, costs, tp, cp, ep, mbs, base,
+                                                                               opts.tp_comm_overlap and tp > 1)
                             for vpp in vpps:
                                 lb = lb_stage / pp * (nmb + (pp - 1) / vpp)
                                 for zero in opts.zero_stages:
@@ -161,9 +148,10 @@ def _enumerate_world(job: Job, costs: AnalyticCosts, opts: SearchOptions, world:
     return out, pruned, True
 
 
-def _compute_lower_bound(job: Job, costs: AnalyticCosts, tp, cp, ep, mbs, base) -> float:
-    """Seconds of one micro-batch through all layers (compute and the TP, CP and EP communication every layer
-    needs), embedding and logits, without pipeline sends or extra recompute. Spread over p stages this bounds the
+def _compute_lower_bound(job: Job, costs: AnalyticCosts, tp, cp, ep, mbs, base, tp_hidden: bool = False) -> float:
+    """Seconds of one micro-batch through all layers (the per-layer floor KindCoeffs.layer_floor: compute and the
+    TP (unless ``tp_hidden`` under compute), CP and EP communication every layer needs), embedding and logits,
+    without pipeline sends or extra recompute. Spread over p stages this bounds the
     iteration from below, since with stage times t_i the schedule takes
     m*max(t) + (sum(t) - max(t))/v >= sum(t)/p * (m + (p-1)/v)."""
     from planner.cost.stage import kind_coeffs
@@ -176,7 +164,7 @@ def _compute_lower_bound(job: Job, costs: AnalyticCosts, tp, cp, ep, mbs, base) 
     for kind, count in (("dense", m.num_layers - n_moe), ("moe", n_moe)):
         if count:
             k = kinds[kind]
-            total += count * (k.compute + k.tp + k.cp + k.ep)
+            total += count * k.layer_floor(tp_hidden)
     e = costs.embedding(m, tokens, tp, tp > 1)
     lg = costs.logits(m, tokens, tp)
     return total + e.forward + e.backward + lg.forward + lg.backward
@@ -184,4 +172,5 @@ def _compute_lower_bound(job: Job, costs: AnalyticCosts, tp, cp, ep, mbs, base) 
 
 def check_searchable(job: Job) -> None:
     if len(job.cluster) != 1:
-        raise SpecError("cluster", "the homogeneous search takes one node group; several go through the heterogeneous search")
+        raise SpecError("cluster", "the homogeneous search takes one node group; several go through the "
+                        "heterogeneous search")
