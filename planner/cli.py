@@ -1,11 +1,11 @@
 """The `planner` command line: parse, call, print. Exit codes: 0 ok, 1 a check failed, 2 bad input,
 3 nothing fits, 4 the target framework cannot express the plan, 130 interrupted."""
+
 from __future__ import annotations
 
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 from rich.console import Console
@@ -13,8 +13,11 @@ from rich.console import Console
 from planner.cost.memory import DEFAULT_MEMORY_MARGIN
 from planner.errors import SpecError
 
-app = typer.Typer(no_args_is_help=True, help="Auto-parallel planner for distributed LLM training.\n\n"
-                  "Start with: planner plan examples/llama3-70b-h100.yaml (or `planner list gpus` for the presets).")
+app = typer.Typer(
+    no_args_is_help=True,
+    help="Auto-parallel planner for distributed LLM training.\n\n"
+    "Start with: planner plan examples/llama3-70b-h100.yaml (or `planner list gpus` for the presets).",
+)
 out = Console(soft_wrap=True, width=None if sys.stdout.isatty() else 150)
 
 EXIT_OK, EXIT_CHECK_FAILED, EXIT_BAD_INPUT, EXIT_NO_FIT, EXIT_UNSUPPORTED, EXIT_INTERRUPTED = 0, 1, 2, 3, 4, 130
@@ -26,6 +29,7 @@ def _show_flags_without_type() -> None:
 
     shown = getattr(TyperOption, "display_type_rich", None)
     if shown is not None and not getattr(shown, "_planner_switch", False):
+
         def display_type_rich(self, ctx):
             return None if self.is_flag else shown(self, ctx)
 
@@ -45,8 +49,11 @@ def _version(value: bool) -> None:
 
 
 @app.callback()
-def _root(version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                       help="print the version and exit")) -> None:
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="print the version and exit"
+    ),
+) -> None:
     """Auto-parallel planner for distributed LLM training."""
 
 
@@ -64,7 +71,7 @@ def _warn(job) -> list:
     return found
 
 
-def _emit_json(doc: dict, out_path: Optional[Path] = None) -> None:
+def _emit_json(doc: dict, out_path: Path | None = None) -> None:
     from planner.io import dumps_json, write_atomic
 
     text = dumps_json(doc)
@@ -84,7 +91,7 @@ def estimate(
     Example: planner estimate examples/llama3-70b-h100.yaml --json
     """
     from planner.cost.estimate import estimate as run_estimate
-    from planner.spec import load_job
+    from planner.load import load_job
 
     spec = load_job(job)
     warnings = _warn(spec)
@@ -157,79 +164,80 @@ def plan(
     time_limit: float = typer.Option(60.0, "--time-limit", min=0.1, max=86400.0, help="search budget in seconds"),
     memory_margin: float = typer.Option(DEFAULT_MEMORY_MARGIN, "--memory-margin", min=0.0, max=0.9, help=MARGIN_HELP),
     allow_cross_node_tp: bool = typer.Option(False, "--allow-cross-node-tp", help="let TP groups span nodes"),
-    tp_comm_overlap: bool = typer.Option(False, "--tp-comm-overlap",
-                                         help="the framework overlaps TP collectives with GEMMs (Megatron + TE)"),
-    workers: int = typer.Option(1, "--workers", min=1, max=64, help="CP-SAT worker threads (same answer for any count)"),
+    tp_comm_overlap: bool = typer.Option(
+        False, "--tp-comm-overlap", help="the framework overlaps TP collectives with GEMMs (Megatron + TE)"
+    ),
+    workers: int = typer.Option(
+        1, "--workers", min=1, max=64, help="CP-SAT worker threads (same answer for any count)"
+    ),
     json_: bool = typer.Option(False, "--json", help="print one JSON object"),
-    out_path: Optional[Path] = typer.Option(None, "--out", help="also write the JSON object to this file (atomically)"),
+    out_path: Path | None = typer.Option(None, "--out", help="also write the JSON object to this file (atomically)"),
     no_timing: bool = typer.Option(False, "--no-timing", help="write search.seconds as null: byte-identical output"),
-    framework: Optional[str] = typer.Option(None, "--framework",
-                                            help="megatron|deepspeed|torchtitan: only plans that framework runs "
-                                                 "(`planner list frameworks`)"),
+    framework: str | None = typer.Option(
+        None,
+        "--framework",
+        help="megatron|deepspeed|torchtitan: only plans that framework runs (`planner list frameworks`)",
+    ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="report the search's phases on stderr"),
 ) -> None:
     """Search for the fastest layout that fits: degrees, micro-batch, interleaving, ZeRO, recompute, layer split.
 
     Example: planner plan examples/llama3-70b-h100.yaml --top 3 --out plan.json
     """
-    from planner.cost.estimate import estimate as run_estimate
-    from planner.report.plan_json import plan_document
-    from planner.search.planner import search
-    from planner.search.space import SearchOptions
-    from planner.spec import load_job
-
     import time
 
+    from planner.cost.estimate import estimate as run_estimate
     from planner.frameworks import get_framework
-    from planner.search.hetero import search_hetero
+    from planner.load import load_job
+    from planner.report.plan_json import plan_document
+    from planner.search import run_search
+    from planner.search.space import SearchOptions
 
     started = time.monotonic()
     fw = get_framework(framework)
     spec = load_job(job)
     warnings = _warn(spec)
-    opts = SearchOptions(allow_cross_node_tp=allow_cross_node_tp, memory_margin=memory_margin,
-                         tp_comm_overlap=tp_comm_overlap, framework=fw)
+    opts = SearchOptions(
+        allow_cross_node_tp=allow_cross_node_tp,
+        memory_margin=memory_margin,
+        tp_comm_overlap=tp_comm_overlap,
+        framework=fw,
+    )
     current = run_estimate(spec, capacity_margin=memory_margin) if spec.layout is not None else None
     # The budget counts from the command's start (after Python's imports), keeping a little for the output.
     budget = time_limit - (time.monotonic() - started) - min(0.05, 0.05 * time_limit)
-    share = 0.5 if fw is not None else 1.0  # with --framework, half of it prices the unrestricted search
-
-    def run_search(options, limit, progress=None):
-        if len(spec.cluster) > 1:
-            return search_hetero(spec, top=top, time_limit_s=max(0.0, limit), workers=workers, options=options,
-                                 progress=progress)
-        return search(spec, top=top, time_limit_s=max(0.0, limit), workers=workers, options=options, progress=progress)
-
     if verbose:
-        print(f"planner: searching {spec.num_gpus:,} GPUs in {len(spec.cluster)} node group(s): enumerating "
-              "candidates", file=sys.stderr, flush=True)
-    result = _with_progress(lambda progress: run_search(opts, budget * share, progress), quiet=json_,
-                            verbose=verbose)
-    if fw is not None:
-        free = run_search(SearchOptions(**{**opts.__dict__, "framework": None}),
-                          time_limit - (time.monotonic() - started) - min(0.05, 0.05 * time_limit))
-        result.unrestricted_best_s = free.plans[0].time if free.plans else None
+        print(
+            f"planner: searching {spec.num_gpus:,} GPUs in {len(spec.cluster)} node group(s): enumerating candidates",
+            file=sys.stderr,
+            flush=True,
+        )
+    result = _with_progress(
+        lambda progress: run_search(spec, opts, top=top, time_limit_s=budget, workers=workers, progress=progress),
+        quiet=json_,
+        verbose=verbose,
+    )
     if not result.plans and not result.complete:
-        print(f"error: time-limit: no plan found within --time-limit {time_limit:g} s (nothing was proven not to "
-              f"fit); raise the limit", file=sys.stderr)
+        print(
+            f"error: time-limit: no plan found within --time-limit {time_limit:g} s (nothing was proven not to "
+            f"fit); raise the limit",
+            file=sys.stderr,
+        )
         sys.exit(EXIT_CHECK_FAILED)
     if not result.plans:
-        from planner.search.advice import suggestions
+        from planner.search.advice import nothing_fits_message
 
-        if len(spec.cluster) > 1:
-            from planner.search.advice import hetero_suggestions
-
-            reasons = "; ".join(hetero_suggestions(spec, opts))
-            print(f"error: nothing fits: no layout of {spec.model.name} on these {len(spec.cluster)} node groups fits "
-                  f"with --memory-margin {memory_margin:g}. To make it fit: {reasons}", file=sys.stderr)
-            sys.exit(EXIT_NO_FIT)
-        reasons = "; ".join(suggestions(spec, opts))
-        print(f"error: nothing fits: no layout of {spec.model.name} on {spec.num_gpus} GPUs fits in "
-              f"{spec.cluster[0].gpu.memory_gib * (1 - memory_margin):.1f} GiB per GPU. To make it fit: {reasons}",
-              file=sys.stderr)
+        print(nothing_fits_message(spec, opts), file=sys.stderr)
         sys.exit(EXIT_NO_FIT)
-    doc = plan_document(spec, result, current, timing=not no_timing, framework=fw.name if fw else None,
-                        memory_margin=memory_margin, warnings=warnings)
+    doc = plan_document(
+        spec,
+        result,
+        current,
+        timing=not no_timing,
+        framework=fw.name if fw else None,
+        memory_margin=memory_margin,
+        warnings=warnings,
+    )
     if json_:
         _emit_json(doc, out_path)
         return
@@ -284,9 +292,13 @@ def _with_progress(run, quiet: bool, verbose: bool = False):
     The search calls ``progress(done, total)`` (candidates visited) or, in the mixed-GPU search's phases,
     ``progress(done, total, what)`` with ``what`` naming what it counts."""
     if verbose:
+
         def report(done: int, total: int, what: str | None = None) -> None:
-            line = (f"solving candidates with CP-SAT: {done:,} of {total:,} visited" if what is None
-                    else f"{what}: {done:,} of {total:,}")
+            line = (
+                f"solving candidates with CP-SAT: {done:,} of {total:,} visited"
+                if what is None
+                else f"{what}: {done:,} of {total:,}"
+            )
             print(f"planner: {line}", file=sys.stderr, flush=True)
 
         return run(report)
@@ -294,9 +306,14 @@ def _with_progress(run, quiet: bool, verbose: bool = False):
         return run(None)
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
-    with Progress(TextColumn("searching"), BarColumn(),
-                  TextColumn("{task.completed:,}/{task.total:,} {task.fields[what]}"),
-                  TimeElapsedColumn(), console=Console(stderr=True), transient=True) as bar:
+    with Progress(
+        TextColumn("searching"),
+        BarColumn(),
+        TextColumn("{task.completed:,}/{task.total:,} {task.fields[what]}"),
+        TimeElapsedColumn(),
+        console=Console(stderr=True),
+        transient=True,
+    ) as bar:
         task = bar.add_task("search", total=1, what="candidates")
 
         def progress(done: int, total: int, what: str | None = None) -> None:

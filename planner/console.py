@@ -1,4 +1,5 @@
 """The `planner` console entry point: guards the imports so that Ctrl-C during start-up exits 130 cleanly."""
+
 import sys
 
 

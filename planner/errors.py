@@ -1,4 +1,5 @@
 """The error types every command maps to exit codes (see planner/cli.py)."""
+
 from __future__ import annotations
 
 

@@ -6,6 +6,7 @@ one micro-batch, one recompute setting); all three accept uneven per-stage layer
 ``--pipeline-model-parallel-layout``, DeepSpeed a custom ``_partition_layers``, torchtitan
 ``module_fqns_per_model_part``) and keep PP outermost, so stage s can be placed on a chosen node type.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -16,12 +17,12 @@ from planner.errors import SpecError
 @dataclass(frozen=True)
 class Framework:
     name: str
-    per_stage_tp: bool          # stages may use different TP degrees (heterogeneous meshes)
-    uneven_layers: bool         # stages may hold different layer counts
-    per_stage_recompute: bool   # a different number of fully recomputed layers per stage
-    zero_with_pp: frozenset     # ZeRO stages usable with pp > 1
+    per_stage_tp: bool  # stages may use different TP degrees (heterogeneous meshes)
+    uneven_layers: bool  # stages may hold different layer counts
+    per_stage_recompute: bool  # a different number of fully recomputed layers per stage
+    zero_with_pp: frozenset  # ZeRO stages usable with pp > 1
     zero_without_pp: frozenset  # ZeRO stages usable with pp == 1
-    interleaving: bool          # interleaved (virtual-pipeline) 1F1B schedule
+    interleaving: bool  # interleaved (virtual-pipeline) 1F1B schedule
     context_parallel: bool
     expert_parallel: bool
 
@@ -30,25 +31,53 @@ class Framework:
 
     def allows(self, *, pp: int = 1, vpp: int = 1, zero: int | None = None, cp: int = 1, ep: int = 1) -> bool:
         """Whether these degrees are runnable by this framework; a degree not given is not asked about."""
-        return ((zero is None or zero in self.zero_stages(pp)) and (vpp == 1 or self.interleaving)
-                and (cp == 1 or self.context_parallel) and (ep == 1 or self.expert_parallel))
+        return (
+            (zero is None or zero in self.zero_stages(pp))
+            and (vpp == 1 or self.interleaving)
+            and (cp == 1 or self.context_parallel)
+            and (ep == 1 or self.expert_parallel)
+        )
 
 
 FRAMEWORKS = {
     # One TP/CP/EP/DP, micro-batch and recompute setting for every stage (emitters.md 1.4); the distributed
     # optimizer is ZeRO-1; Megatron/torch FSDP (ZeRO-3) is not combined with PP here.
-    "megatron": Framework("megatron", per_stage_tp=False, uneven_layers=True, per_stage_recompute=False,
-                          zero_with_pp=frozenset({0, 1}), zero_without_pp=frozenset({0, 1, 3}),
-                          interleaving=True, context_parallel=True, expert_parallel=True),
+    "megatron": Framework(
+        "megatron",
+        per_stage_tp=False,
+        uneven_layers=True,
+        per_stage_recompute=False,
+        zero_with_pp=frozenset({0, 1}),
+        zero_without_pp=frozenset({0, 1, 3}),
+        interleaving=True,
+        context_parallel=True,
+        expert_parallel=True,
+    ),
     # PipelineEngine: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism" (emitters.md 2.2); no
     # interleaved schedule, no ring-attention CP, no MoE EP inside the pipeline engine.
-    "deepspeed": Framework("deepspeed", per_stage_tp=False, uneven_layers=True, per_stage_recompute=False,
-                           zero_with_pp=frozenset({0, 1}), zero_without_pp=frozenset({0, 1, 2, 3}),
-                           interleaving=False, context_parallel=False, expert_parallel=False),
+    "deepspeed": Framework(
+        "deepspeed",
+        per_stage_tp=False,
+        uneven_layers=True,
+        per_stage_recompute=False,
+        zero_with_pp=frozenset({0, 1}),
+        zero_without_pp=frozenset({0, 1, 2, 3}),
+        interleaving=False,
+        context_parallel=False,
+        expert_parallel=False,
+    ),
     # FSDP2 shards fully (ZeRO-3) or replicates (ZeRO-0), with or without PP; Interleaved1F1B is available.
-    "torchtitan": Framework("torchtitan", per_stage_tp=False, uneven_layers=True, per_stage_recompute=False,
-                            zero_with_pp=frozenset({0, 3}), zero_without_pp=frozenset({0, 3}),
-                            interleaving=True, context_parallel=True, expert_parallel=True),
+    "torchtitan": Framework(
+        "torchtitan",
+        per_stage_tp=False,
+        uneven_layers=True,
+        per_stage_recompute=False,
+        zero_with_pp=frozenset({0, 3}),
+        zero_without_pp=frozenset({0, 3}),
+        interleaving=True,
+        context_parallel=True,
+        expert_parallel=True,
+    ),
 }
 
 

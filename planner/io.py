@@ -1,4 +1,5 @@
 """File reading and writing: safe YAML/JSON loading with field-precise errors, atomic writes."""
+
 from __future__ import annotations
 
 import json
@@ -29,9 +30,7 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
                 None, None, "mapping keys must be plain scalars", key_node.start_mark
             )
         if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicated key '{key}'", key_node.start_mark
-            )
+            raise yaml.constructor.ConstructorError(None, None, f"duplicated key '{key}'", key_node.start_mark)
         seen.add(key)
     return loader.construct_mapping(node, deep=deep)
 

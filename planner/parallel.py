@@ -21,6 +21,7 @@ layouts a search proposes and the layouts ``check()`` accepts follow the same ru
 | flash attention makes selective recompute the same as none | | baseline_recompute_modes |
 | group strides and ranks per node under RANK_ORDER | | rank_strides, ranks_per_node |
 """
+
 from __future__ import annotations
 
 import functools
@@ -113,8 +114,10 @@ def cp_error(training: Training, cp: int) -> str | None:
     """Why ``cp`` cannot split the sequence (None when it can): load-balanced context parallelism cuts the
     sequence into 2*cp chunks (Megatron-LM / Transformer Engine ring attention)."""
     if cp > 1 and training.seq_length % (2 * cp):
-        return (f"seq_length ({training.seq_length}) must be divisible by 2*cp ({2 * cp}) for load-balanced "
-                "context parallelism")
+        return (
+            f"seq_length ({training.seq_length}) must be divisible by 2*cp ({2 * cp}) for load-balanced "
+            "context parallelism"
+        )
     return None
 
 
@@ -143,8 +146,7 @@ def vpp_error(vpp: int, pp: int, num_microbatches: int, stage_layers: Iterable[i
     if bad:
         return f"stage layer counts {sorted(set(bad))} are not divisible by vpp ({vpp})"
     if num_microbatches % pp:
-        return (f"the interleaved schedule needs micro-batches per replica ({num_microbatches}) divisible by "
-                f"pp ({pp})")
+        return f"the interleaved schedule needs micro-batches per replica ({num_microbatches}) divisible by pp ({pp})"
     return None
 
 
@@ -159,8 +161,10 @@ def layer_sum_error(model: ModelSpec, stage_layers: Iterable[int]) -> str | None
 def batch_error(training: Training, micro_batch_size: int, dp: int) -> str | None:
     """Why the global batch does not split into micro-batches over the DP replicas (None when it does)."""
     if training.global_batch_size % (micro_batch_size * dp):
-        return (f"global_batch_size ({training.global_batch_size}) is not divisible by micro_batch_size*dp "
-                f"({micro_batch_size}*{dp})")
+        return (
+            f"global_batch_size ({training.global_batch_size}) is not divisible by micro_batch_size*dp "
+            f"({micro_batch_size}*{dp})"
+        )
     return None
 
 
@@ -179,16 +183,22 @@ def interleaved_split(num_layers: int, pp: int, vpp: int) -> list[int] | None:
 def tp_options(model: ModelSpec, world: int, gpus_per_node: int, cross_node: bool = False) -> list[int]:
     """TP degrees of a homogeneous plan on ``world`` GPUs: divide the world, fit a node (tp_fits_node), shard
     the heads (tp_heads_error)."""
-    return [tp for tp in divisors(world)
-            if tp_fits_node(tp, gpus_per_node, cross_node) and tp_heads_error(model, tp) is None]
+    return [
+        tp
+        for tp in divisors(world)
+        if tp_fits_node(tp, gpus_per_node, cross_node) and tp_heads_error(model, tp) is None
+    ]
 
 
 def node_group_tp_options(model: ModelSpec, gpus_per_node: Iterable[int]) -> list[int]:
     """TP degrees a stage may use on every one of these node groups (their gpus_per_node): a divisor of each
     (tp_node_error) that shards the heads (tp_heads_error)."""
     gpns = list(gpus_per_node)
-    return [tp for tp in divisors(min(gpns))
-            if all(tp_node_error(tp, gpn) is None for gpn in gpns) and tp_heads_error(model, tp) is None]
+    return [
+        tp
+        for tp in divisors(min(gpns))
+        if all(tp_node_error(tp, gpn) is None for gpn in gpns) and tp_heads_error(model, tp) is None
+    ]
 
 
 def cp_options(training: Training, gpus: int) -> list[int]:
@@ -229,8 +239,7 @@ def micro_batch_options(training: Training, dp: int, max_micro_batch: int) -> li
     if training.global_batch_size % dp:
         return []
     per_replica = training.global_batch_size // dp
-    return [mbs for mbs in divisors(per_replica)
-            if mbs <= max_micro_batch and batch_error(training, mbs, dp) is None]
+    return [mbs for mbs in divisors(per_replica) if mbs <= max_micro_batch and batch_error(training, mbs, dp) is None]
 
 
 def baseline_recompute_modes(training: Training) -> tuple[str, ...]:
@@ -293,14 +302,12 @@ class ParallelDims:
 
     # ------------------------------------------------------------------ construction
     @classmethod
-    def from_layout(cls, layout: Layout, job: Job) -> "ParallelDims":
+    def from_layout(cls, layout: Layout, job: Job) -> ParallelDims:
         world = job.num_gpus
         per_replica = layout.tp * layout.pp * layout.cp
         if layout.dp is None:
             if world % per_replica:
-                raise SpecError(
-                    "layout", f"tp*pp*cp = {per_replica} does not divide the cluster's {world} GPUs"
-                )
+                raise SpecError("layout", f"tp*pp*cp = {per_replica} does not divide the cluster's {world} GPUs")
             dp = world // per_replica
         else:
             dp = layout.dp
@@ -319,16 +326,26 @@ class ParallelDims:
                 "choose degrees that divide it or list per-stage layer counts in layout.stages",
             )
         return cls(
-            tp=layout.tp, pp=layout.pp, dp=dp, cp=layout.cp, ep=layout.ep, vpp=layout.vpp,
-            micro_batch_size=layout.micro_batch_size, sequence_parallel=bool(sp and layout.tp > 1),
-            zero_stage=layout.zero_stage, recompute=layout.recompute,
-            tp_comm_overlap=bool(layout.tp_comm_overlap and layout.tp > 1), stage_layers=stages,
+            tp=layout.tp,
+            pp=layout.pp,
+            dp=dp,
+            cp=layout.cp,
+            ep=layout.ep,
+            vpp=layout.vpp,
+            micro_batch_size=layout.micro_batch_size,
+            sequence_parallel=bool(sp and layout.tp > 1),
+            zero_stage=layout.zero_stage,
+            recompute=layout.recompute,
+            tp_comm_overlap=bool(layout.tp_comm_overlap and layout.tp > 1),
+            stage_layers=stages,
             stage_recompute=recompute_counts,
-            world=world, model=job.model, training=job.training,
+            world=world,
+            model=job.model,
+            training=job.training,
         )
 
     # ------------------------------------------------------------------ rules
-    def check(self) -> "ParallelDims":
+    def check(self) -> ParallelDims:
         """Raise SpecError (exit 2) naming the first rule the degrees break."""
         m, t = self.model, self.training
         used = self.tp * self.pp * self.dp * self.cp
@@ -384,9 +401,17 @@ class ParallelDims:
 
     def as_dict(self) -> dict:
         return {
-            "tp": self.tp, "pp": self.pp, "dp": self.dp, "cp": self.cp, "ep": self.ep, "vpp": self.vpp,
-            "micro_batch_size": self.micro_batch_size, "sequence_parallel": self.sequence_parallel,
-            "zero_stage": self.zero_stage, "recompute": self.recompute, "tp_comm_overlap": self.tp_comm_overlap,
+            "tp": self.tp,
+            "pp": self.pp,
+            "dp": self.dp,
+            "cp": self.cp,
+            "ep": self.ep,
+            "vpp": self.vpp,
+            "micro_batch_size": self.micro_batch_size,
+            "sequence_parallel": self.sequence_parallel,
+            "zero_stage": self.zero_stage,
+            "recompute": self.recompute,
+            "tp_comm_overlap": self.tp_comm_overlap,
             "stages": [
                 {"layers": n, **({"recompute_layers": self.stage_recompute[i]} if self.stage_recompute else {})}
                 for i, n in enumerate(self.stage_layers)
@@ -426,10 +451,10 @@ class HeteroDims:
     vpp: int = 1
     tp_comm_overlap: bool = False
     micro_batches: int | None = None  # one replica of a ReplicaDims: its own micro-batch count
-    dp_total: int | None = None       # ... and the DP size its gradients are synchronized (and ZeRO-sharded) over
+    dp_total: int | None = None  # ... and the DP size its gradients are synchronized (and ZeRO-sharded) over
 
     @classmethod
-    def from_layout(cls, layout: Layout, job: Job) -> "HeteroDims":
+    def from_layout(cls, layout: Layout, job: Job) -> HeteroDims:
         stages = layout.stages
         if not all(s.placed for s in stages):
             raise SpecError("layout.stages", "either every stage names its group, tp and gpus, or none does")
@@ -443,7 +468,7 @@ class HeteroDims:
         return cls.from_stages(stages, layout.dp, layout, job, "layout.stages")
 
     @classmethod
-    def from_stages(cls, stages, dp: int, layout: Layout, job: Job, field: str, **extra) -> "HeteroDims":
+    def from_stages(cls, stages, dp: int, layout: Layout, job: Job, field: str, **extra) -> HeteroDims:
         """A pipeline of placed stages replicated ``dp`` times; rules only the written stages can break (``gpus``
         is derived everywhere else)."""
         for i, s in enumerate(stages):
@@ -452,18 +477,29 @@ class HeteroDims:
             if s.group >= len(job.cluster):
                 raise SpecError(f"{field}[{i}].group", f"no node group {s.group}; the cluster has {len(job.cluster)}")
             if s.gpus != s.tp * layout.cp * dp:
-                raise SpecError(f"{field}[{i}].gpus", f"gpus ({s.gpus}) must equal tp*cp*{'count' if extra else 'dp'} "
-                                f"({s.tp}*{layout.cp}*{dp})")
+                raise SpecError(
+                    f"{field}[{i}].gpus",
+                    f"gpus ({s.gpus}) must equal tp*cp*{'count' if extra else 'dp'} ({s.tp}*{layout.cp}*{dp})",
+                )
         rec = tuple(s.recompute_layers or 0 for s in stages)
         return cls(
-            stage_groups=tuple(s.group for s in stages), stage_tp=tuple(s.tp for s in stages), dp=dp,
-            micro_batch_size=layout.micro_batch_size, zero_stage=layout.zero_stage, recompute=layout.recompute,
-            stage_layers=tuple(s.layers for s in stages), stage_recompute=rec if any(rec) else None,
-            cluster=job.cluster, model=job.model, training=job.training, cp=layout.cp, **extra,
+            stage_groups=tuple(s.group for s in stages),
+            stage_tp=tuple(s.tp for s in stages),
+            dp=dp,
+            micro_batch_size=layout.micro_batch_size,
+            zero_stage=layout.zero_stage,
+            recompute=layout.recompute,
+            stage_layers=tuple(s.layers for s in stages),
+            stage_recompute=rec if any(rec) else None,
+            cluster=job.cluster,
+            model=job.model,
+            training=job.training,
+            cp=layout.cp,
+            **extra,
         )
 
     # ------------------------------------------------------------------ rules
-    def check(self, field: str = "layout.stages") -> "HeteroDims":
+    def check(self, field: str = "layout.stages") -> HeteroDims:
         """Raise SpecError naming the first rule a heterogeneous layout breaks."""
         m, t = self.model, self.training
         for i, (g, tp) in enumerate(zip(self.stage_groups, self.stage_tp)):
@@ -474,12 +510,15 @@ class HeteroDims:
         check_cp(t, self.cp)
         runs = [g for i, g in enumerate(self.stage_groups) if i == 0 or self.stage_groups[i - 1] != g]
         if len(runs) != len(set(runs)):
-            raise SpecError(field, f"the stages of each node group must be consecutive (groups in pipeline order: "
-                            f"{runs})")
+            raise SpecError(
+                field, f"the stages of each node group must be consecutive (groups in pipeline order: {runs})"
+            )
         for g, used in self.gpus_by_group().items():
             if used > self.cluster[g].num_gpus:
-                raise SpecError(field, f"stages on group {g} need {used} GPUs (sum of tp*cp*dp), "
-                                f"the group has {self.cluster[g].num_gpus}")
+                raise SpecError(
+                    field,
+                    f"stages on group {g} need {used} GPUs (sum of tp*cp*dp), the group has {self.cluster[g].num_gpus}",
+                )
         check_rule(field, layer_sum_error(m, self.stage_layers))
         if self.micro_batches is None:
             check_batch(t, self.micro_batch_size, self.dp)
@@ -511,22 +550,47 @@ class HeteroDims:
         """The homogeneous dims stage ``s`` prices itself with: its own TP, the shared pp/dp/cp/micro-batch/ZeRO."""
         tp = self.stage_tp[s]
         return ParallelDims(
-            tp=tp, pp=self.pp, dp=self.dp_total or self.dp, cp=self.cp, ep=1, vpp=1,
-            micro_batch_size=self.micro_batch_size, sequence_parallel=tp > 1, zero_stage=self.zero_stage,
-            recompute=self.recompute, tp_comm_overlap=False, stage_layers=self.stage_layers,
-            stage_recompute=self.stage_recompute, world=tp * self.cp * self.pp * (self.dp_total or self.dp),
-            model=self.model, training=self.training, microbatches=self.micro_batches,
+            tp=tp,
+            pp=self.pp,
+            dp=self.dp_total or self.dp,
+            cp=self.cp,
+            ep=1,
+            vpp=1,
+            micro_batch_size=self.micro_batch_size,
+            sequence_parallel=tp > 1,
+            zero_stage=self.zero_stage,
+            recompute=self.recompute,
+            tp_comm_overlap=False,
+            stage_layers=self.stage_layers,
+            stage_recompute=self.stage_recompute,
+            world=tp * self.cp * self.pp * (self.dp_total or self.dp),
+            model=self.model,
+            training=self.training,
+            microbatches=self.micro_batches,
         )
 
     def as_dict(self) -> dict:
         """The plan-JSON layout; top-level ``tp`` is the largest stage TP (the per-stage ``tp`` is authoritative)."""
         return {
-            "tp": max(self.stage_tp), "pp": self.pp, "dp": self.dp, "cp": self.cp, "ep": 1, "vpp": 1,
-            "micro_batch_size": self.micro_batch_size, "sequence_parallel": max(self.stage_tp) > 1,
-            "zero_stage": self.zero_stage, "recompute": self.recompute, "tp_comm_overlap": False,
+            "tp": max(self.stage_tp),
+            "pp": self.pp,
+            "dp": self.dp,
+            "cp": self.cp,
+            "ep": 1,
+            "vpp": 1,
+            "micro_batch_size": self.micro_batch_size,
+            "sequence_parallel": max(self.stage_tp) > 1,
+            "zero_stage": self.zero_stage,
+            "recompute": self.recompute,
+            "tp_comm_overlap": False,
             "stages": [
-                {"group": g, "tp": tp, "gpus": tp * self.cp * self.dp, "layers": n,
-                 **({"recompute_layers": self.stage_recompute[i]} if self.stage_recompute else {})}
+                {
+                    "group": g,
+                    "tp": tp,
+                    "gpus": tp * self.cp * self.dp,
+                    "layers": n,
+                    **({"recompute_layers": self.stage_recompute[i]} if self.stage_recompute else {}),
+                }
                 for i, (g, tp, n) in enumerate(zip(self.stage_groups, self.stage_tp, self.stage_layers))
             ],
             "num_microbatches": self.num_microbatches,
@@ -548,7 +612,7 @@ class ReplicaDims:
     replicas: tuple[HeteroDims, ...]
 
     @classmethod
-    def from_layout(cls, layout: Layout, job: Job) -> "ReplicaDims":
+    def from_layout(cls, layout: Layout, job: Job) -> ReplicaDims:
         if layout.stages is not None:
             raise SpecError("layout.stages", "give either layout.stages or layout.replicas, not both")
         for key in ("ep", "vpp"):
@@ -561,35 +625,55 @@ class ReplicaDims:
         if "pp" in layout.model_fields_set and layout.pp != pp:
             raise SpecError("layout.pp", f"pp ({layout.pp}) must equal the number of stages of each replica ({pp})")
         reps = tuple(
-            HeteroDims.from_stages(r.stages, r.count, layout, job, f"layout.replicas[{i}].stages",
-                                   micro_batches=r.micro_batches, dp_total=total)
-            for i, r in enumerate(layout.replicas))
+            HeteroDims.from_stages(
+                r.stages,
+                r.count,
+                layout,
+                job,
+                f"layout.replicas[{i}].stages",
+                micro_batches=r.micro_batches,
+                dp_total=total,
+            )
+            for i, r in enumerate(layout.replicas)
+        )
         return cls(reps)
 
-    def check(self) -> "ReplicaDims":
+    def check(self) -> ReplicaDims:
         first = self.replicas[0]
         for i, r in enumerate(self.replicas):
             field = f"layout.replicas[{i}].stages"
             r.check(field)
             if r.pp != first.pp:
-                raise SpecError(field, f"every replica needs the same number of stages ({r.pp} here, {first.pp} in "
-                                "replica 0)")
+                raise SpecError(
+                    field, f"every replica needs the same number of stages ({r.pp} here, {first.pp} in replica 0)"
+                )
             if r.stage_layers != first.stage_layers:
-                raise SpecError(field, "every replica needs the same layers per stage (stage s of each replica holds "
-                                f"the same parameters): {list(r.stage_layers)} here, {list(first.stage_layers)} in "
-                                "replica 0")
+                raise SpecError(
+                    field,
+                    "every replica needs the same layers per stage (stage s of each replica holds "
+                    f"the same parameters): {list(r.stage_layers)} here, {list(first.stage_layers)} in "
+                    "replica 0",
+                )
             if r.stage_tp != first.stage_tp:
-                raise SpecError(field, "every replica needs the same tp per stage (their gradients are reduced shard "
-                                f"by shard): {list(r.stage_tp)} here, {list(first.stage_tp)} in replica 0")
+                raise SpecError(
+                    field,
+                    "every replica needs the same tp per stage (their gradients are reduced shard "
+                    f"by shard): {list(r.stage_tp)} here, {list(first.stage_tp)} in replica 0",
+                )
         for g, used in self.gpus_by_group().items():
             if used > self.cluster[g].num_gpus:
-                raise SpecError("layout.replicas", f"the replicas need {used} GPUs of group {g}, "
-                                f"the group has {self.cluster[g].num_gpus}")
+                raise SpecError(
+                    "layout.replicas",
+                    f"the replicas need {used} GPUs of group {g}, the group has {self.cluster[g].num_gpus}",
+                )
         t = self.training
         sequences = self.micro_batch_size * sum(r.dp * r.num_microbatches for r in self.replicas)
         if sequences != t.global_batch_size:
-            raise SpecError("layout.replicas", f"micro_batch_size * sum(count * micro_batches) = {sequences} "
-                            f"sequences, but global_batch_size is {t.global_batch_size}")
+            raise SpecError(
+                "layout.replicas",
+                f"micro_batch_size * sum(count * micro_batches) = {sequences} "
+                f"sequences, but global_batch_size is {t.global_batch_size}",
+            )
         return self
 
     # ------------------------------------------------------------------ shared degrees and totals
@@ -636,8 +720,6 @@ class ReplicaDims:
         out["dp"] = self.dp
         out["num_microbatches"] = self.num_microbatches
         out["replicas"] = [
-            {"count": r.dp, "micro_batches": r.num_microbatches,
-             "stages": r.as_dict()["stages"]}
-            for r in self.replicas
+            {"count": r.dp, "micro_batches": r.num_microbatches, "stages": r.as_dict()["stages"]} for r in self.replicas
         ]
         return out

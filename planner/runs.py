@@ -11,6 +11,7 @@ Where a source leaves a setting unstated, the reader fills the framework's docum
 - attention kernel -> flash when the architecture or framework names a fused kernel (flash, Megatron-Core),
   else the materialized softmax of pre-2022 Megatron/DeepSpeed.
 """
+
 from __future__ import annotations
 
 import re
@@ -130,7 +131,7 @@ def _text(*values) -> str:
 
 def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
     from planner.catalog import resolve_gpu
-    from planner.spec import parse_job
+    from planner.load import parse_job
 
     model_s = _Section(e, "model", where)
     hw = _Section(e, "hardware", where)
@@ -153,15 +154,20 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
     mlp = "swiglu" if ("swiglu" in arch or "geglu" in arch) else ("relu" if "relu" in arch else "gelu")
     model = {
         "name": str(model_s.get("name") or run_id),
-        "num_layers": model_s.int("layers", required=True), "hidden_size": hidden,
-        "ffn_hidden_size": ffn, "num_attention_heads": heads, "num_kv_heads": kv,
-        "vocab_size": model_s.int("vocab", required=True), "mlp": mlp,
+        "num_layers": model_s.int("layers", required=True),
+        "hidden_size": hidden,
+        "ffn_hidden_size": ffn,
+        "num_attention_heads": heads,
+        "num_kv_heads": kv,
+        "vocab_size": model_s.int("vocab", required=True),
+        "mlp": mlp,
         "tie_embeddings": "untied" not in arch,
         "dropout": "gpt" in arch and "mpt" not in arch,  # Megatron GPT defaults: hidden/attention dropout 0.1
     }
     if model_s.int("num_experts", minimum=0):
         model["moe"] = {
-            "num_experts": model_s.int("num_experts"), "top_k": model_s.int("top_k", required=True),
+            "num_experts": model_s.int("num_experts"),
+            "top_k": model_s.int("top_k", required=True),
             "expert_ffn_hidden_size": model_s.int("expert_ffn_hidden") or ffn,
             "shared_experts": model_s.int("shared_experts", 0, minimum=0),
         }
@@ -190,8 +196,12 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
     seq = model_s.int("seq_len", required=True)
     gbs = par.int("global_batch", required=True)
     flash = "flash" in arch or "megatron-core" in arch or par.bool("flash_attention", False)
-    training = {"seq_length": seq, "global_batch_size": gbs, "precision": precision,
-                "attention": "flash" if flash else "eager"}
+    training = {
+        "seq_length": seq,
+        "global_batch_size": gbs,
+        "precision": precision,
+        "attention": "flash" if flash else "eager",
+    }
     if "fp32 grad accumulation" in prec_text and "bf16" in prec_text:
         training["grad_dtype"] = "bf16+fp32"  # DeepSpeed BF16_Optimizer
 
@@ -219,14 +229,26 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
         zero = 3
     elif "shard_grad_op" in zero_text or zero_text.strip() == "2":
         zero = 2
-    elif zero_text.strip() == "1" or par.bool("distributed_optimizer", False) \
-            or "overlap-param-gather" in _text(par.get("overlap")):
+    elif (
+        zero_text.strip() == "1"
+        or par.bool("distributed_optimizer", False)
+        or "overlap-param-gather" in _text(par.get("overlap"))
+    ):
         zero = 1  # --overlap-param-gather only exists with Megatron's distributed optimizer
     else:
         zero = 0
-    layout = {"tp": tp, "pp": pp, "dp": dp, "cp": cp, "ep": par.int("ep", 1), "vpp": vpp,
-              "micro_batch_size": mbs, "sequence_parallel": sp, "zero_stage": zero,
-              "tp_comm_overlap": "tp-comm-overlap" in _text(par.get("overlap"))}
+    layout = {
+        "tp": tp,
+        "pp": pp,
+        "dp": dp,
+        "cp": cp,
+        "ep": par.int("ep", 1),
+        "vpp": vpp,
+        "micro_batch_size": mbs,
+        "sequence_parallel": sp,
+        "zero_stage": zero,
+        "tp_comm_overlap": "tp-comm-overlap" in _text(par.get("overlap")),
+    }
     from planner.parallel import balanced_split
 
     partition = _text(par.get("pp_partition"))
@@ -249,8 +271,11 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
         choices = ["selective"]
     elif rc.startswith(("none", "no", "false")):
         choices = ["none"]
-    elif "full activation checkpointing" in _text(e.get("notes")) or "counts recompute" in _text(meas.get("tflops_definition")) \
-            or "hardware" in _text(meas.get("tflops_definition")):
+    elif (
+        "full activation checkpointing" in _text(e.get("notes"))
+        or "counts recompute" in _text(meas.get("tflops_definition"))
+        or "hardware" in _text(meas.get("tflops_definition"))
+    ):
         # The source's notes name full checkpointing, or its hardware-FLOP count includes the recompute pass.
         choices = ["full"]
         assumed.append("recompute=full (from notes / hardware-FLOP convention)")
@@ -306,9 +331,15 @@ def _measured(e: dict, job: Job, meas: _Section, hw: _Section) -> Measured:
     elif meas.num("tflops_per_gpu") and "not stated" not in defn:
         x = meas.num("tflops_per_gpu") * 1e12 * n
         if "eq.3" in defn or "hardware" in defn or "4*2" in defn:
-            time, src = F.narayanan_hardware_flops(m, t.seq_length, t.global_batch_size) / x, "tflops_per_gpu (Narayanan Eq. 3)"
+            time, src = (
+                F.narayanan_hardware_flops(m, t.seq_length, t.global_batch_size) / x,
+                "tflops_per_gpu (Narayanan Eq. 3)",
+            )
         elif e.get("source_group") == "megatron-lm-h100" or "megatron" in defn:
-            time, src = F.model_flops_per_iteration(m, t.seq_length, t.global_batch_size) / x, "tflops_per_gpu (Megatron model FLOPs)"
+            time, src = (
+                F.model_flops_per_iteration(m, t.seq_length, t.global_batch_size) / x,
+                "tflops_per_gpu (Megatron model FLOPs)",
+            )
     elif meas.num("mfu") and "palm" in defn:
         peak = hw.num("peak_tflops_16bit") or job.cluster[0].gpu.peak_tflops_bf16
         time = F.palm_flops_per_token(m, t.seq_length) * tokens / (meas.num("mfu") * peak * 1e12 * n)

@@ -6,10 +6,11 @@ check here names the field, what the value would mean in the likely unit, and le
 a warning, never an error. Every threshold sits far beyond real values (each check cites what is real), so that
 no shipped example and no measured run (``shared/reference/measured-runs*.yaml``) triggers one.
 """
+
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Iterator
 
 from planner.spec import GpuSpec, Job
 
@@ -46,18 +47,21 @@ def _count(n: float) -> str:
 # the largest we know of; the measured runs reach 12.6M (megatron-h100-weak-462b). A batch given in tokens instead
 # of sequences multiplies the real one by seq_length (>= 512), so even a 0.5M-token batch at 512-token sequences
 # (268M) lands above the line, while any real batch stays below it.
-MAX_TOKENS_PER_ITERATION = 2 ** 27
+MAX_TOKENS_PER_ITERATION = 2**27
 
 # Sequence length above which seq_length, rather than global_batch_size, looks like the batch's tokens: 2^20 =
 # 1,048,576, the longest sequence of a published training run we know of (NeMo context-parallel runs at 1M tokens,
 # in measured-runs-modern.yaml).
-MAX_PUBLISHED_SEQ_LENGTH = 2 ** 20
+MAX_PUBLISHED_SEQ_LENGTH = 2**20
 
 
 def _seq_is_batch(job: Job) -> bool:
     t = job.training
-    return (t.global_batch_size * t.seq_length > MAX_TOKENS_PER_ITERATION
-            and t.seq_length > MAX_PUBLISHED_SEQ_LENGTH and t.seq_length > t.global_batch_size)
+    return (
+        t.global_batch_size * t.seq_length > MAX_TOKENS_PER_ITERATION
+        and t.seq_length > MAX_PUBLISHED_SEQ_LENGTH
+        and t.seq_length > t.global_batch_size
+    )
 
 
 def batch_in_tokens(job: Job) -> Iterator[JobWarning]:
@@ -66,12 +70,17 @@ def batch_in_tokens(job: Job) -> Iterator[JobWarning]:
     tokens = t.global_batch_size * t.seq_length
     if tokens <= MAX_TOKENS_PER_ITERATION or _seq_is_batch(job):
         return
-    msg = (f"{t.global_batch_size} sequences of {t.seq_length} tokens is {_count(tokens)} tokens per iteration; "
-           "global_batch_size counts sequences")
+    msg = (
+        f"{t.global_batch_size} sequences of {t.seq_length} tokens is {_count(tokens)} tokens per iteration; "
+        "global_batch_size counts sequences"
+    )
     if t.global_batch_size >= t.seq_length:
         sequences = t.global_batch_size / t.seq_length
-        shown = f"{t.global_batch_size // t.seq_length}" if t.global_batch_size % t.seq_length == 0 \
+        shown = (
+            f"{t.global_batch_size // t.seq_length}"
+            if t.global_batch_size % t.seq_length == 0
             else f"about {sequences:.0f}"
+        )
         msg += f": {t.global_batch_size} tokens would be {shown} sequences"
     yield JobWarning("training.global_batch_size", msg)
 
@@ -81,12 +90,16 @@ def seq_length_is_batch_tokens(job: Job) -> Iterator[JobWarning]:
     t = job.training
     if not _seq_is_batch(job):
         return
-    msg = (f"{t.global_batch_size} sequences of {t.seq_length} tokens is {_count(t.global_batch_size * t.seq_length)} "
-           f"tokens per iteration, and no published run trains on sequences over {MAX_PUBLISHED_SEQ_LENGTH}; "
-           "seq_length is the length of one sequence")
+    msg = (
+        f"{t.global_batch_size} sequences of {t.seq_length} tokens is {_count(t.global_batch_size * t.seq_length)} "
+        f"tokens per iteration, and no published run trains on sequences over {MAX_PUBLISHED_SEQ_LENGTH}; "
+        "seq_length is the length of one sequence"
+    )
     if t.global_batch_size > 1 and t.seq_length % t.global_batch_size == 0:
-        msg += (f": {t.seq_length} tokens in {t.global_batch_size} sequences would be "
-                f"{t.seq_length // t.global_batch_size} tokens each")
+        msg += (
+            f": {t.seq_length} tokens in {t.global_batch_size} sequences would be "
+            f"{t.seq_length // t.global_batch_size} tokens each"
+        )
     yield JobWarning("training.seq_length", msg)
 
 
@@ -102,8 +115,9 @@ def fp8_without_fp8_peak(job: Job) -> Iterator[JobWarning]:
         gpu = group.gpu
         if gpu.peak_tflops_fp8 is None and gpu.name not in seen:
             seen.add(gpu.name)
-            yield JobWarning("training.precision", f"{gpu.name} has no FP8 tensor cores (no peak_tflops_fp8); "
-                                                   "priced as bf16")
+            yield JobWarning(
+                "training.precision", f"{gpu.name} has no FP8 tensor cores (no peak_tflops_fp8); priced as bf16"
+            )
 
 
 # ----------------------------------------------------------------------------- GPUs and networks
@@ -122,8 +136,13 @@ MAX_SCALE_UP_GBPS = 10_000
 # NIC Gb/s per GPU: 400-800 today (ConnectX-7/-8), 1,600 announced; in Mb/s a 25 GbE share is 25,000.
 MAX_NIC_GBPS = 10_000
 
-_TFLOPS_FIELDS = ("peak_tflops_bf16", "peak_tflops_fp16", "peak_tflops_fp8", "matmul_tflops_bf16",
-                  "attention_tflops_bf16")
+_TFLOPS_FIELDS = (
+    "peak_tflops_bf16",
+    "peak_tflops_fp16",
+    "peak_tflops_fp8",
+    "matmul_tflops_bf16",
+    "attention_tflops_bf16",
+)
 
 
 def _gpu_fields(gpu: GpuSpec):

@@ -1,4 +1,5 @@
 """`planner validate`: predict measured runs and report the error against what was measured."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -54,11 +55,18 @@ def summarize(results: list[RunResult | Skipped]) -> dict:
         "predicted": len(ok),
         "skipped": len(results) - len(ok),
         "coverage": round(len(ok) / len(results), 4) if results else 0.0,
-        "time": {"count": len(t_err), "median_abs_error_pct": _pct(t_err, 50), "p90_abs_error_pct": _pct(t_err, 90),
-                 "mean_signed_error_pct": float(round(np.mean(t_err) * 100, 2)) if t_err else None},
+        "time": {
+            "count": len(t_err),
+            "median_abs_error_pct": _pct(t_err, 50),
+            "p90_abs_error_pct": _pct(t_err, 90),
+            "mean_signed_error_pct": float(round(np.mean(t_err) * 100, 2)) if t_err else None,
+        },
         "memory": {"count": len(m_err), "median_abs_error_pct": _pct(m_err, 50), "p90_abs_error_pct": _pct(m_err, 90)},
-        "oom": {"measured": len(ooms), "predicted_not_fitting": sum(not r.est.fits for r in ooms),
-                "ran_but_predicted_not_fitting": sum(not r.est.fits for r in ok if not r.case.measured.oom)},
+        "oom": {
+            "measured": len(ooms),
+            "predicted_not_fitting": sum(not r.est.fits for r in ooms),
+            "ran_but_predicted_not_fitting": sum(not r.est.fits for r in ok if not r.case.measured.oom),
+        },
     }
 
 
@@ -70,15 +78,28 @@ def to_json(results: list[RunResult | Skipped]) -> dict:
             continue
         m = r.case.measured
         te, me = r.time_error, r.memory_error
-        runs.append({
-            "id": r.case.id, "status": "ok", "reason": None,
-            "assumed": r.case.assumed,
-            "layout": {k: v for k, v in r.est.dims.as_dict().items() if k != "stages"},
-            "predicted": {"iteration_time_s": round(r.est.iteration_time_s, 6),
-                          "peak_memory_gib": round(r.est.peak_memory_gib, 3), "fits": r.est.fits},
-            "measured": {"iteration_time_s": None if m.iteration_time_s is None else round(m.iteration_time_s, 6),
-                         "time_from": m.time_source or None, "memory_gib": m.memory_gib, "oom": m.oom},
-            "error": {"iteration_time": None if te is None else round(te, 4),
-                      "peak_memory": None if me is None else round(me, 4)},
-        })
+        runs.append(
+            {
+                "id": r.case.id,
+                "status": "ok",
+                "reason": None,
+                "assumed": r.case.assumed,
+                "layout": {k: v for k, v in r.est.dims.as_dict().items() if k != "stages"},
+                "predicted": {
+                    "iteration_time_s": round(r.est.iteration_time_s, 6),
+                    "peak_memory_gib": round(r.est.peak_memory_gib, 3),
+                    "fits": r.est.fits,
+                },
+                "measured": {
+                    "iteration_time_s": None if m.iteration_time_s is None else round(m.iteration_time_s, 6),
+                    "time_from": m.time_source or None,
+                    "memory_gib": m.memory_gib,
+                    "oom": m.oom,
+                },
+                "error": {
+                    "iteration_time": None if te is None else round(te, 4),
+                    "peak_memory": None if me is None else round(me, 4),
+                },
+            }
+        )
     return {"schema_version": SCHEMA_VERSION, "runs": runs, "summary": summarize(results)}

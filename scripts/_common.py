@@ -1,11 +1,13 @@
 """Shared by the scripts in this folder: the one-line bad-input exit (``error: <field>: <what>``, exit 2) that the
 `planner` CLI uses, for input files that are missing or malformed. Not a script of its own."""
+
 from __future__ import annotations
 
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable, NoReturn
+from typing import NoReturn
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED_RUNS = ROOT.parent / "shared" / "reference" / "measured-runs.yaml"

@@ -7,6 +7,7 @@ heterogeneous search seconds, candidates, CP-SAT solves, best heterogeneous iter
 GPU type alone (found by the homogeneous search on each group, timed separately), their ratio and the optimality
 status of the best plan (a gap is to the bound over every mixed pipeline and replica shape).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -19,25 +20,34 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _common import ROOT, fail, need_file, run, shown  # noqa: E402
 
-from planner.search.hetero import best_single_type, search_hetero  # noqa: E402
+from planner.load import load_job  # noqa: E402
+from planner.search.mixed_pipelines import best_single_type, search_hetero  # noqa: E402
 from planner.search.space import SearchOptions  # noqa: E402
-from planner.spec import load_job  # noqa: E402
 
 JOBS = [ROOT / "examples/hetero/gpt-32l-2x32.yaml", ROOT / "examples/hetero/llama3-405b-3types-4096.yaml"]
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--jobs", nargs="+", metavar="FILE", default=None,
-                    help="job YAML files with 2 or more node groups (default: the two of examples/hetero/)")
+    ap.add_argument(
+        "--jobs",
+        nargs="+",
+        metavar="FILE",
+        default=None,
+        help="job YAML files with 2 or more node groups (default: the two of examples/hetero/)",
+    )
     ap.add_argument("--time-limit", type=float, default=60.0)
     args = ap.parse_args()
     if args.time_limit <= 0:
         fail("--time-limit", f"expected a positive number of seconds, got {args.time_limit:g}")
-    jobs = [need_file(p, "jobs", "bench_hetero.py", "its job files", "--jobs FILE...")
-            for p in args.jobs or [shown(p) for p in JOBS]]
-    print("| job | hetero search s | candidates | CP-SAT solves | best hetero s | single-type search s "
-          "| best single-type s (group) | ratio | optimality |")
+    jobs = [
+        need_file(p, "jobs", "bench_hetero.py", "its job files", "--jobs FILE...")
+        for p in args.jobs or [shown(p) for p in JOBS]
+    ]
+    print(
+        "| job | hetero search s | candidates | CP-SAT solves | best hetero s | single-type search s "
+        "| best single-type s (group) | ratio | optimality |"
+    )
     print("|---|---|---|---|---|---|---|---|---|")
     for rel in jobs:
         job = load_job(rel)
@@ -57,9 +67,12 @@ def main() -> None:
             status = f"feasible, gap {r.gap * 100:.2f}%" + ("" if r.complete else " (time limit)")
         kind = ("replicas" if getattr(r.plans[0].estimate.dims, "replicas", None) else "mixed pipeline") if best else ""
         single_txt = f"{single:.3f} ({job.cluster[group].gpu.name})" if single else "-"
-        print(f"| {Path(rel).stem} | {secs:.2f} | {r.candidates:,} | {r.solved:,} | "
-              f"{best:.3f} ({kind}) | {single_secs:.2f} | {single_txt} | {ratio} | {status} |" if best
-              else f"| {Path(rel).stem} | {secs:.2f} | - |")
+        print(
+            f"| {Path(rel).stem} | {secs:.2f} | {r.candidates:,} | {r.solved:,} | "
+            f"{best:.3f} ({kind}) | {single_secs:.2f} | {single_txt} | {ratio} | {status} |"
+            if best
+            else f"| {Path(rel).stem} | {secs:.2f} | - |"
+        )
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ about 30 s with the defaults on 2 cores. Start-up (the interpreter and imports, 
 is measured as the wall time of `planner plan` on a one-GPU job at --time-limit 5 and subtracted. Prints per
 limit: the median wall, start-up, overrun (wall - start-up - limit), the stop reason and the peak RSS.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,9 @@ def timed(args: list[str]) -> tuple[int, str, float, int]:
 
     with tempfile.TemporaryFile("w+") as out:
         start = time.perf_counter()
-        proc = subprocess.Popen([sys.executable, "-m", "planner", *args], cwd=ROOT, stdout=out,
-                                stderr=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "planner", *args], cwd=ROOT, stdout=out, stderr=subprocess.DEVNULL
+        )
         _, status, usage = os.wait4(proc.pid, 0)
         wall = time.perf_counter() - start
         out.seek(0)
@@ -52,8 +54,9 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tiny = Path(tmp) / "tiny.yaml"
         tiny.write_text(TINY)
-        startup = statistics.median(timed(["plan", str(tiny), "--json", "--time-limit", "5"])[2]
-                                    for _ in range(args.runs))
+        startup = statistics.median(
+            timed(["plan", str(tiny), "--json", "--time-limit", "5"])[2] for _ in range(args.runs)
+        )
     print(f"start-up (one-GPU job, median of {args.runs}): {startup:.2f} s")
     print(f"{'limit s':>8} {'wall s':>8} {'overrun s':>10} {'stop reason':>12} {'RSS MiB':>8}")
     for limit in args.limits:

@@ -12,6 +12,7 @@ percentile of |log(predicted/measured)| iteration time. The two memory allowance
 are a least-squares fit of peak = allocated*(1+frag) + fixed on runs that report memory. No per-run constant exists.
 Prints the before/after accuracy table; --write stores the result.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -71,8 +72,11 @@ def fit_memory(cases, cal):
     error on runs that report memory plus the share of feasibility mistakes: runs that ran but would be predicted
     not to fit, and measured OOMs predicted to fit. Both kinds of evidence constrain the same two numbers."""
     zero = cal.replace(memory_fixed_gib=0.0, memory_fragmentation=0.0)
-    rows = [(r.est.peak_memory_gib, r.case.measured.memory_gib, r.case.measured.oom, r.est.capacity_gib)
-            for r in run_validation(cases, zero) if hasattr(r, "case")]
+    rows = [
+        (r.est.peak_memory_gib, r.case.measured.memory_gib, r.case.measured.oom, r.est.capacity_gib)
+        for r in run_validation(cases, zero)
+        if hasattr(r, "case")
+    ]
     alloc = np.array([r[0] for r in rows])
     meas = np.array([r[1] if r[1] else np.nan for r in rows])
     oom = np.array([r[2] for r in rows])
@@ -94,17 +98,22 @@ def fit_memory(cases, cal):
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("runs", nargs="?", default=None, help="measured-runs YAML (same as --runs)")
-    ap.add_argument("--runs", dest="runs_opt", metavar="FILE", default=None,
-                    help=f"measured-runs YAML (default: {DEFAULT_RUNS})")
+    ap.add_argument(
+        "--runs", dest="runs_opt", metavar="FILE", default=None, help=f"measured-runs YAML (default: {DEFAULT_RUNS})"
+    )
     ap.add_argument("--write", action="store_true", help=f"store the fit in {CALIBRATION}")
     args = ap.parse_args()
     if args.runs and args.runs_opt and args.runs != args.runs_opt:
         fail("runs", f"two measured-runs files given ('{args.runs}' and --runs '{args.runs_opt}'); pass one")
-    runs = need_file(args.runs_opt or args.runs or shown(DEFAULT_RUNS), "runs", "calibrate.py", "a measured-runs file",
-                     "--runs FILE")
+    runs = need_file(
+        args.runs_opt or args.runs or shown(DEFAULT_RUNS), "runs", "calibrate.py", "a measured-runs file", "--runs FILE"
+    )
     if args.write and not CALIBRATION.is_file():  # checked before the fit, which takes minutes
-        fail("--write", f"scripts/calibrate.py --write rewrites {shown(CALIBRATION)}, which is missing; "
-                        "run it from a checkout of the repository")
+        fail(
+            "--write",
+            f"scripts/calibrate.py --write rewrites {shown(CALIBRATION)}, which is missing; "
+            "run it from a checkout of the repository",
+        )
     cases = [c for c in load_runs(runs) if isinstance(c, RunCase)]
     if not cases:
         fail("runs", f"'{runs}' has no run the planner can express (see `planner validate {runs}`)")
@@ -114,8 +123,11 @@ def main() -> None:
     cal = fit_memory(cases, cal)
     after = summarize(run_validation(cases, cal))
     print(f"{'':28s}{'before':>12s}{'after':>12s}")
-    for key, sub in (("time median %", ("time", "median_abs_error_pct")), ("time p90 %", ("time", "p90_abs_error_pct")),
-                     ("memory median %", ("memory", "median_abs_error_pct"))):
+    for key, sub in (
+        ("time median %", ("time", "median_abs_error_pct")),
+        ("time p90 %", ("time", "p90_abs_error_pct")),
+        ("memory median %", ("memory", "median_abs_error_pct")),
+    ):
         print(f"{key:28s}{before[sub[0]][sub[1]]:>12}{after[sub[0]][sub[1]]:>12}")
     print("\nfitted efficiencies:")
     for k, v in cal.as_dict().items():
@@ -128,7 +140,7 @@ def main() -> None:
         for line in text.splitlines():
             key = line.split(":")[0].strip()
             if key in data and key != "schema_version" and not line.startswith("#"):
-                comment = line[line.index("#"):] if "#" in line else ""
+                comment = line[line.index("#") :] if "#" in line else ""
                 line = f"{key + ':':31s}{getattr(cal, key):<.4g}".ljust(31) + ("  " + comment if comment else "")
             lines.append(line)
         path.write_text("\n".join(lines) + "\n")

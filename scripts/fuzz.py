@@ -14,6 +14,7 @@ Needs a checkout with tests/ (strategies.py and the independent checkers invaria
 data files. Time: about 0.09 s per case on 2 cores (10,000 cases: about 15 minutes; --mixed: about
 0.4 s per case); --procs 2 halves it on an idle machine.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -35,8 +36,11 @@ sys.path.insert(0, str(ROOT / "tests"))
 if __name__ == "__main__":  # the generators and the independent checkers live in the test suite
     for _name in ("strategies.py", "invariants.py", "invariants_mixed.py"):
         if not (ROOT / "tests" / _name).is_file():
-            fail("tests", f"scripts/fuzz.py needs tests/{_name} of a checkout of the repository; none at "
-                          f"{shown(ROOT / 'tests' / _name)}")
+            fail(
+                "tests",
+                f"scripts/fuzz.py needs tests/{_name} of a checkout of the repository; none at "
+                f"{shown(ROOT / 'tests' / _name)}",
+            )
 
 from strategies import RandomChooser, gen_case, gen_mixed_case  # noqa: E402
 
@@ -44,8 +48,19 @@ from strategies import RandomChooser, gen_case, gen_mixed_case  # noqa: E402
 def _break_one_field(raw: dict, rng: random.Random) -> str:
     """Make the job invalid in one of a few ways parse_job must reject with a SpecError."""
     m, t, g = raw["model"], raw["training"], raw["cluster"][0]
-    how = rng.choice(["kv_heads", "hidden", "top_k", "seq_zero", "nodes_zero", "gpu_name", "unknown_field",
-                      "layers_str", "gbs_negative"])
+    how = rng.choice(
+        [
+            "kv_heads",
+            "hidden",
+            "top_k",
+            "seq_zero",
+            "nodes_zero",
+            "gpu_name",
+            "unknown_field",
+            "layers_str",
+            "gbs_negative",
+        ]
+    )
     if how == "kv_heads":
         m["num_kv_heads"] = m["num_attention_heads"] + 1
     elif how == "hidden":
@@ -77,9 +92,10 @@ def make_case(seed: int, index: int, invalid_rate: float, mixed: bool = False):
 def run_one(args: tuple) -> dict:
     """One case -> a small picklable record."""
     seed, index, invalid_rate, time_limit, top, mixed = args
-    from planner.errors import SpecError
-    from planner.spec import parse_job
     from strategies import run_case, run_mixed_case
+
+    from planner.errors import SpecError
+    from planner.load import parse_job
 
     raw, settings, broken = make_case(seed, index, invalid_rate, mixed)
     rec = {"index": index, "broken": broken, "outcome": None, "seconds": 0.0, "violations": [], "error": None}
@@ -94,8 +110,9 @@ def run_one(args: tuple) -> dict:
         return rec
     start = time.perf_counter()
     try:
-        job, result, doc, violations = (run_mixed_case if mixed else run_case)(raw, settings, top=top,
-                                                                               time_limit_s=time_limit)
+        job, result, doc, violations = (run_mixed_case if mixed else run_case)(
+            raw, settings, top=top, time_limit_s=time_limit
+        )
     except Exception as exc:
         rec.update(outcome="crash", error=_summarize(exc), seconds=time.perf_counter() - start)
         return rec
@@ -168,9 +185,12 @@ def main(argv=None) -> int:
             counts["broken accepted"] += 1
         if counts["cases"] % every == 0 or counts["cases"] == a.cases:
             el = time.perf_counter() - start
-            print(f"  {counts['cases']:>6}/{a.cases}  {el:7.1f}s  plans {counts['plans']}  nothing {counts['nothing']}"
-                  f"  rejected {counts['rejected']}  violations {counts['violation']}  crashes {counts['crash']}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"  {counts['cases']:>6}/{a.cases}  {el:7.1f}s  plans {counts['plans']}  nothing {counts['nothing']}"
+                f"  rejected {counts['rejected']}  violations {counts['violation']}  crashes {counts['crash']}",
+                file=sys.stderr,
+                flush=True,
+            )
 
     if a.procs > 1:
         import multiprocessing as mp
@@ -195,8 +215,10 @@ def main(argv=None) -> int:
         ("crashes", counts["crash"]),
     ]
     width = max(len(k) for k, _ in rows)
-    print(f"\nfuzz{' (mixed GPU types)' if a.mixed else ''}: seed {a.seed}, time limit {a.time_limit:g}s, "
-          f"top {a.top}, {a.procs} process(es)")
+    print(
+        f"\nfuzz{' (mixed GPU types)' if a.mixed else ''}: seed {a.seed}, time limit {a.time_limit:g}s, "
+        f"top {a.top}, {a.procs} process(es)"
+    )
     for k, n in rows:
         print(f"  {k:<{width}}  {n:>7}")
     if counts["broken accepted"]:
@@ -204,13 +226,17 @@ def main(argv=None) -> int:
     if seconds:
         q = sorted(seconds)
         p95 = q[min(len(q) - 1, math.ceil(0.95 * len(q)) - 1)]
-        print(f"  time per valid case: mean {statistics.fmean(q):.3f}s  median {statistics.median(q):.3f}s  "
-              f"p95 {p95:.3f}s  max {q[-1]:.3f}s")
+        print(
+            f"  time per valid case: mean {statistics.fmean(q):.3f}s  median {statistics.median(q):.3f}s  "
+            f"p95 {p95:.3f}s  max {q[-1]:.3f}s"
+        )
     print(f"  wall {wall:.1f}s ({wall / max(1, counts['cases']):.3f}s per case)")
     if slow:
         slow.sort(reverse=True)
-        print(f"  {len(slow)} case(s) ran over the time limit by more than 1 s: "
-              + ", ".join(f"#{i} {s:.1f}s" for s, i in slow[:5]))
+        print(
+            f"  {len(slow)} case(s) ran over the time limit by more than 1 s: "
+            + ", ".join(f"#{i} {s:.1f}s" for s, i in slow[:5])
+        )
 
     if crashes:
         groups = Counter((c["error"]["type"], c["error"]["where"]) for c in crashes)

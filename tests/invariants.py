@@ -11,6 +11,7 @@ GPUs used: all of the job's, or (when the placement reports ``idle_gpus``) all b
 ``check_result(job, result, memory_margin)`` checks the in-memory SearchResult (unrounded numbers) by attribute
 access only.
 """
+
 from __future__ import annotations
 
 import math
@@ -97,8 +98,7 @@ def check_layout(job, lay: dict, allow_cross_node_tp: bool | None = None, world:
         v.append("recompute = full together with per-stage recompute_layers")
 
     if t.global_batch_size != mbs * nmb * dp:
-        v.append(f"global_batch_size {t.global_batch_size} != micro_batch_size*num_microbatches*dp "
-                 f"= {mbs}*{nmb}*{dp}")
+        v.append(f"global_batch_size {t.global_batch_size} != micro_batch_size*num_microbatches*dp = {mbs}*{nmb}*{dp}")
 
     if m.num_attention_heads % tp:
         v.append(f"num_attention_heads {m.num_attention_heads} not divisible by tp {tp}")
@@ -167,15 +167,19 @@ def check_estimate(job, est: dict, lay: dict, memory_margin: float) -> list[str]
         if s.get("index") != i:
             v.append(f"estimate.stages[{i}].index = {s.get('index')!r}")
         if i < len(lay_stages) and s.get("layers") != lay_stages[i].get("layers"):
-            v.append(f"estimate.stages[{i}].layers = {s.get('layers')} but the layout says {lay_stages[i].get('layers')}")
+            v.append(
+                f"estimate.stages[{i}].layers = {s.get('layers')} but the layout says {lay_stages[i].get('layers')}"
+            )
         peak = s.get("peak_memory_gib")
         if not _finite(peak) or peak <= 0:
             v.append(f"stage {i}: peak_memory_gib = {peak!r}")
             continue
         peaks.append(peak)
         if peak > cap + MEM_ROUND + EPS:
-            v.append(f"stage {i}: predicted peak {peak} GiB > capacity {cap:.6f} GiB "
-                     f"({job.cluster[0].gpu.memory_gib} GiB * (1 - {memory_margin}))")
+            v.append(
+                f"stage {i}: predicted peak {peak} GiB > capacity {cap:.6f} GiB "
+                f"({job.cluster[0].gpu.memory_gib} GiB * (1 - {memory_margin}))"
+            )
         mt = s.get("microbatch_time_s")
         if not _finite(mt) or mt < 0:
             v.append(f"stage {i}: microbatch_time_s = {mt!r}")
@@ -183,8 +187,11 @@ def check_estimate(job, est: dict, lay: dict, memory_margin: float) -> list[str]
         top = est.get("peak_memory_gib")
         if not _finite(top) or abs(top - max(peaks)) > EPS:
             v.append(f"peak_memory_gib {top!r} != max stage peak {max(peaks)}")
-        elif not (isinstance(est.get("peak_memory_stage"), int) and 0 <= est["peak_memory_stage"] < len(stages)
-                  and stages[est["peak_memory_stage"]].get("peak_memory_gib") == top):
+        elif not (
+            isinstance(est.get("peak_memory_stage"), int)
+            and 0 <= est["peak_memory_stage"] < len(stages)
+            and stages[est["peak_memory_stage"]].get("peak_memory_gib") == top
+        ):
             v.append(f"peak_memory_stage {est.get('peak_memory_stage')!r} is not a stage with the peak {top}")
     capj = est.get("memory_capacity_gib")
     if not _finite(capj) or abs(capj - cap) > MEM_ROUND + EPS:
@@ -198,8 +205,10 @@ def check_estimate(job, est: dict, lay: dict, memory_margin: float) -> list[str]
     mfu = est.get("mfu")
     if not _finite(mfu) or mfu <= 0 or mfu > 1.0:
         v.append(f"mfu = {mfu!r} outside (0, 1]")
-    for name, table in (("time_breakdown_s", est.get("time_breakdown_s")),
-                        ("memory_breakdown_gib", est.get("memory_breakdown_gib"))):
+    for name, table in (
+        ("time_breakdown_s", est.get("time_breakdown_s")),
+        ("memory_breakdown_gib", est.get("memory_breakdown_gib")),
+    ):
         if not isinstance(table, dict):
             v.append(f"{name} missing")
             continue
@@ -214,8 +223,10 @@ def check_placement(job, place: dict, lay: dict) -> list[str]:
     world, v = gpus_used(job, place)
     gpn = group.gpus_per_node
     if place.get("world_size") != world:
-        v.append(f"placement.world_size = {place.get('world_size')!r}, the plan uses {world} of the job's "
-                 f"{job_gpus(job)} GPUs")
+        v.append(
+            f"placement.world_size = {place.get('world_size')!r}, the plan uses {world} of the job's "
+            f"{job_gpus(job)} GPUs"
+        )
     if place.get("rank_order") != RANK_ORDER:
         v.append(f"placement.rank_order = {place.get('rank_order')!r}")
     if place.get("gpus_per_node") != gpn:
@@ -237,8 +248,10 @@ def check_placement(job, place: dict, lay: dict) -> list[str]:
         if b - a + 1 != per_stage:
             v.append(f"placement stage {i} holds {b - a + 1} ranks, tp*cp*dp = {per_stage}")
         if s.get("first_node") != a // gpn or s.get("last_node") != b // gpn:
-            v.append(f"placement stage {i}: nodes {s.get('first_node')}..{s.get('last_node')} for ranks {a}..{b}"
-                     f" with {gpn} GPUs per node")
+            v.append(
+                f"placement stage {i}: nodes {s.get('first_node')}..{s.get('last_node')} for ranks {a}..{b}"
+                f" with {gpn} GPUs per node"
+            )
         if s.get("gpu") != group.gpu.name or s.get("group") != 0:
             v.append(f"placement stage {i}: gpu/group {s.get('gpu')!r}/{s.get('group')!r}")
         nxt = b + 1
@@ -247,8 +260,9 @@ def check_placement(job, place: dict, lay: dict) -> list[str]:
     return v
 
 
-def check_plan(job, plan_dict: dict, memory_margin: float, *, allow_cross_node_tp: bool | None = None,
-               top: int | None = None) -> list[str]:
+def check_plan(
+    job, plan_dict: dict, memory_margin: float, *, allow_cross_node_tp: bool | None = None, top: int | None = None
+) -> list[str]:
     """Violations of a plan document (``{"plans": [...], ...}``) or of one plan entry."""
     if "plans" not in plan_dict:
         return _check_one(job, plan_dict, memory_margin, allow_cross_node_tp)

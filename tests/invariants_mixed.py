@@ -5,6 +5,7 @@ planner.search or planner.cost. Its input is one plan entry of the ``planner pla
 
 ``check_mixed_plan(job, plan, memory_margin)`` returns a list of violations (empty = all good).
 """
+
 from __future__ import annotations
 
 import math
@@ -80,7 +81,9 @@ def check_mixed_layout(job, lay: dict) -> list[str]:
         if len(runs) != len(set(runs)):
             v.append(f"pipeline {r}: the stages of a node group are not consecutive ({order})")
     if sequences != t.global_batch_size:
-        v.append(f"micro_batch_size * sum(count * micro_batches) = {sequences} != global_batch_size {t.global_batch_size}")
+        v.append(
+            f"micro_batch_size * sum(count * micro_batches) = {sequences} != global_batch_size {t.global_batch_size}"
+        )
     for g, n in enumerate(used):
         if n > job.cluster[g].nodes * job.cluster[g].gpus_per_node:
             v.append(f"group {g}: {n} GPUs used, it has {job.cluster[g].nodes * job.cluster[g].gpus_per_node}")
@@ -99,8 +102,11 @@ def check_mixed_plan(job, p: dict, memory_margin: float) -> list[str]:
     if not (isinstance(it, float) and math.isfinite(it) and it > 0):
         v.append(f"iteration_time_s = {it!r}")
     # every stage (of every replica entry) within ITS OWN GPU's capacity, read from the job
-    expected = [(r if lay.get("replicas") else None, i, s["group"])
-                for r, pipe in enumerate(pipelines(lay)) for i, s in enumerate(pipe["stages"])]
+    expected = [
+        (r if lay.get("replicas") else None, i, s["group"])
+        for r, pipe in enumerate(pipelines(lay))
+        for i, s in enumerate(pipe["stages"])
+    ]
     stages = est.get("stages") or []
     if [(s.get("replica"), s.get("index"), s.get("group")) for s in stages] != expected:
         v.append("estimate stages do not follow the layout's (replica, stage, group) order")

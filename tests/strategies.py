@@ -3,16 +3,18 @@
 One generator, two sources of randomness: every choice goes through a ``Chooser`` (``integer``, ``choice``,
 ``boolean``), backed either by hypothesis (``HypothesisChooser``: shrinkable) or by ``random.Random``
 (``RandomChooser``: fast, seeded, for 10,000-case fuzz runs). The result is a raw job mapping, the same shape as a
-job YAML file, to be handed to ``planner.spec.parse_job``, plus the search options to plan it with.
+job YAML file, to be handed to ``planner.load.parse_job``, plus the search options to plan it with.
 
 Generated jobs are small on purpose (<= 16 layers, <= 64 GPUs) so each search takes well under a second; they are
 *mostly* valid: a few generated combinations are rejected by parse_job (a SpecError), which callers count or skip.
 """
+
 from __future__ import annotations
 
 import random
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 CATALOG_GPUS = ("a100-40gb", "a100-80gb", "h100-sxm", "l4")
 GPUS_PER_NODE = (1, 2, 4, 8)
@@ -84,16 +86,25 @@ def gen_model(ch: Chooser) -> dict:
     else:
         ffn = ch.choice((64 * -(-8 * hidden // 3 // 64), 64 * ch.integer(hidden // 64, 4 * hidden // 64)))
     model: dict[str, Any] = {
-        "name": "fuzz", "num_layers": layers, "hidden_size": hidden, "ffn_hidden_size": ffn,
-        "num_attention_heads": heads, "num_kv_heads": kv_heads, "vocab_size": ch.integer(1000, 64000),
-        "mlp": mlp, "tie_embeddings": ch.boolean(), "dropout": ch.boolean(0.2),
+        "name": "fuzz",
+        "num_layers": layers,
+        "hidden_size": hidden,
+        "ffn_hidden_size": ffn,
+        "num_attention_heads": heads,
+        "num_kv_heads": kv_heads,
+        "vocab_size": ch.integer(1000, 64000),
+        "mlp": mlp,
+        "tie_embeddings": ch.boolean(),
+        "dropout": ch.boolean(0.2),
     }
     if ch.boolean(0.3):
         experts = ch.integer(2, 16)
         model["moe"] = {
-            "num_experts": experts, "top_k": ch.integer(1, min(experts, 4)),
+            "num_experts": experts,
+            "top_k": ch.integer(1, min(experts, 4)),
             "expert_ffn_hidden_size": 64 * ch.integer(max(1, hidden // 256), hidden // 32),
-            "shared_experts": ch.choice((0, 0, 1, 2)), "moe_layer_freq": ch.choice((1, 1, 2)),
+            "shared_experts": ch.choice((0, 0, 1, 2)),
+            "moe_layer_freq": ch.choice((1, 1, 2)),
             "first_dense_layers": ch.integer(0, min(2, layers)),
         }
     return model
@@ -104,9 +115,12 @@ def gen_gpu(ch: Chooser) -> Any:
     if ch.boolean(0.75):
         return ch.choice(CATALOG_GPUS)
     return {
-        "name": "small-gpu", "memory_gib": float(ch.choice((2, 4, 6, 8, 12, 16))),
-        "peak_tflops_bf16": float(ch.choice((50, 120, 300))), "hbm_tbps": ch.choice((0.5, 1.0, 2.0)),
-        "intra_node_gbps": float(ch.choice((16, 64, 300))), "inter_node_gbps": float(ch.choice((25, 100, 400))),
+        "name": "small-gpu",
+        "memory_gib": float(ch.choice((2, 4, 6, 8, 12, 16))),
+        "peak_tflops_bf16": float(ch.choice((50, 120, 300))),
+        "hbm_tbps": ch.choice((0.5, 1.0, 2.0)),
+        "intra_node_gbps": float(ch.choice((16, 64, 300))),
+        "inter_node_gbps": float(ch.choice((25, 100, 400))),
     }
 
 
@@ -134,8 +148,10 @@ def gen_mixed_case(ch: Chooser) -> tuple[dict, SearchSettings]:
 
 def gen_training(ch: Chooser) -> dict:
     return {
-        "seq_length": 2 ** ch.integer(8, 13), "global_batch_size": ch.integer(1, 512),
-        "attention": ch.choice(("flash", "eager")), "precision": ch.choice(("bf16", "fp16")),
+        "seq_length": 2 ** ch.integer(8, 13),
+        "global_batch_size": ch.integer(1, 512),
+        "attention": ch.choice(("flash", "eager")),
+        "precision": ch.choice(("bf16", "fp16")),
         "optimizer": ch.choice(("adam", "adamw", "sgd")),
     }
 
@@ -154,13 +170,19 @@ class SearchSettings:
     def options(self):
         from planner.search.space import SearchOptions
 
-        return SearchOptions(allow_cross_node_tp=self.allow_cross_node_tp, memory_margin=self.memory_margin,
-                             partial_recompute=self.partial_recompute)
+        return SearchOptions(
+            allow_cross_node_tp=self.allow_cross_node_tp,
+            memory_margin=self.memory_margin,
+            partial_recompute=self.partial_recompute,
+        )
 
 
 def gen_settings(ch: Chooser) -> SearchSettings:
-    return SearchSettings(memory_margin=ch.choice((0.05, 0.0, 0.1, 0.3)),
-                          allow_cross_node_tp=ch.boolean(0.2), partial_recompute=not ch.boolean(0.2))
+    return SearchSettings(
+        memory_margin=ch.choice((0.05, 0.0, 0.1, 0.3)),
+        allow_cross_node_tp=ch.boolean(0.2),
+        partial_recompute=not ch.boolean(0.2),
+    )
 
 
 def gen_case(ch: Chooser) -> tuple[dict, SearchSettings]:
@@ -197,34 +219,36 @@ def mixed_cases():
 def run_case(raw: dict, settings: SearchSettings, *, top: int = 3, time_limit_s: float = 10.0, workers: int = 1):
     """Parse, search and check one case. Returns (job, result, doc, violations); job is None when parse_job
     rejected the input (the SpecError is re-raised for the caller to count). Anything else propagates."""
-    from planner.report.plan_json import plan_document
-    from planner.search.planner import search
-    from planner.spec import parse_job
-
     from invariants import check_plan, check_result  # tests/ is on sys.path for both callers
+
+    from planner.load import parse_job
+    from planner.report.plan_json import plan_document
+    from planner.search.homogeneous import search
 
     job = parse_job(raw)
     result = search(job, top=top, time_limit_s=time_limit_s, workers=workers, options=settings.options())
     doc = plan_document(job, result, None, timing=False)
     violations = check_result(job, result, settings.memory_margin, top=top)
-    violations += check_plan(job, doc, settings.memory_margin, allow_cross_node_tp=settings.allow_cross_node_tp,
-                             top=top)
+    violations += check_plan(
+        job, doc, settings.memory_margin, allow_cross_node_tp=settings.allow_cross_node_tp, top=top
+    )
     return job, result, doc, violations
 
 
 def run_mixed_case(raw: dict, settings: SearchSettings, *, top: int = 3, time_limit_s: float = 5.0):
     """Parse, run the mixed-GPU search and check every plan with tests/invariants_mixed.py."""
-    from planner.report.plan_json import plan_document
-    from planner.search.hetero import search_hetero
-    from planner.spec import parse_job
-
     from invariants_mixed import check_mixed_plan
+
+    from planner.load import parse_job
+    from planner.report.plan_json import plan_document
+    from planner.search.mixed_pipelines import search_hetero
 
     job = parse_job(raw)
     result = search_hetero(job, top=top, time_limit_s=time_limit_s, options=settings.options(), single_type=False)
     doc = plan_document(job, result, None, timing=False)
-    violations = [f"plan {p['rank']}: {msg}" for p in doc["plans"]
-                  for msg in check_mixed_plan(job, p, settings.memory_margin)]
+    violations = [
+        f"plan {p['rank']}: {msg}" for p in doc["plans"] for msg in check_mixed_plan(job, p, settings.memory_margin)
+    ]
     times = [p["estimate"]["iteration_time_s"] for p in doc["plans"]]
     if times != sorted(times):
         violations.append(f"plans not sorted by time: {times}")

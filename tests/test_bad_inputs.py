@@ -4,6 +4,7 @@ The cases live in tests/bad_inputs/cases.yaml (inputs next to it; binary, missin
 into tmp_path). Every case runs in-process through ``planner.cli.main`` (a subprocess costs ~1 s); a few also run
 as real subprocesses, so that the console entry point's exit code and stderr are checked end to end.
 """
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,12 @@ REPO = Path(__file__).resolve().parents[1]
 CASES_DIR = Path(__file__).resolve().parent / "bad_inputs"
 CASES = yaml.safe_load((CASES_DIR / "cases.yaml").read_text())
 SUBPROCESS_CASES = [
-    "job-python-object-tag", "job-binary-garbage", "job-deeply-nested", "hf-unknown-model-type",
-    "runs-duplicated-ids", "cli-unknown-option",
+    "job-python-object-tag",
+    "job-binary-garbage",
+    "job-deeply-nested",
+    "hf-unknown-model-type",
+    "runs-duplicated-ids",
+    "cli-unknown-option",
 ]
 
 
@@ -68,7 +73,7 @@ def _check(case: dict, code: int, stderr: str) -> None:
     assert len(lines) == 1 and stderr.endswith("\n"), f"expected exactly one line on stderr, got {stderr!r}"
     line = lines[0]
     assert line.startswith("error: "), line
-    field = line[len("error: "):].split(": ", 1)[0]
+    field = line[len("error: ") :].split(": ", 1)[0]
     assert case["field"] in field, f"field {case['field']!r} not named in {line!r}"
     if "message" in case:
         assert case["message"] in line, f"{case['message']!r} not in {line!r}"
@@ -109,7 +114,10 @@ def test_bad_input_subprocess(name, tmp_path):
     case = next(c for c in CASES if c["name"] == name)
     proc = subprocess.run(
         [sys.executable, "-m", "planner.cli", *_argv(case, tmp_path)],
-        cwd=REPO, capture_output=True, text=True, timeout=120,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
     _check(case, proc.returncode, proc.stderr)
     assert proc.stdout == ""

@@ -3,8 +3,9 @@ force (every layer split and recompute count, evaluated by the estimator) on sma
   - homogeneous: the candidate bound of the enumeration (space.py), StageModel.lower_bound, quick.lower_bound
     (with and without memory, and probed at a cutoff), quick.integer_bottleneck and quick.memory_bottleneck (on
     the slowest stage), quick.forced_recompute (on the recomputed layers);
-  - mixed pipelines: the bound of every _Group and _Family box on the way to a candidate, and the candidate's
-    refined bound (hetero_bounds.refined_bound, also probed at a target)."""
+  - mixed pipelines: the bound of every _TpChoiceNode and _Family box on the way to a candidate, and the candidate's
+    refined bound (mixed_pipeline_bounds.refined_bound, also probed at a target)."""
+
 import itertools
 import random
 from dataclasses import dataclass
@@ -14,27 +15,53 @@ import pytest
 from planner.cost.estimate import evaluate_plans, evaluate_stages, with_group_sends
 from planner.cost.provider import cost_source
 from planner.cost.stage import StageModel, split_kinds
+from planner.load import parse_job
 from planner.parallel import group_order
-from planner.search import hetero, quick
-from planner.search.hetero_bounds import refined_bound
-from planner.search.mixed import MixedContext
+from planner.search import mixed_pipelines, quick
+from planner.search.mixed_context import MixedContext
+from planner.search.mixed_pipeline_bounds import refined_bound
 from planner.search.space import SearchOptions, dims_for, enumerate_candidates
-from planner.spec import parse_job
 
 SLACK = 1 + 1e-9  # float rounding between a bound and the estimator
 
-GPT6 = {"name": "gpt-6", "num_layers": 6, "hidden_size": 1024, "ffn_hidden_size": 4096,
-        "num_attention_heads": 16, "vocab_size": 32000, "mlp": "gelu"}
-MOE6 = {"name": "moe-6", "num_layers": 6, "hidden_size": 1024, "ffn_hidden_size": 2816,
-        "num_attention_heads": 16, "num_kv_heads": 4, "vocab_size": 32000, "mlp": "swiglu",
-        "moe": {"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 1408, "first_dense_layers": 1}}
-TIGHT_GPU = {"name": "tight", "memory_gib": 5.5, "peak_tflops_bf16": 312, "hbm_tbps": 2.0,
-             "intra_node_gbps": 300, "inter_node_gbps": 200}
+GPT6 = {
+    "name": "gpt-6",
+    "num_layers": 6,
+    "hidden_size": 1024,
+    "ffn_hidden_size": 4096,
+    "num_attention_heads": 16,
+    "vocab_size": 32000,
+    "mlp": "gelu",
+}
+MOE6 = {
+    "name": "moe-6",
+    "num_layers": 6,
+    "hidden_size": 1024,
+    "ffn_hidden_size": 2816,
+    "num_attention_heads": 16,
+    "num_kv_heads": 4,
+    "vocab_size": 32000,
+    "mlp": "swiglu",
+    "moe": {"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 1408, "first_dense_layers": 1},
+}
+TIGHT_GPU = {
+    "name": "tight",
+    "memory_gib": 5.5,
+    "peak_tflops_bf16": 312,
+    "hbm_tbps": 2.0,
+    "intra_node_gbps": 300,
+    "inter_node_gbps": 200,
+}
 
 
 def job(model, gpu="a100-40gb", gpus_per_node=4, nodes=2, seq=2048, gbs=8, attention="flash"):
-    return parse_job({"model": model, "cluster": [{"gpu": gpu, "nodes": nodes, "gpus_per_node": gpus_per_node}],
-                      "training": {"seq_length": seq, "global_batch_size": gbs, "attention": attention}})
+    return parse_job(
+        {
+            "model": model,
+            "cluster": [{"gpu": gpu, "nodes": nodes, "gpus_per_node": gpus_per_node}],
+            "training": {"seq_length": seq, "global_batch_size": gbs, "attention": attention},
+        }
+    )
 
 
 def compositions(total: int, parts: int, step: int = 1):
@@ -52,6 +79,7 @@ def compositions(total: int, parts: int, step: int = 1):
 class Brute:
     """The best of every plan of one candidate: iteration time over all plans and over those that fit, the
     slowest stage's micro-batch time (all plans; fitting ones) and the fewest recomputed layers that fit."""
+
     any_time: float = float("inf")
     fit_time: float = float("inf")
     any_slowest: float = float("inf")
@@ -84,8 +112,10 @@ HOMOGENEOUS = {
     "dense": (job(GPT6), SearchOptions(max_micro_batch=2)),
     "memory-bound": (job(GPT6, gpu=TIGHT_GPU, seq=8192, gbs=4, attention="eager"), SearchOptions(max_micro_batch=2)),
     "moe": (job(MOE6, nodes=1), SearchOptions(max_micro_batch=2)),
-    "tp-overlap": (job(GPT6, gpu=TIGHT_GPU, seq=8192, gbs=4, attention="eager"),
-                   SearchOptions(max_micro_batch=2, tp_comm_overlap=True)),
+    "tp-overlap": (
+        job(GPT6, gpu=TIGHT_GPU, seq=8192, gbs=4, attention="eager"),
+        SearchOptions(max_micro_batch=2, tp_comm_overlap=True),
+    ),
 }
 
 
@@ -117,22 +147,34 @@ def test_homogeneous_bounds_hold_for_every_plan(name):
 
 
 # ------------------------------------------------------------------------------------------------ mixed
-SMALL_GPU = {"memory_gib": 6.0, "peak_tflops_bf16": 312, "hbm_tbps": 2.0, "intra_node_gbps": 300,
-             "inter_node_gbps": 200, "name": "small-gpu"}
+SMALL_GPU = {
+    "memory_gib": 6.0,
+    "peak_tflops_bf16": 312,
+    "hbm_tbps": 2.0,
+    "intra_node_gbps": 300,
+    "inter_node_gbps": 200,
+    "name": "small-gpu",
+}
 
 
 def mixed_job():
-    return parse_job({"model": GPT6,
-                      "cluster": [{"gpu": SMALL_GPU, "nodes": 1, "gpus_per_node": 4},
-                                  {"gpu": "a100-40gb", "nodes": 1, "gpus_per_node": 4}],
-                      "training": {"seq_length": 8192, "global_batch_size": 4, "attention": "eager"}})
+    return parse_job(
+        {
+            "model": GPT6,
+            "cluster": [
+                {"gpu": SMALL_GPU, "nodes": 1, "gpus_per_node": 4},
+                {"gpu": "a100-40gb", "nodes": 1, "gpus_per_node": 4},
+            ],
+            "training": {"seq_length": 8192, "global_batch_size": 4, "attention": "eager"},
+        }
+    )
 
 
 def families(ctx, node):
-    """Every ordered family under a _Group, with the bounds on the way: (bounds so far, ordered family, box)."""
+    """Every ordered family under a _TpChoiceNode, with the bounds on the way: (bounds so far, ordered family, box)."""
     L = ctx.job.model.num_layers
     for flb, child, box in node.families(ctx):
-        if isinstance(child, hetero._Group):
+        if isinstance(child, mixed_pipelines._TpChoiceNode):
             for bounds, fam, fbox in families(ctx, child):
                 yield (flb,) + bounds, fam, fbox
             continue
@@ -153,8 +195,11 @@ def brute_mixed(j, c, ctx, margin) -> Brute:
         for rec in itertools.product(*[range(n + 1) for n in split]):
             full = all(r == n for r, n in zip(rec, split))
             dims = c.dims(j, split, None if full or not any(rec) else rec, "full" if full else c.recompute)
-            sms = with_group_sends(j, c.stage_groups, [StageModel(j, dims.stage_dims(s), ctx.costs(g))
-                                                       for s, g in enumerate(c.stage_groups)])
+            sms = with_group_sends(
+                j,
+                c.stage_groups,
+                [StageModel(j, dims.stage_dims(s), ctx.costs(g)) for s, g in enumerate(c.stage_groups)],
+            )
             plans = split_kinds(j, split, dims.stage_recompute, full)
             out.add(evaluate_stages(j, dims, sms, plans, margin), sum(rec))
     return out
@@ -162,11 +207,11 @@ def brute_mixed(j, c, ctx, margin) -> Brute:
 
 def test_mixed_pipeline_bounds_hold_for_every_plan():
     j = mixed_job()
-    opts = SearchOptions(zero_stages=hetero.HETERO_ZERO, max_micro_batch=2)
+    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2)
     ctx = MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
     L = j.model.num_layers
     found = []
-    for glb, grp, _ in hetero._families(ctx):
+    for glb, grp, _ in mixed_pipelines._families(ctx):
         for bounds, fam, (lo, hi) in families(ctx, grp):
             for ks in boxes_points(lo, hi, L):
                 for c in fam.candidates(ctx, ks, 0.0):
@@ -179,9 +224,9 @@ def test_mixed_pipeline_bounds_hold_for_every_plan():
     for bounds, fam, c in sample:
         best = brute_mixed(j, c, ctx, opts.memory_margin)
         what = f"{c.groups} dp{c.dp} cp{c.cp} mbs{c.mbs} z{c.zero} {c.recompute}"
-        for b in bounds:  # _Group, unordered and ordered family boxes, the candidate's own box
+        for b in bounds:  # _TpChoiceNode, unordered and ordered family boxes, the candidate's own box
             assert b <= best.fit_time * SLACK, what
-        sms = hetero._stage_models(ctx, c, cache)
+        sms = mixed_pipelines._stage_models(ctx, c, cache)
         assert refined_bound(ctx, fam, c, sms) <= best.fit_time * SLACK, what
         if best.fit_time < float("inf"):
             fitting += 1

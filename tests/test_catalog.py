@@ -1,4 +1,5 @@
 """GPU/model catalogs (planner/data/*.yaml) and Hugging Face config.json mapping (planner.catalog.hf)."""
+
 from __future__ import annotations
 
 import json
@@ -6,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.catalog import gpu_names, model_names, data_file, resolve_gpu, resolve_model
+from planner.catalog import data_file, gpu_names, model_names, resolve_gpu, resolve_model
 from planner.catalog.hf import load_hf_config
 from planner.errors import SpecError
 from planner.io import load_yaml
@@ -14,12 +15,34 @@ from planner.io import load_yaml
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples" / "hf"
 
 REQUIRED_GPUS = [
-    "a100-40gb", "a100-80gb", "h100-sxm", "h100-pcie", "h200", "h800", "b200", "gb200", "v100-32gb",
-    "l40s", "l4", "a10", "rtx4090", "mi250x", "mi300x",
+    "a100-40gb",
+    "a100-80gb",
+    "h100-sxm",
+    "h100-pcie",
+    "h200",
+    "h800",
+    "b200",
+    "gb200",
+    "v100-32gb",
+    "l40s",
+    "l4",
+    "a10",
+    "rtx4090",
+    "mi250x",
+    "mi300x",
 ]
 REQUIRED_MODELS = [
-    "gpt3-175b", "gpt-530b", "llama2-7b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b",
-    "mistral-7b", "mixtral-8x7b", "qwen3-30b-a3b", "deepseek-v3",
+    "gpt3-175b",
+    "gpt-530b",
+    "llama2-7b",
+    "llama2-70b",
+    "llama3-8b",
+    "llama3-70b",
+    "llama3-405b",
+    "mistral-7b",
+    "mixtral-8x7b",
+    "qwen3-30b-a3b",
+    "deepseek-v3",
 ]
 
 
@@ -61,9 +84,15 @@ def test_names_and_aliases_are_unique(kind):
 @pytest.mark.parametrize(
     "alias, name",
     [
-        ("HGX-H100", "h100-sxm"), ("a100-sxm4-80gb", "a100-80gb"), ("h200-sxm-141gb", "h200"),
-        ("h100-sxm5-80gb", "h100-sxm"), ("h100-pcie-80gb", "h100-pcie"), ("b200-sxm-180gb", "b200"),
-        ("gb200-nvl72", "gb200"), ("v100-sxm2-32gb", "v100-32gb"), ("rtx-4090", "rtx4090"),
+        ("HGX-H100", "h100-sxm"),
+        ("a100-sxm4-80gb", "a100-80gb"),
+        ("h200-sxm-141gb", "h200"),
+        ("h100-sxm5-80gb", "h100-sxm"),
+        ("h100-pcie-80gb", "h100-pcie"),
+        ("b200-sxm-180gb", "b200"),
+        ("gb200-nvl72", "gb200"),
+        ("v100-sxm2-32gb", "v100-32gb"),
+        ("rtx-4090", "rtx4090"),
         ("a100-sxm4-40gb", "a100-40gb"),
     ],
 )
@@ -111,8 +140,14 @@ def write(tmp_path: Path, cfg: dict, name: str = "config.json") -> Path:
 
 
 LLAMA3_8B = {
-    "model_type": "llama", "hidden_size": 4096, "intermediate_size": 14336, "num_attention_heads": 32,
-    "num_hidden_layers": 32, "num_key_value_heads": 8, "vocab_size": 128256, "tie_word_embeddings": False,
+    "model_type": "llama",
+    "hidden_size": 4096,
+    "intermediate_size": 14336,
+    "num_attention_heads": 32,
+    "num_hidden_layers": 32,
+    "num_key_value_heads": 8,
+    "vocab_size": 128256,
+    "tie_word_embeddings": False,
 }
 
 
@@ -140,17 +175,33 @@ def test_mistral(tmp_path):
 
 def test_qwen2(tmp_path):
     # Qwen/Qwen2-7B
-    cfg = {"model_type": "qwen2", "hidden_size": 3584, "intermediate_size": 18944, "num_attention_heads": 28,
-           "num_hidden_layers": 28, "num_key_value_heads": 4, "vocab_size": 152064, "tie_word_embeddings": False}
+    cfg = {
+        "model_type": "qwen2",
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_attention_heads": 28,
+        "num_hidden_layers": 28,
+        "num_key_value_heads": 4,
+        "vocab_size": 152064,
+        "tie_word_embeddings": False,
+    }
     m = load_hf_config(write(tmp_path, cfg))
     assert (m.num_layers, m.kv_heads, m.dim_head, m.mlp) == (28, 4, 128, "swiglu")
 
 
 def test_qwen3_head_dim_only_when_it_differs(tmp_path):
     # Qwen/Qwen3-0.6B: 16 heads x 128 != 1024 hidden; Qwen/Qwen3-8B: 32 x 128 == 4096
-    small = {"model_type": "qwen3", "hidden_size": 1024, "intermediate_size": 3072, "num_attention_heads": 16,
-             "num_hidden_layers": 28, "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936,
-             "tie_word_embeddings": True}
+    small = {
+        "model_type": "qwen3",
+        "hidden_size": 1024,
+        "intermediate_size": 3072,
+        "num_attention_heads": 16,
+        "num_hidden_layers": 28,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+    }
     m = load_hf_config(write(tmp_path, small))
     assert m.head_dim == 128 and m.tie_embeddings is True
     big = dict(small, hidden_size=4096, num_attention_heads=32, intermediate_size=12288)
@@ -166,10 +217,21 @@ def test_mixtral(tmp_path):
 
 def test_qwen2_moe_shared_expert_and_sparse_step(tmp_path):
     # Qwen/Qwen1.5-MoE-A2.7B: one shared expert of 5632 = 4 x 1408
-    cfg = {"model_type": "qwen2_moe", "hidden_size": 2048, "intermediate_size": 5632, "num_attention_heads": 16,
-           "num_hidden_layers": 24, "num_key_value_heads": 16, "vocab_size": 151936, "num_experts": 60,
-           "num_experts_per_tok": 4, "moe_intermediate_size": 1408, "shared_expert_intermediate_size": 5632,
-           "decoder_sparse_step": 1, "mlp_only_layers": []}
+    cfg = {
+        "model_type": "qwen2_moe",
+        "hidden_size": 2048,
+        "intermediate_size": 5632,
+        "num_attention_heads": 16,
+        "num_hidden_layers": 24,
+        "num_key_value_heads": 16,
+        "vocab_size": 151936,
+        "num_experts": 60,
+        "num_experts_per_tok": 4,
+        "moe_intermediate_size": 1408,
+        "shared_expert_intermediate_size": 5632,
+        "decoder_sparse_step": 1,
+        "mlp_only_layers": [],
+    }
     m = load_hf_config(write(tmp_path, cfg))
     assert (m.moe.num_experts, m.moe.top_k, m.moe.shared_experts, m.moe.expert_ffn_hidden_size) == (60, 4, 4, 1408)
     assert m.num_moe_layers == 24
@@ -194,11 +256,25 @@ def test_llama3_8b_example_matches_preset():
 
 
 DEEPSEEK_V3 = {
-    "model_type": "deepseek_v3", "hidden_size": 7168, "intermediate_size": 18432, "num_attention_heads": 128,
-    "num_hidden_layers": 61, "num_key_value_heads": 128, "vocab_size": 129280, "n_routed_experts": 256,
-    "num_experts_per_tok": 8, "moe_intermediate_size": 2048, "n_shared_experts": 1, "first_k_dense_replace": 3,
-    "moe_layer_freq": 1, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128,
-    "kv_lora_rank": 512, "q_lora_rank": 1536, "tie_word_embeddings": False,
+    "model_type": "deepseek_v3",
+    "hidden_size": 7168,
+    "intermediate_size": 18432,
+    "num_attention_heads": 128,
+    "num_hidden_layers": 61,
+    "num_key_value_heads": 128,
+    "vocab_size": 129280,
+    "n_routed_experts": 256,
+    "num_experts_per_tok": 8,
+    "moe_intermediate_size": 2048,
+    "n_shared_experts": 1,
+    "first_k_dense_replace": 3,
+    "moe_layer_freq": 1,
+    "qk_nope_head_dim": 128,
+    "qk_rope_head_dim": 64,
+    "v_head_dim": 128,
+    "kv_lora_rank": 512,
+    "q_lora_rank": 1536,
+    "tie_word_embeddings": False,
 }
 
 
@@ -213,18 +289,37 @@ def test_deepseek_v3(tmp_path):
 
 def test_deepseek_v2(tmp_path):
     # deepseek-ai/DeepSeek-V2-Lite
-    cfg = dict(DEEPSEEK_V3, model_type="deepseek_v2", hidden_size=2048, intermediate_size=10944,
-               num_attention_heads=16, num_key_value_heads=16, num_hidden_layers=27, vocab_size=102400,
-               n_routed_experts=64, num_experts_per_tok=6, moe_intermediate_size=1408, n_shared_experts=2,
-               first_k_dense_replace=1)
+    cfg = dict(
+        DEEPSEEK_V3,
+        model_type="deepseek_v2",
+        hidden_size=2048,
+        intermediate_size=10944,
+        num_attention_heads=16,
+        num_key_value_heads=16,
+        num_hidden_layers=27,
+        vocab_size=102400,
+        n_routed_experts=64,
+        num_experts_per_tok=6,
+        moe_intermediate_size=1408,
+        n_shared_experts=2,
+        first_k_dense_replace=1,
+    )
     m = load_hf_config(write(tmp_path, cfg))
     assert (m.moe.num_experts, m.moe.top_k, m.moe.shared_experts, m.num_moe_layers) == (64, 6, 2, 26)
 
 
 def test_gpt2(tmp_path):
     # openai-community/gpt2: no n_inner key -> 4 * n_embd
-    cfg = {"model_type": "gpt2", "n_layer": 12, "n_embd": 768, "n_head": 12, "n_positions": 1024,
-           "vocab_size": 50257, "activation_function": "gelu_new", "n_inner": None}
+    cfg = {
+        "model_type": "gpt2",
+        "n_layer": 12,
+        "n_embd": 768,
+        "n_head": 12,
+        "n_positions": 1024,
+        "vocab_size": 50257,
+        "activation_function": "gelu_new",
+        "n_inner": None,
+    }
     m = load_hf_config(write(tmp_path, cfg))
     assert (m.num_layers, m.hidden_size, m.ffn_hidden_size, m.num_attention_heads) == (12, 768, 3072, 12)
     assert m.mlp == "gelu" and m.tie_embeddings is True and m.vocab_size == 50257
@@ -276,8 +371,10 @@ def test_missing_model_type(tmp_path):
     assert exc.value.field == "model.model_type"
 
 
-@pytest.mark.parametrize("key, value", [("hidden_size", "4096"), ("num_hidden_layers", 32.5),
-                                        ("vocab_size", True), ("tie_word_embeddings", "no")])
+@pytest.mark.parametrize(
+    "key, value",
+    [("hidden_size", "4096"), ("num_hidden_layers", 32.5), ("vocab_size", True), ("tie_word_embeddings", "no")],
+)
 def test_wrong_type_names_the_key(tmp_path, key, value):
     with pytest.raises(SpecError) as exc:
         load_hf_config(write(tmp_path, dict(LLAMA3_8B, **{key: value})))

@@ -1,4 +1,5 @@
 """The basics a newcomer reaches for: --version, `list`, `-` as standard input, help with examples, one margin."""
+
 import json
 import subprocess
 import sys
@@ -15,8 +16,9 @@ EXAMPLE = ROOT / "examples" / "llama3-70b-h100.yaml"
 
 
 def planner(*args: str, stdin: str | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "planner", *args], cwd=ROOT, input=stdin, capture_output=True,
-                          text=True)
+    return subprocess.run(
+        [sys.executable, "-m", "planner", *args], cwd=ROOT, input=stdin, capture_output=True, text=True
+    )
 
 
 def test_version():
@@ -25,8 +27,9 @@ def test_version():
     assert res.stdout.strip() == f"planner {__version__}"
 
 
-@pytest.mark.parametrize("kind, names", [("gpus", gpu_names), ("models", model_names),
-                                         ("frameworks", lambda: sorted(FRAMEWORKS))])
+@pytest.mark.parametrize(
+    "kind, names", [("gpus", gpu_names), ("models", model_names), ("frameworks", lambda: sorted(FRAMEWORKS))]
+)
 def test_list_json_names_every_preset(kind, names):
     res = planner("list", kind, "--json")
     assert res.returncode == 0, res.stderr

@@ -1,4 +1,5 @@
 """Each cost-model formula against hand-computed values from its source."""
+
 import math
 
 import pytest
@@ -10,14 +11,25 @@ from planner.cost.schedule import bubble_fraction, pipeline_time
 from planner.spec import ModelSpec
 
 # GPT-3 175B as in Korthikanti et al. 2022 (Table 3): s=2048, h=12288, a=96, L=96, V=51200.
-GPT = ModelSpec(name="gpt", num_layers=96, hidden_size=12288, ffn_hidden_size=4 * 12288, num_attention_heads=96,
-                vocab_size=51200, mlp="gelu", dropout=True, tie_embeddings=True)
+GPT = ModelSpec(
+    name="gpt",
+    num_layers=96,
+    hidden_size=12288,
+    ffn_hidden_size=4 * 12288,
+    num_attention_heads=96,
+    vocab_size=51200,
+    mlp="gelu",
+    dropout=True,
+    tie_embeddings=True,
+)
 S, B = 2048, 1
 SBH = S * B * GPT.hidden_size
 
 
 def act(tp=1, sp=False, flash=False, recompute="none"):
-    return M.activation_bytes_per_layer(GPT, tokens=S * B, seq=S, tp=tp, sp=sp, flash=flash, recompute=recompute, moe=False)
+    return M.activation_bytes_per_layer(
+        GPT, tokens=S * B, seq=S, tp=tp, sp=sp, flash=flash, recompute=recompute, moe=False
+    )
 
 
 def test_korthikanti_no_parallelism():
@@ -52,7 +64,9 @@ def test_flash_attention_drops_the_quadratic_term():
 def test_gqa_shrinks_kv_activations():
     gqa = GPT.model_copy(update={"num_kv_heads": 8})
     full = act(tp=1, recompute="selective")
-    small = M.activation_bytes_per_layer(gqa, tokens=S, seq=S, tp=1, sp=False, flash=False, recompute="selective", moe=False)
+    small = M.activation_bytes_per_layer(
+        gqa, tokens=S, seq=S, tp=1, sp=False, flash=False, recompute="selective", moe=False
+    )
     # K and V shrink from 2*sbh each to 2*sbh*kv/a each
     assert full - small == pytest.approx(4 * SBH * (1 - 8 / 96))
 
@@ -96,20 +110,24 @@ def test_inflight_microbatches():
 
 
 def test_model_flops_match_korthikanti_appendix():
-    l, h, v = GPT.num_layers, GPT.hidden_size, GPT.vocab_size
-    expected = 72 * B * l * S * h * h * (1 + S / (6 * h) + v / (12 * l * h))
+    layers, h, v = GPT.num_layers, GPT.hidden_size, GPT.vocab_size
+    expected = 72 * B * layers * S * h * h * (1 + S / (6 * h) + v / (12 * layers * h))
     assert F.model_flops_per_iteration(GPT, S, B) == pytest.approx(expected)
 
 
 def test_narayanan_eq3():
-    l, h, v = GPT.num_layers, GPT.hidden_size, GPT.vocab_size
-    assert F.narayanan_hardware_flops(GPT, S, 1536) == pytest.approx(96 * 1536 * S * l * h * h * (1 + S / (6 * h) + v / (16 * l * h)))
+    layers, h, v = GPT.num_layers, GPT.hidden_size, GPT.vocab_size
+    assert F.narayanan_hardware_flops(GPT, S, 1536) == pytest.approx(
+        96 * 1536 * S * layers * h * h * (1 + S / (6 * h) + v / (16 * layers * h))
+    )
 
 
 def test_swiglu_and_moe_params():
     llama = ModelSpec(name="l", num_layers=1, hidden_size=8, ffn_hidden_size=16, num_attention_heads=2, vocab_size=10)
     assert F.dense_mlp_params(llama) == 3 * 8 * 16
-    moe = ModelSpec.model_validate({**llama.model_dump(), "moe": {"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 6, "shared_experts": 1}})
+    moe = ModelSpec.model_validate(
+        {**llama.model_dump(), "moe": {"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 6, "shared_experts": 1}}
+    )
     assert F.expert_params(moe) == 3 * 8 * 6
     assert F.active_params_per_token(moe) == F.attention_params(moe) + 8 * 4 + 3 * F.expert_params(moe)
 

@@ -4,6 +4,7 @@ Four runs go through the CLI entry point in this process (planner.cli.main, the 
 script), one through a fresh interpreter with a different hash seed (so set/dict iteration order and the
 in-process caches cannot make runs agree by accident), and one with --workers 2.
 """
+
 import contextlib
 import io
 import os
@@ -32,8 +33,9 @@ def plan_in_process(*extra: str) -> str:
 
 def plan_subprocess(*extra: str, hash_seed: str) -> str:
     env = {**os.environ, "PYTHONHASHSEED": hash_seed}
-    proc = subprocess.run([sys.executable, "-m", "planner", *ARGS, *extra], capture_output=True, text=True,
-                          cwd=ROOT, env=env, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "planner", *ARGS, *extra], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300
+    )
     assert proc.returncode == 0, proc.stderr
     return proc.stdout
 

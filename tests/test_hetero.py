@@ -1,5 +1,6 @@
 """Heterogeneous plans (stages on different GPU types): search vs brute force, per-stage memory, estimate of a
 hetero layout file, the --framework restriction, and the plan JSON schema."""
+
 import itertools
 import json
 import subprocess
@@ -12,25 +13,44 @@ import pytest
 from planner.cost.estimate import costs_by_group, evaluate_stages, with_group_sends
 from planner.cost.memory import GIB
 from planner.cost.stage import StageModel, split_kinds
+from planner.load import parse_job
 from planner.parallel import group_order, tp_heads_error
-from planner.search.hetero import HETERO_ZERO, HeteroCandidate, search_hetero
+from planner.search.mixed_pipelines import HETERO_ZERO, HeteroCandidate, search_hetero
 from planner.search.quick import RESOLUTION
 from planner.search.space import SearchOptions, divisors
-from planner.spec import parse_job
 
 ROOT = Path(__file__).resolve().parents[1]
-SMALL = {"name": "gpt-small", "num_layers": 6, "hidden_size": 1024, "ffn_hidden_size": 4096,
-         "num_attention_heads": 16, "vocab_size": 32000, "mlp": "gelu"}
-SMALL_GPU = {"memory_gib": 6.0, "peak_tflops_bf16": 312, "hbm_tbps": 2.0, "intra_node_gbps": 300,
-             "inter_node_gbps": 200, "name": "small-gpu"}
+SMALL = {
+    "name": "gpt-small",
+    "num_layers": 6,
+    "hidden_size": 1024,
+    "ffn_hidden_size": 4096,
+    "num_attention_heads": 16,
+    "vocab_size": 32000,
+    "mlp": "gelu",
+}
+SMALL_GPU = {
+    "memory_gib": 6.0,
+    "peak_tflops_bf16": 312,
+    "hbm_tbps": 2.0,
+    "intra_node_gbps": 300,
+    "inter_node_gbps": 200,
+    "name": "small-gpu",
+}
 OPTS = SearchOptions(zero_stages=HETERO_ZERO, max_micro_batch=2)
 
 
 def small_job():
-    return parse_job({"model": SMALL,
-                      "cluster": [{"gpu": SMALL_GPU, "nodes": 1, "gpus_per_node": 4},
-                                  {"gpu": "a100-40gb", "nodes": 1, "gpus_per_node": 4}],
-                      "training": {"seq_length": 8192, "global_batch_size": 4, "attention": "eager"}})
+    return parse_job(
+        {
+            "model": SMALL,
+            "cluster": [
+                {"gpu": SMALL_GPU, "nodes": 1, "gpus_per_node": 4},
+                {"gpu": "a100-40gb", "nodes": 1, "gpus_per_node": 4},
+            ],
+            "training": {"seq_length": 8192, "global_batch_size": 4, "attention": "eager"},
+        }
+    )
 
 
 def compositions(total, parts):
@@ -62,17 +82,25 @@ def brute_force_best(j, opts):
             per_group = []
             for g in order:
                 gpn, n = j.cluster[g].gpus_per_node, j.cluster[g].num_gpus
-                per_group.append([None] + [(g, tp, k) for tp in divisors(gpn) if tp_heads_error(j.model, tp) is None
-                                           and t.seq_length // cp % tp == 0
-                                           for k in range(1, n // (tp * cp * dp) + 1)])
+                per_group.append(
+                    [None]
+                    + [
+                        (g, tp, k)
+                        for tp in divisors(gpn)
+                        if tp_heads_error(j.model, tp) is None and t.seq_length // cp % tp == 0
+                        for k in range(1, n // (tp * cp * dp) + 1)
+                    ]
+                )
             for zero, base in itertools.product(opts.zero_stages, ["none", "selective"]):
                 for choice in itertools.product(*per_group):
                     used = tuple(x for x in choice if x)
                     if not used or sum(k for _, _, k in used) > L:
                         continue
                     for groups in itertools.permutations(used):  # every pipeline order of the groups
-                        best = min(best, _best_of(j, HeteroCandidate(dp, cp, mbs, zero, base, groups, 0.0), L, opts,
-                                                  stage_model))
+                        best = min(
+                            best,
+                            _best_of(j, HeteroCandidate(dp, cp, mbs, zero, base, groups, 0.0), L, opts, stage_model),
+                        )
     return best
 
 
@@ -102,12 +130,27 @@ def test_hetero_search_matches_brute_force():
 def test_search_keeps_plans_that_leave_a_slow_group_unused():
     """A 2-layer model on 6 H100 and 8 L4: the best plan uses the H100s alone, its stage faster than one layer on
     an L4. A bound that counted a layer on every group (used or not) once pruned it (15.1 s found, 11.6 s best)."""
-    model = {"name": "two-layer", "num_layers": 2, "hidden_size": 3392, "ffn_hidden_size": 10752,
-             "num_attention_heads": 53, "num_kv_heads": 1, "vocab_size": 50398, "mlp": "gelu", "dropout": False}
-    j = parse_job({"model": model,
-                   "cluster": [{"gpu": "h100-sxm", "nodes": 3, "gpus_per_node": 2},
-                               {"gpu": "l4", "nodes": 1, "gpus_per_node": 8}],
-                   "training": {"seq_length": 8192, "global_batch_size": 378, "attention": "eager"}})
+    model = {
+        "name": "two-layer",
+        "num_layers": 2,
+        "hidden_size": 3392,
+        "ffn_hidden_size": 10752,
+        "num_attention_heads": 53,
+        "num_kv_heads": 1,
+        "vocab_size": 50398,
+        "mlp": "gelu",
+        "dropout": False,
+    }
+    j = parse_job(
+        {
+            "model": model,
+            "cluster": [
+                {"gpu": "h100-sxm", "nodes": 3, "gpus_per_node": 2},
+                {"gpu": "l4", "nodes": 1, "gpus_per_node": 8},
+            ],
+            "training": {"seq_length": 8192, "global_batch_size": 378, "attention": "eager"},
+        }
+    )
     opts = SearchOptions(zero_stages=HETERO_ZERO, max_micro_batch=64, memory_margin=0.0)
     result = search_hetero(j, top=1, time_limit_s=60, options=opts, single_type=False, replicas=False)
     assert result.plans and result.complete
@@ -120,19 +163,35 @@ def test_objective_cap_keeps_a_plan_at_the_cap():
     was excluded even by a cap 0.002% above its own time."""
     from planner.search.partition import solve_partition
 
-    moe = {"name": "moe-10", "num_layers": 10, "hidden_size": 768, "ffn_hidden_size": 3008,
-           "num_attention_heads": 6, "num_kv_heads": 2, "vocab_size": 10869, "mlp": "gelu", "dropout": True,
-           "moe": {"num_experts": 9, "top_k": 1, "expert_ffn_hidden_size": 320}}
-    j = parse_job({"model": moe,
-                   "cluster": [{"gpu": "h100-sxm", "nodes": 7, "gpus_per_node": 1},
-                               {"gpu": "h100-sxm", "nodes": 8, "gpus_per_node": 1}],
-                   "links": [{"groups": [0, 1], "gbps": 50}],
-                   "training": {"seq_length": 1024, "global_batch_size": 314, "attention": "flash"}})
+    moe = {
+        "name": "moe-10",
+        "num_layers": 10,
+        "hidden_size": 768,
+        "ffn_hidden_size": 3008,
+        "num_attention_heads": 6,
+        "num_kv_heads": 2,
+        "vocab_size": 10869,
+        "mlp": "gelu",
+        "dropout": True,
+        "moe": {"num_experts": 9, "top_k": 1, "expert_ffn_hidden_size": 320},
+    }
+    j = parse_job(
+        {
+            "model": moe,
+            "cluster": [
+                {"gpu": "h100-sxm", "nodes": 7, "gpus_per_node": 1},
+                {"gpu": "h100-sxm", "nodes": 8, "gpus_per_node": 1},
+            ],
+            "links": [{"groups": [0, 1], "gbps": 50}],
+            "training": {"seq_length": 1024, "global_batch_size": 314, "attention": "flash"},
+        }
+    )
     c = HeteroCandidate(2, 1, 1, 1, "none", ((0, 1, 3), (1, 1, 3)), 0.0)
     dims = c.dims(j)
     costs = costs_by_group(j)
-    sms = with_group_sends(j, c.stage_groups, [StageModel(j, dims.stage_dims(s), costs(g))
-                                                for s, g in enumerate(c.stage_groups)])
+    sms = with_group_sends(
+        j, c.stage_groups, [StageModel(j, dims.stage_dims(s), costs(g)) for s, g in enumerate(c.stage_groups)]
+    )
     caps = [j.cluster[g].gpu.memory_gib * 0.9 for g in c.stage_groups]
 
     def best(cap):
@@ -166,8 +225,10 @@ def run(*args):
 
 def test_estimate_hetero_layout_file(tmp_path):
     job = (ROOT / "examples" / "hetero" / "gpt-32l-2x32.yaml").read_text()
-    job += ("layout:\n  dp: 16\n  pp: 2\n  micro_batch_size: 1\n  zero_stage: 1\n  recompute: none\n  stages:\n"
-            "    - {group: 0, tp: 2, layers: 24, gpus: 32}\n    - {group: 1, tp: 2, layers: 8, gpus: 32, recompute_layers: 1}\n")
+    job += (
+        "layout:\n  dp: 16\n  pp: 2\n  micro_batch_size: 1\n  zero_stage: 1\n  recompute: none\n  stages:\n"
+        "    - {group: 0, tp: 2, layers: 24, gpus: 32}\n    - {group: 1, tp: 2, layers: 8, gpus: 32, recompute_layers: 1}\n"
+    )
     path = tmp_path / "job.yaml"
     path.write_text(job)
     est = json.loads(run("estimate", path, "--json"))
@@ -178,8 +239,18 @@ def test_estimate_hetero_layout_file(tmp_path):
 
 @pytest.fixture(scope="module")
 def megatron_doc():
-    return json.loads(run("plan", ROOT / "examples" / "hetero" / "gpt-32l-2x32.yaml", "--json", "--no-timing",
-                          "--top", "5", "--framework", "megatron"))
+    return json.loads(
+        run(
+            "plan",
+            ROOT / "examples" / "hetero" / "gpt-32l-2x32.yaml",
+            "--json",
+            "--no-timing",
+            "--top",
+            "5",
+            "--framework",
+            "megatron",
+        )
+    )
 
 
 def test_megatron_uses_one_tp_for_all_stages(megatron_doc):
@@ -189,7 +260,10 @@ def test_megatron_uses_one_tp_for_all_stages(megatron_doc):
         rec = {s.get("recompute_layers", 0) for s in p["layout"]["stages"]}
         assert len(rec) == 1  # one recompute count for every stage
     s = megatron_doc["search"]
-    assert s["framework"] == "megatron" and s["unrestricted_best_s"] <= megatron_doc["plans"][0]["estimate"]["iteration_time_s"]
+    assert (
+        s["framework"] == "megatron"
+        and s["unrestricted_best_s"] <= megatron_doc["plans"][0]["estimate"]["iteration_time_s"]
+    )
     assert s["single_type_best_s"] > 0 and s["hetero_vs_single_ratio"] > 0
 
 
@@ -203,12 +277,27 @@ def test_hetero_plan_json_validates_against_schema(megatron_doc):
 def test_links_slow_down_sends_between_groups():
     """A send between stages on two node groups goes over the network between them (a `links` entry, else the
     slower NIC); a slow link raises only the boundary stages' pipeline time."""
-    raw = {"model": SMALL, "training": {"seq_length": 8192, "global_batch_size": 4, "attention": "eager"},
-           "cluster": [{"gpu": SMALL_GPU, "nodes": 1, "gpus_per_node": 4},
-                       {"gpu": "a100-40gb", "nodes": 1, "gpus_per_node": 4}],
-           "layout": {"dp": 1, "pp": 4, "micro_batch_size": 1, "zero_stage": 1, "recompute": "full",
-                      "stages": [{"group": 1, "tp": 2, "layers": 2, "gpus": 2}, {"group": 1, "tp": 2, "layers": 1, "gpus": 2},
-                                 {"group": 0, "tp": 2, "layers": 2, "gpus": 2}, {"group": 0, "tp": 2, "layers": 1, "gpus": 2}]}}
+    raw = {
+        "model": SMALL,
+        "training": {"seq_length": 8192, "global_batch_size": 4, "attention": "eager"},
+        "cluster": [
+            {"gpu": SMALL_GPU, "nodes": 1, "gpus_per_node": 4},
+            {"gpu": "a100-40gb", "nodes": 1, "gpus_per_node": 4},
+        ],
+        "layout": {
+            "dp": 1,
+            "pp": 4,
+            "micro_batch_size": 1,
+            "zero_stage": 1,
+            "recompute": "full",
+            "stages": [
+                {"group": 1, "tp": 2, "layers": 2, "gpus": 2},
+                {"group": 1, "tp": 2, "layers": 1, "gpus": 2},
+                {"group": 0, "tp": 2, "layers": 2, "gpus": 2},
+                {"group": 0, "tp": 2, "layers": 1, "gpus": 2},
+            ],
+        },
+    }
     from planner.cost.estimate import estimate
 
     fast = estimate(parse_job(raw))
@@ -237,7 +326,12 @@ def test_estimate_replicas_layout(tmp_path):
     path.write_text((ROOT / "examples" / "hetero" / "gpt-32l-2x32.yaml").read_text() + REPLICAS)
     est = json.loads(run("estimate", path, "--json"))
     assert est["fits"] and [r["micro_batches"] for r in est["layout"]["replicas"]] == [40, 24]
-    assert [(s["replica"], s["index"], s["group"]) for s in est["stages"]] == [(0, 0, 0), (0, 1, 0), (1, 0, 1), (1, 1, 1)]
+    assert [(s["replica"], s["index"], s["group"]) for s in est["stages"]] == [
+        (0, 0, 0),
+        (0, 1, 0),
+        (1, 0, 1),
+        (1, 1, 1),
+    ]
     # the A100 replica is slower per micro-batch and runs 24 of them; the H100 one 40
     per = {s["replica"]: s["microbatch_time_s"] for s in est["stages"]}
     assert est["iteration_time_s"] >= 24 * per[1]
@@ -250,8 +344,10 @@ def test_estimate_replicas_layout(tmp_path):
 def test_balance_splits_the_batch_exactly():
     from planner.search.replicas import _balance
 
-    for M, counts, slopes, offsets in ((256, ((0, 4), (1, 4)), [0.026, 0.065], [0.05, 0.1]),
-                                       (2048, ((0, 9), (1, 5), (2, 3)), [0.02, 0.05, 0.06], [1.0, 2.0, 2.5])):
+    for M, counts, slopes, offsets in (
+        (256, ((0, 4), (1, 4)), [0.026, 0.065], [0.05, 0.1]),
+        (2048, ((0, 9), (1, 5), (2, 3)), [0.02, 0.05, 0.06], [1.0, 2.0, 2.5]),
+    ):
         ms = _balance(M, counts, slopes, offsets)
         assert sum(d * m for (_, d), m in zip(counts, ms)) == M
         times = [a * m + b for a, b, m in zip(slopes, offsets, ms)]
@@ -263,8 +359,9 @@ def test_balance_splits_the_batch_exactly():
 
 @pytest.fixture(scope="module")
 def replica_doc():
-    return json.loads(run("plan", ROOT / "examples" / "hetero" / "gpt-32l-2x32.yaml", "--json", "--no-timing",
-                          "--top", "3"))
+    return json.loads(
+        run("plan", ROOT / "examples" / "hetero" / "gpt-32l-2x32.yaml", "--json", "--no-timing", "--top", "3")
+    )
 
 
 def test_plan_finds_replicas_on_two_types(replica_doc):
@@ -285,7 +382,8 @@ def test_mixed_checker_catches_broken_plans(replica_doc):
     import copy
 
     from invariants_mixed import check_mixed_plan
-    from planner.spec import load_job
+
+    from planner.load import load_job
 
     job = load_job(ROOT / "examples" / "hetero" / "gpt-32l-2x32.yaml")
     good = replica_doc["plans"][0]
@@ -296,7 +394,9 @@ def test_mixed_checker_catches_broken_plans(replica_doc):
         edit(p)
         return check_mixed_plan(job, p, 0.05)
 
-    assert broken(lambda p: p["layout"]["replicas"][0].update(micro_batches=p["layout"]["replicas"][0]["micro_batches"] + 1))
+    assert broken(
+        lambda p: p["layout"]["replicas"][0].update(micro_batches=p["layout"]["replicas"][0]["micro_batches"] + 1)
+    )
     assert broken(lambda p: p["layout"]["replicas"][1]["stages"][0].update(tp=2))
     assert broken(lambda p: p["layout"]["replicas"][0].update(count=p["layout"]["replicas"][0]["count"] * 4))
     assert broken(lambda p: p["estimate"]["stages"][0].update(peak_memory_gib=500.0))
@@ -305,11 +405,19 @@ def test_mixed_checker_catches_broken_plans(replica_doc):
 
 def test_nothing_fits_on_mixed_cluster_says_what_would(tmp_path):
     tiny = {**SMALL_GPU, "memory_gib": 4.0, "name": "tiny"}
-    raw = {"model": SMALL, "training": {"seq_length": 16384, "global_batch_size": 8, "attention": "eager"},
-           "cluster": [{"gpu": tiny, "nodes": 1, "gpus_per_node": 2}, {"gpu": {**tiny, "memory_gib": 3.9}, "nodes": 1, "gpus_per_node": 2}]}
+    raw = {
+        "model": SMALL,
+        "training": {"seq_length": 16384, "global_batch_size": 8, "attention": "eager"},
+        "cluster": [
+            {"gpu": tiny, "nodes": 1, "gpus_per_node": 2},
+            {"gpu": {**tiny, "memory_gib": 3.9}, "nodes": 1, "gpus_per_node": 2},
+        ],
+    }
     path = tmp_path / "job.yaml"
     path.write_text(json.dumps(raw))
-    proc = subprocess.run([sys.executable, "-m", "planner", "plan", str(path)], capture_output=True, text=True, cwd=ROOT)
+    proc = subprocess.run(
+        [sys.executable, "-m", "planner", "plan", str(path)], capture_output=True, text=True, cwd=ROOT
+    )
     assert proc.returncode == 3, proc.stderr
     assert proc.stderr.startswith("error: nothing fits:") and "To make it fit: use at least" in proc.stderr
     assert proc.stderr.count("\n") == 1

@@ -5,6 +5,7 @@ stderr, never after a fixed delay: the test holds on any machine speed. The rema
 DeepSeek-V3 job enumerates ~100k candidates, then runs ~100 CP-SAT solves), the signal goes out microseconds
 after the line is read.
 """
+
 import queue
 import signal
 import subprocess
@@ -26,9 +27,14 @@ def _default_sigint():
 def interrupt_at(marker: str, tmp_path: Path):
     """Run `plan -v`, send SIGINT as soon as a stderr line contains ``marker``; (rc, stdout, stderr lines)."""
     out = tmp_path / "plan.json"
-    proc = subprocess.Popen([sys.executable, "-m", "planner", "plan", str(JOB), "--out", str(out), "--json", "-v"],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=_default_sigint)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "planner", "plan", str(JOB), "--out", str(out), "--json", "-v"],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        preexec_fn=_default_sigint,
+    )
     lines: queue.Queue = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in proc.stderr] + [lines.put(None)], daemon=True).start()
     stdout_chunks: list[str] = []

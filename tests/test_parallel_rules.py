@@ -4,30 +4,68 @@ Each predicate and option generator is compared with the rule written out naivel
 pipeline split listed); the enumeration of planner/search/space.py must propose exactly the layouts check()
 accepts within the search's own limits (TP within a node, micro-batch cap, sequence parallelism on with TP).
 """
+
 import itertools
 
 import pytest
 
 from planner.cost.provider import AnalyticCosts
 from planner.errors import SpecError
-from planner.parallel import (RANK_ORDER, HeteroDims, ParallelDims, baseline_recompute_modes, cp_options, divisors,
-                              dp_options, ep_options, interleaved_split, micro_batch_options,
-                              node_group_tp_options, pp_options, rank_strides, ranks_per_node, seq_shard_error,
-                              tp_heads_error, tp_options, vpp_error, vpp_options)
+from planner.load import parse_job
+from planner.parallel import (
+    RANK_ORDER,
+    HeteroDims,
+    ParallelDims,
+    baseline_recompute_modes,
+    cp_options,
+    divisors,
+    dp_options,
+    ep_options,
+    interleaved_split,
+    micro_batch_options,
+    node_group_tp_options,
+    pp_options,
+    rank_strides,
+    ranks_per_node,
+    seq_shard_error,
+    tp_heads_error,
+    tp_options,
+    vpp_error,
+    vpp_options,
+)
 from planner.search.space import SearchOptions, dims_for, enumerate_candidates
-from planner.spec import parse_job
 
-DENSE = {"name": "dense", "num_layers": 4, "hidden_size": 512, "ffn_hidden_size": 2048, "num_attention_heads": 8,
-         "num_kv_heads": 2, "vocab_size": 1000, "mlp": "swiglu"}
+DENSE = {
+    "name": "dense",
+    "num_layers": 4,
+    "hidden_size": 512,
+    "ffn_hidden_size": 2048,
+    "num_attention_heads": 8,
+    "num_kv_heads": 2,
+    "vocab_size": 1000,
+    "mlp": "swiglu",
+}
 MOE = {**DENSE, "name": "moe", "moe": {"num_experts": 4, "top_k": 2, "expert_ffn_hidden_size": 1024}}
-GPT96 = {"name": "gpt96", "num_layers": 6, "hidden_size": 1536, "ffn_hidden_size": 6144, "num_attention_heads": 96,
-         "vocab_size": 1000, "mlp": "gelu"}
+GPT96 = {
+    "name": "gpt96",
+    "num_layers": 6,
+    "hidden_size": 1536,
+    "ffn_hidden_size": 6144,
+    "num_attention_heads": 96,
+    "vocab_size": 1000,
+    "mlp": "gelu",
+}
 
 
 def job(model, nodes=2, gpus_per_node=4, seq=1004, gbs=8, attention="eager", cluster=None):
     cluster = cluster or [{"gpu": "h100-sxm", "nodes": nodes, "gpus_per_node": gpus_per_node}]
-    return parse_job({"model": model, "cluster": cluster,
-                      "training": {"seq_length": seq, "global_batch_size": gbs, "attention": attention}})
+    return parse_job(
+        {
+            "model": model,
+            "cluster": cluster,
+            "training": {"seq_length": seq, "global_batch_size": gbs, "attention": attention},
+        }
+    )
 
 
 def compositions(total: int, parts: int, step: int = 1):
@@ -81,9 +119,24 @@ def test_ranks_per_node_counts_the_members_on_the_first_node(gpn):
 
 def test_spans_and_group_span_use_the_same_strides():
     j = job(DENSE, nodes=4, gpus_per_node=8)
-    d = ParallelDims(tp=2, pp=2, dp=4, cp=2, ep=1, vpp=1, micro_batch_size=1, sequence_parallel=True, zero_stage=1,
-                     recompute="none", tp_comm_overlap=False, stage_layers=(2, 2), stage_recompute=None, world=32,
-                     model=j.model, training=j.training)
+    d = ParallelDims(
+        tp=2,
+        pp=2,
+        dp=4,
+        cp=2,
+        ep=1,
+        vpp=1,
+        micro_batch_size=1,
+        sequence_parallel=True,
+        zero_stage=1,
+        recompute="none",
+        tp_comm_overlap=False,
+        stage_layers=(2, 2),
+        stage_recompute=None,
+        world=32,
+        model=j.model,
+        training=j.training,
+    )
     spans = ParallelDims.spans(2, 2, 1, 8)
     for dim in ("tp", "cp", "ep"):
         assert d.group_span(dim, 8) == spans[dim]
@@ -111,16 +164,27 @@ def test_tp_heads(model):
 def test_tp_options(model, world, gpn):
     m = job(model).model
     for cross in (False, True):
-        brute = [tp for tp in range(1, world + 1) if world % tp == 0 and (cross or tp <= gpn)
-                 and m.num_attention_heads % tp == 0 and (m.kv_heads % tp == 0 or tp % m.kv_heads == 0)]
+        brute = [
+            tp
+            for tp in range(1, world + 1)
+            if world % tp == 0
+            and (cross or tp <= gpn)
+            and m.num_attention_heads % tp == 0
+            and (m.kv_heads % tp == 0 or tp % m.kv_heads == 0)
+        ]
         assert tp_options(m, world, gpn, cross) == brute
 
 
 @pytest.mark.parametrize("gpns", [[8], [4], [8, 4], [6, 8], [12]])
 def test_node_group_tp_options(gpns):
     m = job(GPT96).model
-    brute = [tp for tp in range(1, max(gpns) + 1) if all(g % tp == 0 for g in gpns)
-             and m.num_attention_heads % tp == 0 and (m.kv_heads % tp == 0 or tp % m.kv_heads == 0)]
+    brute = [
+        tp
+        for tp in range(1, max(gpns) + 1)
+        if all(g % tp == 0 for g in gpns)
+        and m.num_attention_heads % tp == 0
+        and (m.kv_heads % tp == 0 or tp % m.kv_heads == 0)
+    ]
     assert node_group_tp_options(m, gpns) == brute
 
 
@@ -138,8 +202,11 @@ def test_seq_shard_and_cp_options(seq):
 def test_ep_options(model):
     m = job(model).model
     for dp, cp in itertools.product([1, 2, 3, 4, 8], [1, 2, 4]):
-        brute = [ep for ep in range(1, dp * cp + 1) if (dp * cp) % ep == 0
-                 and (ep == 1 or (m.moe is not None and m.moe.num_experts % ep == 0))]
+        brute = [
+            ep
+            for ep in range(1, dp * cp + 1)
+            if (dp * cp) % ep == 0 and (ep == 1 or (m.moe is not None and m.moe.num_experts % ep == 0))
+        ]
         assert ep_options(m, dp, cp) == brute
 
 
@@ -188,9 +255,24 @@ def test_baseline_recompute_modes():
 
 # ----------------------------------------------------------------------------------------------- the checkers
 def dims(j, tp, cp, pp, dp, ep, mbs, vpp, layers):
-    return ParallelDims(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, vpp=vpp, micro_batch_size=mbs, sequence_parallel=tp > 1,
-                        zero_stage=1, recompute="none", tp_comm_overlap=False, stage_layers=layers,
-                        stage_recompute=None, world=tp * cp * pp * dp, model=j.model, training=j.training)
+    return ParallelDims(
+        tp=tp,
+        pp=pp,
+        dp=dp,
+        cp=cp,
+        ep=ep,
+        vpp=vpp,
+        micro_batch_size=mbs,
+        sequence_parallel=tp > 1,
+        zero_stage=1,
+        recompute="none",
+        tp_comm_overlap=False,
+        stage_layers=layers,
+        stage_recompute=None,
+        world=tp * cp * pp * dp,
+        model=j.model,
+        training=j.training,
+    )
 
 
 def accepted(j, tp, cp, pp, dp, ep, mbs, vpp) -> bool:
@@ -214,23 +296,31 @@ def brute_space(j, opts: SearchOptions) -> set:
         dp = world // (tp * cp * pp)
         # a micro-batch larger than the batch, or EP larger than dp*cp, never passes: not tried
         mbs_top = min(opts.max_micro_batch, j.training.global_batch_size)
-        for ep, mbs, vpp in itertools.product(range(1, dp * cp + 1), range(1, mbs_top + 1),
-                                              range(1, j.model.num_layers + 1)):
+        for ep, mbs, vpp in itertools.product(
+            range(1, dp * cp + 1), range(1, mbs_top + 1), range(1, j.model.num_layers + 1)
+        ):
             if accepted(j, tp, cp, pp, dp, ep, mbs, vpp):
                 out.add((tp, cp, pp, dp, ep, mbs, vpp))
     return out
 
 
 SPACE_JOBS = [
-    (DENSE, {}), (MOE, {}), (MOE, {"seq": 2048, "attention": "flash"}), (DENSE, {"gbs": 12, "seq": 4096}),
+    (DENSE, {}),
+    (MOE, {}),
+    (MOE, {"seq": 2048, "attention": "flash"}),
+    (DENSE, {"gbs": 12, "seq": 4096}),
     (GPT96, {"nodes": 3, "gpus_per_node": 2, "gbs": 6, "seq": 1020}),
 ]
 
 
 @pytest.mark.parametrize("model,kw", SPACE_JOBS)
-@pytest.mark.parametrize("opts", [SearchOptions(allow_idle_nodes=False, zero_stages=(1,)),
-                                  SearchOptions(allow_idle_nodes=False, zero_stages=(1,), max_micro_batch=2,
-                                                allow_cross_node_tp=True)])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        SearchOptions(allow_idle_nodes=False, zero_stages=(1,)),
+        SearchOptions(allow_idle_nodes=False, zero_stages=(1,), max_micro_batch=2, allow_cross_node_tp=True),
+    ],
+)
 def test_space_is_what_check_accepts(model, kw, opts):
     """The homogeneous enumeration proposes exactly the degrees check() accepts (within its limits)."""
     j = job(model, **kw)
@@ -256,14 +346,32 @@ def test_every_candidate_passes_check(model, kw):
 def test_hetero_check_uses_the_node_group_tp_rule():
     """A stage on a node group passes HeteroDims.check()'s TP rules exactly for node_group_tp_options (and the
     sequence shard)."""
-    j = job(GPT96, seq=1020, cluster=[{"gpu": "h100-sxm", "nodes": 4, "gpus_per_node": 8},
-                                      {"gpu": "a100-80gb", "nodes": 8, "gpus_per_node": 6}])
+    j = job(
+        GPT96,
+        seq=1020,
+        cluster=[
+            {"gpu": "h100-sxm", "nodes": 4, "gpus_per_node": 8},
+            {"gpu": "a100-80gb", "nodes": 8, "gpus_per_node": 6},
+        ],
+    )
     for g, tp in itertools.product((0, 1), range(1, 13)):
-        d = HeteroDims(stage_groups=(g,), stage_tp=(tp,), dp=1, micro_batch_size=1, zero_stage=1, recompute="none",
-                       stage_layers=(j.model.num_layers,), stage_recompute=None, cluster=j.cluster, model=j.model,
-                       training=j.training)
-        ok = tp in node_group_tp_options(j.model, [j.cluster[g].gpus_per_node]) and \
-            seq_shard_error(j.training, 1, tp) is None
+        d = HeteroDims(
+            stage_groups=(g,),
+            stage_tp=(tp,),
+            dp=1,
+            micro_batch_size=1,
+            zero_stage=1,
+            recompute="none",
+            stage_layers=(j.model.num_layers,),
+            stage_recompute=None,
+            cluster=j.cluster,
+            model=j.model,
+            training=j.training,
+        )
+        ok = (
+            tp in node_group_tp_options(j.model, [j.cluster[g].gpus_per_node])
+            and seq_shard_error(j.training, 1, tp) is None
+        )
         try:
             d.check()
             assert ok, (g, tp)

@@ -1,4 +1,5 @@
 """`planner plan` end to end: JSON against its schema, determinism, --out, exit code 3 with advice."""
+
 import json
 import subprocess
 import sys
@@ -61,8 +62,10 @@ def test_out_file_written(tmp_path, plan_text):
 
 def test_nothing_fits_exit_3_with_advice(tmp_path):
     job = tmp_path / "huge.yaml"
-    job.write_text("model: llama3-405b\ncluster: [{gpu: a100-40gb, nodes: 1, gpus_per_node: 8}]\n"
-                   "training: {seq_length: 8192, global_batch_size: 64}\n")
+    job.write_text(
+        "model: llama3-405b\ncluster: [{gpu: a100-40gb, nodes: 1, gpus_per_node: 8}]\n"
+        "training: {seq_length: 8192, global_batch_size: 64}\n"
+    )
     proc = run("plan", job, "--time-limit", "20", check=False)
     assert proc.returncode == 3
     lines = proc.stderr.strip().splitlines()

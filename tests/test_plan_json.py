@@ -1,6 +1,7 @@
 """The plan (and estimate) JSON is self-contained and documented: it echoes the resolved job so that
 ``parse_job(doc["job"])`` rebuilds the Job that was planned, names the planner version and the calibration used,
 describes every property of its schema, and no top-level layout value contradicts a per-stage one."""
+
 import dataclasses
 import json
 import re
@@ -16,38 +17,88 @@ from planner.cost import calibration as C
 from planner.cost.estimate import estimate
 from planner.errors import SpecError
 from planner.io import dumps_json
+from planner.load import load_job, parse_job
 from planner.report import plan_json as P
 from planner.report.provenance import cost_model_json, job_json, provenance
-from planner.search.planner import Plan, SearchResult, search
-from planner.spec import GpuSpec, Job, Layout, LinkSpec, MoESpec, ModelSpec, NodeGroup, ReplicaSpec, StageSpec, \
-    Training, load_job, parse_job
+from planner.search.homogeneous import search
+from planner.search.result import Plan, SearchResult
+from planner.spec import GpuSpec, Job, Layout, LinkSpec, ModelSpec, MoESpec, NodeGroup, ReplicaSpec, StageSpec, Training
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").rglob("*.yaml"))
 
 # every field of every spec model, and an output model for each (models in step with planner/spec.py)
-SPEC_TO_OUT = [(Job, P.JobOut), (ModelSpec, P.ModelOut), (MoESpec, P.MoEOut), (GpuSpec, P.GpuOut),
-               (NodeGroup, P.NodeGroupOut), (LinkSpec, P.LinkOut), (Training, P.TrainingOut),
-               (Layout, P.JobLayoutOut), (StageSpec, P.JobStageOut), (ReplicaSpec, P.JobReplicaOut)]
+SPEC_TO_OUT = [
+    (Job, P.JobOut),
+    (ModelSpec, P.ModelOut),
+    (MoESpec, P.MoEOut),
+    (GpuSpec, P.GpuOut),
+    (NodeGroup, P.NodeGroupOut),
+    (LinkSpec, P.LinkOut),
+    (Training, P.TrainingOut),
+    (Layout, P.JobLayoutOut),
+    (StageSpec, P.JobStageOut),
+    (ReplicaSpec, P.JobReplicaOut),
+]
 
 MOE_MIXED = {
-    "model": {"name": "tiny-moe", "num_layers": 8, "hidden_size": 1024, "ffn_hidden_size": 4096,
-              "num_attention_heads": 16, "num_kv_heads": 4, "head_dim": 64, "vocab_size": 32000, "mlp": "swiglu",
-              "tie_embeddings": True, "dropout": True,
-              "moe": {"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 1408, "shared_experts": 1,
-                      "moe_layer_freq": 2, "first_dense_layers": 1}},
-    "cluster": [{"gpu": "h100-sxm", "nodes": 2, "gpus_per_node": 8, "inter_node_gbps": 200},
-                {"gpu": {"base": "a100-80gb", "memory_gib": 40, "name": "a100-40-custom"}, "nodes": 4,
-                 "gpus_per_node": 4}],
+    "model": {
+        "name": "tiny-moe",
+        "num_layers": 8,
+        "hidden_size": 1024,
+        "ffn_hidden_size": 4096,
+        "num_attention_heads": 16,
+        "num_kv_heads": 4,
+        "head_dim": 64,
+        "vocab_size": 32000,
+        "mlp": "swiglu",
+        "tie_embeddings": True,
+        "dropout": True,
+        "moe": {
+            "num_experts": 8,
+            "top_k": 2,
+            "expert_ffn_hidden_size": 1408,
+            "shared_experts": 1,
+            "moe_layer_freq": 2,
+            "first_dense_layers": 1,
+        },
+    },
+    "cluster": [
+        {"gpu": "h100-sxm", "nodes": 2, "gpus_per_node": 8, "inter_node_gbps": 200},
+        {"gpu": {"base": "a100-80gb", "memory_gib": 40, "name": "a100-40-custom"}, "nodes": 4, "gpus_per_node": 4},
+    ],
     "links": [{"groups": [1, 0], "gbps": 100}],
-    "training": {"seq_length": 2048, "global_batch_size": 64, "precision": "bf16", "optimizer": "adamw",
-                 "attention": "flash", "grad_dtype": "bf16+fp32"},
-    "layout": {"micro_batch_size": 1, "zero_stage": 1, "recompute": "selective",
-               "replicas": [{"count": 2, "micro_batches": 20, "stages": [
-                   {"group": 0, "tp": 2, "layers": 5, "gpus": 4}, {"group": 0, "tp": 1, "layers": 3, "gpus": 2,
-                                                                  "recompute_layers": 1}]},
-                            {"count": 2, "micro_batches": 12, "stages": [
-                   {"group": 1, "tp": 2, "layers": 5, "gpus": 4}, {"group": 1, "tp": 1, "layers": 3, "gpus": 2}]}]},
+    "training": {
+        "seq_length": 2048,
+        "global_batch_size": 64,
+        "precision": "bf16",
+        "optimizer": "adamw",
+        "attention": "flash",
+        "grad_dtype": "bf16+fp32",
+    },
+    "layout": {
+        "micro_batch_size": 1,
+        "zero_stage": 1,
+        "recompute": "selective",
+        "replicas": [
+            {
+                "count": 2,
+                "micro_batches": 20,
+                "stages": [
+                    {"group": 0, "tp": 2, "layers": 5, "gpus": 4},
+                    {"group": 0, "tp": 1, "layers": 3, "gpus": 2, "recompute_layers": 1},
+                ],
+            },
+            {
+                "count": 2,
+                "micro_batches": 12,
+                "stages": [
+                    {"group": 1, "tp": 2, "layers": 5, "gpus": 4},
+                    {"group": 1, "tp": 1, "layers": 3, "gpus": 2},
+                ],
+            },
+        ],
+    },
 }
 
 
@@ -68,8 +119,15 @@ def walk_properties(schema: dict, where: str = "#"):
 
 
 def one_plan_result(est) -> SearchResult:
-    return SearchResult(plans=[Plan(candidate=None, estimate=est, status="optimal")], candidates=1, pruned=0,
-                        solved=1, seconds=0.0, complete=True, gap=0.0)
+    return SearchResult(
+        plans=[Plan(candidate=None, estimate=est, status="optimal")],
+        candidates=1,
+        pruned=0,
+        solved=1,
+        seconds=0.0,
+        complete=True,
+        gap=0.0,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -88,6 +146,7 @@ def homogeneous_doc():
 
 
 # ----------------------------------------------------------------------------- schema descriptions
+
 
 @pytest.mark.parametrize("make", [P.plan_schema, P.estimate_schema])
 def test_every_schema_property_has_a_description(make):
@@ -125,6 +184,7 @@ def test_calibration_echo_covers_every_calibration_field():
 
 # ----------------------------------------------------------------------------- the job echo round-trips
 
+
 @pytest.mark.parametrize("path", EXAMPLES, ids=[str(p.relative_to(ROOT)) for p in EXAMPLES])
 def test_examples_round_trip_through_the_json(path):
     job = load_job(path)
@@ -154,8 +214,7 @@ def test_plan_document_is_self_contained(homogeneous_doc):
     assert parse_job(doc["job"]) == job
     assert doc["memory_margin"] == 0.05
     assert doc["warnings"] == [{"field": "cluster[0].gpu.memory_gib", "message": "looks like GB, not GiB"}]
-    assert doc["cost_model"] == {"calibration_file": "builtin",
-                                 "calibration": C.default_calibration().as_dict()}
+    assert doc["cost_model"] == {"calibration_file": "builtin", "calibration": C.default_calibration().as_dict()}
     assert all(isinstance(p["layout"]["tp"], int) for p in doc["plans"])  # one-group plans keep their tp
     assert doc["plans"][0]["placement"]["gpus_per_node"] == job.cluster[0].gpus_per_node
 
@@ -182,11 +241,13 @@ def test_estimate_json_echoes_the_job(mixed_job):
     doc = json.loads(dumps_json(doc))
     jsonschema.validate(doc, P.estimate_schema())
     assert parse_job(doc["job"]) == mixed_job and doc["planner_version"] == __version__
-    assert {k: v for k, v in doc.items() if k not in ("job", "planner_version", "cost_model", "warnings",
-                                                      "memory_margin")} == json.loads(dumps_json(plain))
+    assert {
+        k: v for k, v in doc.items() if k not in ("job", "planner_version", "cost_model", "warnings", "memory_margin")
+    } == json.loads(dumps_json(plain))
 
 
 # ----------------------------------------------------------------------------- no contradicting top-level values
+
 
 def test_mixed_tp_is_null_at_the_top(mixed_job):
     est = estimate(mixed_job, capacity_margin=0.05)
@@ -201,17 +262,28 @@ def test_mixed_tp_is_null_at_the_top(mixed_job):
 
 
 def test_mixed_plan_with_one_tp_keeps_it(mixed_job):
-    layout = Layout(dp=2, pp=2, micro_batch_size=2, zero_stage=1, recompute="none",
-                    stages=(StageSpec(group=0, tp=2, layers=5, gpus=4), StageSpec(group=1, tp=2, layers=3, gpus=4)))
+    layout = Layout(
+        dp=2,
+        pp=2,
+        micro_batch_size=2,
+        zero_stage=1,
+        recompute="none",
+        stages=(StageSpec(group=0, tp=2, layers=5, gpus=4), StageSpec(group=1, tp=2, layers=3, gpus=4)),
+    )
     lay = estimate(mixed_job, layout).to_json()["layout"]
     assert lay["tp"] == 2 and lay["sequence_parallel"] is True and lay["num_microbatches"] == 16
 
 
 # ----------------------------------------------------------------------------- which calibration
 
+
 def test_cost_model_names_the_override_file(tmp_path, monkeypatch):
-    text = re.sub(r"^memory_fixed_gib:\s*[0-9.]+", "memory_fixed_gib: 4.25",
-                  (builtin_data_dir() / "calibration.yaml").read_text(), flags=re.M)
+    text = re.sub(
+        r"^memory_fixed_gib:\s*[0-9.]+",
+        "memory_fixed_gib: 4.25",
+        (builtin_data_dir() / "calibration.yaml").read_text(),
+        flags=re.M,
+    )
     assert "memory_fixed_gib: 4.25" in text
     (tmp_path / "calibration.yaml").write_text(text)
     monkeypatch.setenv(CATALOG_ENV, str(tmp_path))
@@ -225,7 +297,9 @@ def test_cost_model_names_the_override_file(tmp_path, monkeypatch):
         C._default.cache_clear()
     assert cost_model_json()["calibration_file"] == "builtin"
     assert cost_model_json(C.default_calibration().replace(gemm_efficiency=0.5)) == {
-        "calibration_file": None, "calibration": {**C.default_calibration().as_dict(), "gemm_efficiency": 0.5}}
+        "calibration_file": None,
+        "calibration": {**C.default_calibration().as_dict(), "gemm_efficiency": 0.5},
+    }
 
 
 def test_bad_echo_is_refused(mixed_job):
@@ -239,7 +313,13 @@ def test_bad_echo_is_refused(mixed_job):
 @pytest.mark.parametrize("config", ["llama3-8b.json", "qwen3-30b-a3b.json"])
 def test_hf_config_models_round_trip(config):
     """A model read from a Hugging Face config.json is echoed in full: the JSON no longer needs that file."""
-    job = parse_job({"model": f"examples/hf/{config}", "cluster": [{"gpu": "h100-sxm", "nodes": 2}],
-                     "training": {"seq_length": 4096, "global_batch_size": 64}}, base_dir=ROOT)
+    job = parse_job(
+        {
+            "model": f"examples/hf/{config}",
+            "cluster": [{"gpu": "h100-sxm", "nodes": 2}],
+            "training": {"seq_length": 4096, "global_batch_size": 64},
+        },
+        base_dir=ROOT,
+    )
     echoed = json.loads(dumps_json(job_json(job)))
     assert parse_job(echoed) == job and echoed["model"]["num_layers"] == job.model.num_layers

@@ -6,6 +6,7 @@ Nothing here depends on machine speed: the status wording is checked on construc
 whose outcome is fixed (a CP-SAT stub that leaves a bound open, a zero time limit, a mixed search whose gap is the
 heuristic replica evaluation's), and the end-to-end case runs with an hour's limit, far above what it needs.
 """
+
 import contextlib
 import dataclasses
 import io
@@ -19,12 +20,13 @@ from rich.console import Console
 
 from planner.cli import main
 from planner.cost.estimate import estimate
+from planner.load import load_job
 from planner.report.plan import render_plan, status_sentence
 from planner.report.plan_json import plan_document
-from planner.search import planner as homogeneous
-from planner.search.planner import Plan, _keep, search, unproven
+from planner.search import homogeneous
+from planner.search.homogeneous import search
 from planner.search.quick import RESOLUTION
-from planner.spec import load_job
+from planner.search.result import Plan, keep_top, solve_limit, unproven
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -73,8 +75,9 @@ def test_status_proven(small):
 
 def test_status_time_limit(small):
     j, result = small
-    stopped = dataclasses.replace(result, complete=False, gap=0.0123, stop_reason="time_limit",
-                                  plans=[unproven(p) for p in result.plans])
+    stopped = dataclasses.replace(
+        result, complete=False, gap=0.0123, stop_reason="time_limit", plans=[unproven(p) for p in result.plans]
+    )
     text, doc = sentence(j, stopped)
     assert doc["search"]["stop_reason"] == "time_limit" and not doc["search"]["complete"]
     assert text == "stopped by the time limit with gap 1.23%; raise --time-limit to search further"
@@ -85,14 +88,15 @@ def test_status_time_limit(small):
 
 def test_status_solve_cap(small):
     j, result = small
-    capped = dataclasses.replace(result, complete=False, gap=0.0042, stop_reason="solve_cap",
-                                 plans=[unproven(p) for p in result.plans])
+    capped = dataclasses.replace(
+        result, complete=False, gap=0.0042, stop_reason="solve_cap", plans=[unproven(p) for p in result.plans]
+    )
     text, doc = sentence(j, capped)
     assert doc["search"]["stop_reason"] == "solve_cap"
     assert "time limit was not reached" in text and "per-solve cap" in text and "gap 0.42%" in text
     assert "stopped by the time limit" not in text
     assert text.endswith("raise --time-limit to raise the cap")  # the cap is SOLVE_SHARE of the limit
-    assert homogeneous.solve_limit(1000.0, 60.0) < homogeneous.solve_limit(1000.0, 120.0)
+    assert solve_limit(1000.0, 60.0) < solve_limit(1000.0, 120.0)
 
 
 def test_search_reports_solve_cap_when_a_solve_stops_early(monkeypatch):
@@ -124,7 +128,7 @@ def test_mixed_gap_from_heuristic_replicas_is_named():
     the sentence names the replica shapes instead of saying "complete"."""
     from test_hetero import OPTS, small_job
 
-    from planner.search.hetero import search_hetero
+    from planner.search.mixed_pipelines import search_hetero
 
     j = small_job()
     result = search_hetero(j, top=3, time_limit_s=3600, options=OPTS, single_type=False)
@@ -141,11 +145,16 @@ def test_mixed_progress_moves():
     replica shapes, then each single-type search, every phase's counts never going back."""
     from test_hetero import OPTS, small_job
 
-    from planner.search.hetero import MIXED_PROGRESS, search_hetero
+    from planner.search.mixed_pipelines import MIXED_PROGRESS, search_hetero
 
     calls = []
-    search_hetero(small_job(), top=3, time_limit_s=3600, options=OPTS,
-                  progress=lambda done, total, what="candidates": calls.append((what, done, total)))
+    search_hetero(
+        small_job(),
+        top=3,
+        time_limit_s=3600,
+        options=OPTS,
+        progress=lambda done, total, what="candidates": calls.append((what, done, total)),
+    )
     phases = list(dict.fromkeys(w for w, _, _ in calls))
     assert phases[0] == MIXED_PROGRESS and phases[1] == "replica shapes"
     assert phases[2:] == ["candidates, group 1 (a100-40gb) alone", "candidates, group 0 (small-gpu) alone"]
@@ -159,29 +168,30 @@ def test_mixed_progress_moves():
 
 # ----------------------------------------------------------------------------------- ties collapsed
 def fake(name: str, t: float, mem: float, key: int) -> Plan:
-    """A Plan stub: _keep reads the time, peak memory, layout (dims) and candidate order."""
+    """A Plan stub: keep_top reads the time, peak memory, layout (dims) and candidate order."""
     dims = SimpleNamespace(world=8, as_dict=lambda: {"name": name})
     est = SimpleNamespace(iteration_time_s=t, peak_memory_gib=mem, dims=dims)
     return Plan(SimpleNamespace(sort_key=lambda: (key,)), est, "optimal")
 
 
 def names(best):
-    return [(p.estimate.dims.as_dict()["name"], [e.estimate.dims.as_dict()["name"] for e in p.equivalent])
-            for p in best]
+    return [
+        (p.estimate.dims.as_dict()["name"], [e.estimate.dims.as_dict()["name"] for e in p.equivalent]) for p in best
+    ]
 
 
 def test_keep_counts_distinct_plans():
     best: list[Plan] = []
-    _keep(best, fake("a", 1.0, 10.0, 2), 2)
-    _keep(best, fake("a-twin", 1.0 * (1 + RESOLUTION / 2), 10.0, 3), 2)  # ties a: joins it
-    _keep(best, fake("b", 1.1, 10.0, 1), 2)
-    _keep(best, fake("b-more-memory", 1.1, 12.0, 4), 2)  # same time, different memory: a distinct plan
+    keep_top(best, fake("a", 1.0, 10.0, 2), 2)
+    keep_top(best, fake("a-twin", 1.0 * (1 + RESOLUTION / 2), 10.0, 3), 2)  # ties a: joins it
+    keep_top(best, fake("b", 1.1, 10.0, 1), 2)
+    keep_top(best, fake("b-more-memory", 1.1, 12.0, 4), 2)  # same time, different memory: a distinct plan
     assert names(best) == [("a", ["a-twin"]), ("b", [])]  # K = 2 distinct plans, b-more-memory falls out
-    _keep(best, fake("a-first", 1.0, 10.0, 0), 2)  # ties a and sorts first: it leads the entry
+    keep_top(best, fake("a-first", 1.0, 10.0, 0), 2)  # ties a and sorts first: it leads the entry
     assert names(best) == [("a-first", ["a", "a-twin"]), ("b", [])]
-    _keep(best, fake("c", 0.5, 10.0, 5), 2)  # a new best pushes b (the K-th distinct plan) out
+    keep_top(best, fake("c", 0.5, 10.0, 5), 2)  # a new best pushes b (the K-th distinct plan) out
     assert names(best) == [("c", []), ("a-first", ["a", "a-twin"])]
-    _keep(best, fake("a", 0.9, 10.0, 6), 2)  # the same layout as a member, faster: moved out of the tie
+    keep_top(best, fake("a", 0.9, 10.0, 6), 2)  # the same layout as a member, faster: moved out of the tie
     assert names(best) == [("c", []), ("a", [])]
 
 
@@ -193,8 +203,9 @@ def test_top_k_of_distinct_plans_is_exact():
     for k in (1, 3, 5):
         got = search(j, top=k, time_limit_s=3600)
         assert got.complete
-        assert [(p.time, p.estimate.peak_memory_gib) for p in got.plans] == \
-            [(p.time, p.estimate.peak_memory_gib) for p in deep.plans[:k]]
+        assert [(p.time, p.estimate.peak_memory_gib) for p in got.plans] == [
+            (p.time, p.estimate.peak_memory_gib) for p in deep.plans[:k]
+        ]
 
 
 @pytest.fixture(scope="module")
@@ -211,7 +222,7 @@ def test_70b_top5_are_distinct_and_name_their_twins(doc_70b):
     pairs = [(p["estimate"]["iteration_time_s"], p["estimate"]["peak_memory_gib"]) for p in plans]
     assert len(set(pairs)) == 5
     for i, a in enumerate(pairs):
-        for b in pairs[i + 1:]:
+        for b in pairs[i + 1 :]:
             assert not (abs(a[0] - b[0]) <= RESOLUTION * a[0] and abs(a[1] - b[1]) <= RESOLUTION * a[1]), (a, b)
     first = plans[0]["layout"]
     assert (first["tp"], first["pp"], first["dp"], first["cp"], first["micro_batch_size"]) == (2, 4, 8, 8, 1)
@@ -221,8 +232,10 @@ def test_70b_top5_are_distinct_and_name_their_twins(doc_70b):
 
 def test_70b_why_compares_against_a_plan_that_differs(doc_70b):
     one, two = (p["estimate"] for p in doc_70b["plans"][:2])
-    assert (abs(one["iteration_time_s"] - two["iteration_time_s"]) > RESOLUTION * one["iteration_time_s"]
-            or abs(one["peak_memory_gib"] - two["peak_memory_gib"]) > RESOLUTION * one["peak_memory_gib"])
+    assert (
+        abs(one["iteration_time_s"] - two["iteration_time_s"]) > RESOLUTION * one["iteration_time_s"]
+        or abs(one["peak_memory_gib"] - two["peak_memory_gib"]) > RESOLUTION * one["peak_memory_gib"]
+    )
     text = text_of(doc_70b)
     row = next(line for line in text.splitlines() if line.startswith("│ iteration time s"))
     lead = row.split("│")[4].strip()  # the "#1 - #2" column
@@ -250,5 +263,7 @@ def test_current_layout_that_does_not_fit_is_said_in_words(tmp_path):
     text = " ".join(text_of(doc).split())
     cap = j.cluster[0].gpu.memory_gib * 0.95
     need = current.to_json()["peak_memory_gib"]
-    assert (f"your layout does not fit: it needs {need:.1f} GiB per GPU on stage 0, more than the {cap:.1f} GiB "
-            f"available ({j.cluster[0].gpu.memory_gib:.0f} GiB less the 5% margin)") in text
+    assert (
+        f"your layout does not fit: it needs {need:.1f} GiB per GPU on stage 0, more than the {cap:.1f} GiB "
+        f"available ({j.cluster[0].gpu.memory_gib:.0f} GiB less the 5% margin)"
+    ) in text

@@ -5,22 +5,29 @@ Profiles: ``ci`` (default, ~200 examples in all, well under a minute) and ``fuzz
 ``HYPOTHESIS_PROFILE=fuzz python -m pytest tests/test_properties.py``; scripts/fuzz.py is the seeded,
 non-hypothesis version for 10,000-case runs.
 """
+
 import os
 
 from hypothesis import HealthCheck, assume, event, given, settings
 from hypothesis import strategies as st
-
 from invariants import check_layout, check_plan, gpus_used
-from planner.errors import SpecError
-from planner.spec import parse_job
 from strategies import cases, mixed_cases, raw_jobs, run_case, run_mixed_case
 
+from planner.errors import SpecError
+from planner.load import parse_job
+
 settings.register_profile(
-    "ci", max_examples=100, deadline=None, print_blob=True,
+    "ci",
+    max_examples=100,
+    deadline=None,
+    print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.register_profile(
-    "fuzz", max_examples=5000, deadline=None, print_blob=True,
+    "fuzz",
+    max_examples=5000,
+    deadline=None,
+    print_blob=True,
     suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
 )
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
@@ -88,18 +95,45 @@ def test_checker_catches_broken_plans(case, data):
 
 
 def test_checker_rules_by_hand():
-    job = parse_job({
-        "model": {"num_layers": 8, "hidden_size": 1024, "ffn_hidden_size": 4096, "num_attention_heads": 16,
-                  "num_kv_heads": 4, "vocab_size": 32000},
-        "cluster": [{"gpu": "a100-80gb", "nodes": 2, "gpus_per_node": 8}],
-        "training": {"seq_length": 2048, "global_batch_size": 64},
-    })
-    good = {"tp": 4, "pp": 2, "dp": 2, "cp": 1, "ep": 1, "vpp": 2, "micro_batch_size": 2, "num_microbatches": 16,
-            "sequence_parallel": True, "zero_stage": 1, "recompute": "none", "tp_comm_overlap": False,
-            "stages": [{"layers": 4}, {"layers": 4}]}
+    job = parse_job(
+        {
+            "model": {
+                "num_layers": 8,
+                "hidden_size": 1024,
+                "ffn_hidden_size": 4096,
+                "num_attention_heads": 16,
+                "num_kv_heads": 4,
+                "vocab_size": 32000,
+            },
+            "cluster": [{"gpu": "a100-80gb", "nodes": 2, "gpus_per_node": 8}],
+            "training": {"seq_length": 2048, "global_batch_size": 64},
+        }
+    )
+    good = {
+        "tp": 4,
+        "pp": 2,
+        "dp": 2,
+        "cp": 1,
+        "ep": 1,
+        "vpp": 2,
+        "micro_batch_size": 2,
+        "num_microbatches": 16,
+        "sequence_parallel": True,
+        "zero_stage": 1,
+        "recompute": "none",
+        "tp_comm_overlap": False,
+        "stages": [{"layers": 4}, {"layers": 4}],
+    }
     assert check_layout(job, good, allow_cross_node_tp=False) == []
     bad = {
-        "tp": 3, "dp": 4, "cp": 3, "ep": 2, "vpp": 3, "micro_batch_size": 3, "zero_stage": 4, "recompute": "some",
+        "tp": 3,
+        "dp": 4,
+        "cp": 3,
+        "ep": 2,
+        "vpp": 3,
+        "micro_batch_size": 3,
+        "zero_stage": 4,
+        "recompute": "some",
         "stages": [{"layers": 2}, {"layers": 6, "recompute_layers": 7}],
     }
     for key, value in bad.items():
@@ -111,19 +145,38 @@ def test_checker_rules_by_hand():
 
 
 def test_checker_idle_gpu_accounting():
-    job = parse_job({
-        "model": {"num_layers": 4, "hidden_size": 512, "ffn_hidden_size": 2048, "num_attention_heads": 8,
-                  "vocab_size": 32000},
-        "cluster": [{"gpu": "a100-80gb", "nodes": 7, "gpus_per_node": 4}],
-        "training": {"seq_length": 1024, "global_batch_size": 24},
-    })
+    job = parse_job(
+        {
+            "model": {
+                "num_layers": 4,
+                "hidden_size": 512,
+                "ffn_hidden_size": 2048,
+                "num_attention_heads": 8,
+                "vocab_size": 32000,
+            },
+            "cluster": [{"gpu": "a100-80gb", "nodes": 7, "gpus_per_node": 4}],
+            "training": {"seq_length": 1024, "global_batch_size": 24},
+        }
+    )
     assert gpus_used(job, {"world_size": 28}) == (28, [])
     assert gpus_used(job, {"world_size": 24, "idle_gpus": 4}) == (24, [])
     assert gpus_used(job, {"world_size": 26, "idle_gpus": 2})[1]  # not a whole node
     assert gpus_used(job, {"world_size": 0, "idle_gpus": 28})[1]  # everything idle
-    lay = {"tp": 4, "pp": 1, "dp": 6, "cp": 1, "ep": 1, "vpp": 1, "micro_batch_size": 1, "num_microbatches": 4,
-           "sequence_parallel": True, "zero_stage": 1, "recompute": "none", "tp_comm_overlap": False,
-           "stages": [{"layers": 4}]}
+    lay = {
+        "tp": 4,
+        "pp": 1,
+        "dp": 6,
+        "cp": 1,
+        "ep": 1,
+        "vpp": 1,
+        "micro_batch_size": 1,
+        "num_microbatches": 4,
+        "sequence_parallel": True,
+        "zero_stage": 1,
+        "recompute": "none",
+        "tp_comm_overlap": False,
+        "stages": [{"layers": 4}],
+    }
     assert check_layout(job, lay, world=24) == []
     assert check_layout(job, lay)  # 24 != 28 when no GPU is reported idle
 

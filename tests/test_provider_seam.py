@@ -9,6 +9,7 @@ provider, would keep part of its time unscaled, so these tests fail wherever suc
 estimate of a homogeneous, a mixed-pipeline and a replica layout, in the search bounds, and in the best plan of
 the homogeneous, mixed-pipeline and replica searches.
 """
+
 import io
 import itertools
 import tokenize
@@ -18,10 +19,10 @@ import pytest
 
 from planner.cost.estimate import estimate
 from planner.cost.provider import AnalyticCosts, CostSource, cost_source, use_cost_source
-from planner.search.hetero import HETERO_ZERO, search_hetero
-from planner.search.planner import global_lower_bound, search
+from planner.load import parse_job
+from planner.search.homogeneous import global_lower_bound, search
+from planner.search.mixed_pipelines import HETERO_ZERO, search_hetero
 from planner.search.space import SearchOptions, enumerate_candidates
-from planner.spec import parse_job
 
 ROOT = Path(__file__).resolve().parents[1]
 REL = 1e-12  # exact today (scaling by 2); the margin only absorbs a reordered sum
@@ -56,22 +57,49 @@ class DoubledSource(CostSource):
     provider = DoubledRates
 
 
-GPT = {"name": "gpt-seam", "num_layers": 8, "hidden_size": 1024, "ffn_hidden_size": 4096,
-       "num_attention_heads": 16, "vocab_size": 32000, "mlp": "gelu"}
-MOE = {"name": "moe-seam", "num_layers": 6, "hidden_size": 1024, "ffn_hidden_size": 2816,
-       "num_attention_heads": 16, "num_kv_heads": 4, "vocab_size": 32000, "mlp": "swiglu",
-       "moe": {"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 1408, "first_dense_layers": 1}}
-SMALL_GPU = {"memory_gib": 6.0, "peak_tflops_bf16": 312, "hbm_tbps": 2.0, "intra_node_gbps": 300,
-             "inter_node_gbps": 200, "name": "small-gpu"}
+GPT = {
+    "name": "gpt-seam",
+    "num_layers": 8,
+    "hidden_size": 1024,
+    "ffn_hidden_size": 4096,
+    "num_attention_heads": 16,
+    "vocab_size": 32000,
+    "mlp": "gelu",
+}
+MOE = {
+    "name": "moe-seam",
+    "num_layers": 6,
+    "hidden_size": 1024,
+    "ffn_hidden_size": 2816,
+    "num_attention_heads": 16,
+    "num_kv_heads": 4,
+    "vocab_size": 32000,
+    "mlp": "swiglu",
+    "moe": {"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 1408, "first_dense_layers": 1},
+}
+SMALL_GPU = {
+    "memory_gib": 6.0,
+    "peak_tflops_bf16": 312,
+    "hbm_tbps": 2.0,
+    "intra_node_gbps": 300,
+    "inter_node_gbps": 200,
+    "name": "small-gpu",
+}
 A100 = {"gpu": "a100-40gb", "nodes": 2, "gpus_per_node": 4}
-MIXED_CLUSTER = [{"gpu": "h100-sxm", "nodes": 2, "gpus_per_node": 4},
-                 {"gpu": "a100-80gb", "nodes": 2, "gpus_per_node": 4}]
+MIXED_CLUSTER = [
+    {"gpu": "h100-sxm", "nodes": 2, "gpus_per_node": 4},
+    {"gpu": "a100-80gb", "nodes": 2, "gpus_per_node": 4},
+]
 MIXED_LINKS = [{"groups": [0, 1], "gbps": 50}]
 
 
 def job(model, cluster, layout=None, seq=2048, gbs=16, attention="flash", links=()):
-    spec = {"model": model, "cluster": cluster, "links": list(links),
-            "training": {"seq_length": seq, "global_batch_size": gbs, "attention": attention}}
+    spec = {
+        "model": model,
+        "cluster": cluster,
+        "links": list(links),
+        "training": {"seq_length": seq, "global_batch_size": gbs, "attention": attention},
+    }
     if layout is not None:
         spec["layout"] = layout
     return parse_job(spec)
@@ -84,30 +112,75 @@ def doubled(fn, *args, **kwargs):
 
 HOMOGENEOUS = {
     "tp2-pp2-dp2-zero1": job(GPT, [A100], {"tp": 2, "pp": 2, "dp": 2, "micro_batch_size": 1, "zero_stage": 1}),
-    "cp-across-nodes-eager": job(GPT, [A100], {"tp": 4, "cp": 2, "pp": 1, "dp": 1, "micro_batch_size": 1},
-                                 attention="eager", seq=1024),
-    "zero3-recompute": job(GPT, [A100], {"tp": 1, "pp": 2, "dp": 4, "micro_batch_size": 2, "zero_stage": 3,
-                                         "recompute": "full"}),
-    "moe-ep2-vpp": job(MOE, [A100], {"tp": 2, "pp": 2, "dp": 2, "ep": 2, "vpp": 3, "micro_batch_size": 1,
-                                     "zero_stage": 2}),
+    "cp-across-nodes-eager": job(
+        GPT, [A100], {"tp": 4, "cp": 2, "pp": 1, "dp": 1, "micro_batch_size": 1}, attention="eager", seq=1024
+    ),
+    "zero3-recompute": job(
+        GPT, [A100], {"tp": 1, "pp": 2, "dp": 4, "micro_batch_size": 2, "zero_stage": 3, "recompute": "full"}
+    ),
+    "moe-ep2-vpp": job(
+        MOE, [A100], {"tp": 2, "pp": 2, "dp": 2, "ep": 2, "vpp": 3, "micro_batch_size": 1, "zero_stage": 2}
+    ),
 }
 MIXED = {
-    "mixed-pipeline-linked": job(GPT, MIXED_CLUSTER, {
-        "dp": 2, "pp": 3, "micro_batch_size": 1, "zero_stage": 1, "recompute": "none",
-        "stages": [{"group": 0, "tp": 4, "layers": 3, "gpus": 8}, {"group": 1, "tp": 2, "layers": 3, "gpus": 4},
-                   {"group": 1, "tp": 2, "layers": 2, "gpus": 4, "recompute_layers": 1}]}, links=MIXED_LINKS),
-    "mixed-pipeline-zero3": job(GPT, MIXED_CLUSTER, {
-        "dp": 4, "pp": 2, "micro_batch_size": 1, "zero_stage": 3, "recompute": "none",
-        "stages": [{"group": 1, "tp": 2, "layers": 3, "gpus": 8}, {"group": 0, "tp": 2, "layers": 5, "gpus": 8}]}),
+    "mixed-pipeline-linked": job(
+        GPT,
+        MIXED_CLUSTER,
+        {
+            "dp": 2,
+            "pp": 3,
+            "micro_batch_size": 1,
+            "zero_stage": 1,
+            "recompute": "none",
+            "stages": [
+                {"group": 0, "tp": 4, "layers": 3, "gpus": 8},
+                {"group": 1, "tp": 2, "layers": 3, "gpus": 4},
+                {"group": 1, "tp": 2, "layers": 2, "gpus": 4, "recompute_layers": 1},
+            ],
+        },
+        links=MIXED_LINKS,
+    ),
+    "mixed-pipeline-zero3": job(
+        GPT,
+        MIXED_CLUSTER,
+        {
+            "dp": 4,
+            "pp": 2,
+            "micro_batch_size": 1,
+            "zero_stage": 3,
+            "recompute": "none",
+            "stages": [{"group": 1, "tp": 2, "layers": 3, "gpus": 8}, {"group": 0, "tp": 2, "layers": 5, "gpus": 8}],
+        },
+    ),
 }
 REPLICAS = {
-    "replicas-spanning-ring": job(GPT, MIXED_CLUSTER, {
-        "micro_batch_size": 1, "zero_stage": 1,
-        "replicas": [{"count": 2, "micro_batches": 5, "stages": [{"group": 0, "tp": 2, "layers": 4, "gpus": 4},
-                                                                 {"group": 0, "tp": 2, "layers": 4, "gpus": 4}]},
-                     {"count": 2, "micro_batches": 3, "stages": [{"group": 1, "tp": 2, "layers": 4, "gpus": 4},
-                                                                 {"group": 1, "tp": 2, "layers": 4, "gpus": 4}]}]},
-        links=MIXED_LINKS),
+    "replicas-spanning-ring": job(
+        GPT,
+        MIXED_CLUSTER,
+        {
+            "micro_batch_size": 1,
+            "zero_stage": 1,
+            "replicas": [
+                {
+                    "count": 2,
+                    "micro_batches": 5,
+                    "stages": [
+                        {"group": 0, "tp": 2, "layers": 4, "gpus": 4},
+                        {"group": 0, "tp": 2, "layers": 4, "gpus": 4},
+                    ],
+                },
+                {
+                    "count": 2,
+                    "micro_batches": 3,
+                    "stages": [
+                        {"group": 1, "tp": 2, "layers": 4, "gpus": 4},
+                        {"group": 1, "tp": 2, "layers": 4, "gpus": 4},
+                    ],
+                },
+            ],
+        },
+        links=MIXED_LINKS,
+    ),
 }
 LAYOUTS = {**HOMOGENEOUS, **MIXED, **REPLICAS}
 
@@ -175,9 +248,14 @@ def test_doubled_rates_halve_the_best_homogeneous_plan(model, gbs):
 
 
 def test_doubled_rates_halve_the_best_mixed_pipeline():
-    j = job({**GPT, "num_layers": 6},
-            [{"gpu": SMALL_GPU, "nodes": 1, "gpus_per_node": 4}, {"gpu": "a100-40gb", "nodes": 1, "gpus_per_node": 4}],
-            seq=8192, gbs=4, attention="eager", links=[{"groups": [0, 1], "gbps": 100}])
+    j = job(
+        {**GPT, "num_layers": 6},
+        [{"gpu": SMALL_GPU, "nodes": 1, "gpus_per_node": 4}, {"gpu": "a100-40gb", "nodes": 1, "gpus_per_node": 4}],
+        seq=8192,
+        gbs=4,
+        attention="eager",
+        links=[{"groups": [0, 1], "gbps": 100}],
+    )
     opts = SearchOptions(zero_stages=HETERO_ZERO, max_micro_batch=2)
 
     def run():
@@ -208,17 +286,40 @@ def test_doubled_rates_halve_the_best_replica_plan():
 # Datasheet rates and the calibrated efficiencies are read in the provider's modules only: a consumer that reads
 # them (or builds its own provider, out of reach of use_cost_source) prices part of a plan past the seam.
 SEAM_MODULES = {"provider.py", "comm.py", "compute.py", "calibration.py"}
-RATE_NAMES = {"intra_node_gbps", "inter_node_gbps", "nic_gbps", "link_gbps", "ring_gbps", "hbm_tbps",
-              "matmul_tflops", "matmul_tflops_bf16", "attention_tflops_bf16", "gemm_efficiency",
-              "attention_efficiency", "hbm_efficiency", "nvlink_efficiency", "network_efficiency", "layer_overhead_s",
-              "LAT_INTRA_S", "LAT_INTER_S", "roof", "_roof", "Roofline", "nvlink_busbw", "network_busbw"}
+RATE_NAMES = {
+    "intra_node_gbps",
+    "inter_node_gbps",
+    "nic_gbps",
+    "link_gbps",
+    "ring_gbps",
+    "hbm_tbps",
+    "matmul_tflops",
+    "matmul_tflops_bf16",
+    "attention_tflops_bf16",
+    "gemm_efficiency",
+    "attention_efficiency",
+    "hbm_efficiency",
+    "nvlink_efficiency",
+    "network_efficiency",
+    "layer_overhead_s",
+    "LAT_INTRA_S",
+    "LAT_INTER_S",
+    "roof",
+    "_roof",
+    "Roofline",
+    "nvlink_busbw",
+    "network_busbw",
+}
 PROVIDERS = {"AnalyticCosts", "CostSource"}  # constructed by cost_source only
 
 
 def past_the_seam(path: Path) -> list[str]:
     """Lines of ``path`` whose code (not comments or strings) names a datasheet rate or builds a provider."""
-    tokens = [t for t in tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
-              if t.type in (tokenize.NAME, tokenize.OP)]
+    tokens = [
+        t
+        for t in tokenize.generate_tokens(io.StringIO(path.read_text()).readline)
+        if t.type in (tokenize.NAME, tokenize.OP)
+    ]
     out = []
     for tok, nxt in itertools.pairwise(tokens):
         if tok.type == tokenize.NAME and (tok.string in RATE_NAMES or tok.string in PROVIDERS and nxt.string == "("):
@@ -227,8 +328,12 @@ def past_the_seam(path: Path) -> list[str]:
 
 
 def test_no_consumer_reads_rates_past_the_seam():
-    consumers = [p for d in ("planner/cost", "planner/search") for p in sorted((ROOT / d).rglob("*.py"))
-                 if not (p.parent.name == "cost" and p.name in SEAM_MODULES)]
+    consumers = [
+        p
+        for d in ("planner/cost", "planner/search")
+        for p in sorted((ROOT / d).rglob("*.py"))
+        if not (p.parent.name == "cost" and p.name in SEAM_MODULES)
+    ]
     assert consumers
     found = [line for p in consumers for line in past_the_seam(p)]
     assert not found, "\n".join(found)

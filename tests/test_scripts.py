@@ -4,6 +4,7 @@ Two ways a file goes missing: a path given on the command line that does not exi
 scripts/ in a folder with no ../shared/reference/measured-runs.yaml, no examples/ and no tests/ (what a checkout
 without the shared folder looks like; ../shared itself is read-only and never moved).
 """
+
 import json
 import os
 import re
@@ -22,8 +23,9 @@ MISSING = "/nonexistent/planner-test/missing.yaml"
 def run_script(script: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "PLANNER_CATALOG")}
     env["PYTHONPATH"] = str(ROOT)  # the planner package, for a copy of scripts/ outside the checkout
-    return subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, cwd=cwd, env=env,
-                          timeout=60)
+    return subprocess.run(
+        [sys.executable, str(script), *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=60
+    )
 
 
 def assert_one_error_line(proc: subprocess.CompletedProcess, *fragments: str) -> str:
@@ -38,26 +40,45 @@ def assert_one_error_line(proc: subprocess.CompletedProcess, *fragments: str) ->
     return lines[0]
 
 
-@pytest.mark.parametrize("script,args,expected", [
-    ("calibrate.py", ["--runs", MISSING],
-     f"error: runs: scripts/calibrate.py needs a measured-runs file; none at {MISSING} (pass --runs FILE)"),
-    ("calibrate.py", [MISSING],  # the positional form the README used
-     f"error: runs: scripts/calibrate.py needs a measured-runs file; none at {MISSING} (pass --runs FILE)"),
-    ("plan_quality.py", ["--runs", MISSING, "--time-limit", "1"],
-     f"error: runs: scripts/plan_quality.py needs a measured-runs file; none at {MISSING} (pass --runs FILE)"),
-    ("bench_search.py", ["--jobs", str(ROOT / "examples/bench/gpt-530b-5128-a100.yaml"), MISSING],
-     f"error: jobs: scripts/bench_search.py needs its job files; none at {MISSING} (pass --jobs FILE...)"),
-    ("bench_hetero.py", ["--jobs", MISSING],
-     f"error: jobs: scripts/bench_hetero.py needs its job files; none at {MISSING} (pass --jobs FILE...)"),
-])
+@pytest.mark.parametrize(
+    "script,args,expected",
+    [
+        (
+            "calibrate.py",
+            ["--runs", MISSING],
+            f"error: runs: scripts/calibrate.py needs a measured-runs file; none at {MISSING} (pass --runs FILE)",
+        ),
+        (
+            "calibrate.py",
+            [MISSING],  # the positional form the README used
+            f"error: runs: scripts/calibrate.py needs a measured-runs file; none at {MISSING} (pass --runs FILE)",
+        ),
+        (
+            "plan_quality.py",
+            ["--runs", MISSING, "--time-limit", "1"],
+            f"error: runs: scripts/plan_quality.py needs a measured-runs file; none at {MISSING} (pass --runs FILE)",
+        ),
+        (
+            "bench_search.py",
+            ["--jobs", str(ROOT / "examples/bench/gpt-530b-5128-a100.yaml"), MISSING],
+            f"error: jobs: scripts/bench_search.py needs its job files; none at {MISSING} (pass --jobs FILE...)",
+        ),
+        (
+            "bench_hetero.py",
+            ["--jobs", MISSING],
+            f"error: jobs: scripts/bench_hetero.py needs its job files; none at {MISSING} (pass --jobs FILE...)",
+        ),
+    ],
+)
 def test_missing_file_given(script, args, expected, tmp_path):
     line = assert_one_error_line(run_script(SCRIPTS / script, *args, cwd=tmp_path))
     assert line == expected
 
 
 def test_malformed_runs_file_is_one_line(tmp_path):
-    proc = run_script(SCRIPTS / "calibrate.py", "--runs", str(ROOT / "tests/bad_inputs/runs/hidden-string.yaml"),
-                      cwd=tmp_path)
+    proc = run_script(
+        SCRIPTS / "calibrate.py", "--runs", str(ROOT / "tests/bad_inputs/runs/hidden-string.yaml"), cwd=tmp_path
+    )
     assert_one_error_line(proc, "runs[0].model.hidden")
 
 
@@ -69,25 +90,55 @@ def bare_checkout(tmp_path_factory) -> Path:
     return top / "checkout"
 
 
-@pytest.mark.parametrize("script,fragments", [
-    ("calibrate.py", ["error: runs: scripts/calibrate.py needs a measured-runs file; "
-                      "none at ../shared/reference/measured-runs.yaml (pass --runs FILE)"]),
-    ("plan_quality.py", ["error: runs: scripts/plan_quality.py needs a measured-runs file; "
-                         "none at ../shared/reference/measured-runs.yaml (pass --runs FILE)"]),
-    ("bench_search.py", ["error: jobs: scripts/bench_search.py needs its job files; none at examples/bench/",
-                         "(pass --jobs FILE...)"]),
-    ("bench_hetero.py", ["error: jobs: scripts/bench_hetero.py needs its job files; none at examples/hetero/",
-                         "(pass --jobs FILE...)"]),
-    ("fuzz.py", ["error: tests: scripts/fuzz.py needs tests/strategies.py", "none at tests/strategies.py"]),
-])
+@pytest.mark.parametrize(
+    "script,fragments",
+    [
+        (
+            "calibrate.py",
+            [
+                "error: runs: scripts/calibrate.py needs a measured-runs file; "
+                "none at ../shared/reference/measured-runs.yaml (pass --runs FILE)"
+            ],
+        ),
+        (
+            "plan_quality.py",
+            [
+                "error: runs: scripts/plan_quality.py needs a measured-runs file; "
+                "none at ../shared/reference/measured-runs.yaml (pass --runs FILE)"
+            ],
+        ),
+        (
+            "bench_search.py",
+            [
+                "error: jobs: scripts/bench_search.py needs its job files; none at examples/bench/",
+                "(pass --jobs FILE...)",
+            ],
+        ),
+        (
+            "bench_hetero.py",
+            [
+                "error: jobs: scripts/bench_hetero.py needs its job files; none at examples/hetero/",
+                "(pass --jobs FILE...)",
+            ],
+        ),
+        ("fuzz.py", ["error: tests: scripts/fuzz.py needs tests/strategies.py", "none at tests/strategies.py"]),
+    ],
+)
 def test_default_files_missing(script, fragments, bare_checkout):
     assert_one_error_line(run_script(bare_checkout / "scripts" / script, cwd=bare_checkout), *fragments)
 
 
 def test_every_script_is_covered_and_documented():
     scripts = sorted(p.name for p in SCRIPTS.glob("*.py") if not p.name.startswith("_"))
-    assert scripts == ["bench_hetero.py", "bench_search.py", "bench_time_limit.py", "calibrate.py",
-                       "compare_revisions.py", "fuzz.py", "plan_quality.py"]
+    assert scripts == [
+        "bench_hetero.py",
+        "bench_search.py",
+        "bench_time_limit.py",
+        "calibrate.py",
+        "compare_revisions.py",
+        "fuzz.py",
+        "plan_quality.py",
+    ]
     for name in scripts:
         text = (SCRIPTS / name).read_text()
         assert text.startswith('"""'), name
@@ -103,8 +154,14 @@ def test_measured_runs_doc_example_validates(tmp_path):
     (tmp_path / "runs.yaml").write_text(block)
     env = {k: v for k, v in os.environ.items() if k != "PLANNER_CATALOG"}
     env["PYTHONPATH"] = str(ROOT)  # this checkout's planner, whatever is installed
-    proc = subprocess.run([sys.executable, "-m", "planner", "validate", "runs.yaml", "--json"], capture_output=True,
-                          text=True, cwd=tmp_path, env=env, timeout=60)
+    proc = subprocess.run(
+        [sys.executable, "-m", "planner", "validate", "runs.yaml", "--json"],
+        capture_output=True,
+        text=True,
+        cwd=tmp_path,
+        env=env,
+        timeout=60,
+    )
     assert proc.returncode == 0, proc.stderr
     doc = json.loads(proc.stdout)
     assert doc["summary"]["predicted"] == 1 and doc["summary"]["skipped"] == 0

@@ -1,4 +1,5 @@
 """`plan` against brute-force enumeration of the same space on small jobs: same best predicted time."""
+
 import itertools
 
 import pytest
@@ -6,16 +7,21 @@ import pytest
 from planner.cost.estimate import evaluate_plans
 from planner.cost.provider import AnalyticCosts
 from planner.cost.stage import StageModel, StagePlan
-from planner.search.planner import _finalize_dims, search
-from planner.search.quick import RESOLUTION
 from planner.frameworks import FRAMEWORKS
+from planner.load import parse_job
+from planner.search.homogeneous import _finalize_dims, search
+from planner.search.quick import RESOLUTION
 from planner.search.space import SearchOptions, dims_for, enumerate_candidates
-from planner.spec import parse_job
 
 
 def job(model, gpus_per_node=4, nodes=2, gpu="a100-40gb", seq=2048, gbs=16, attention="flash"):
-    return parse_job({"model": model, "cluster": [{"gpu": gpu, "nodes": nodes, "gpus_per_node": gpus_per_node}],
-                      "training": {"seq_length": seq, "global_batch_size": gbs, "attention": attention}})
+    return parse_job(
+        {
+            "model": model,
+            "cluster": [{"gpu": gpu, "nodes": nodes, "gpus_per_node": gpus_per_node}],
+            "training": {"seq_length": seq, "global_batch_size": gbs, "attention": attention},
+        }
+    )
 
 
 def compositions(total, parts, step):
@@ -32,7 +38,7 @@ def compositions(total, parts, step):
 def brute_force_best(j, opts):
     costs = AnalyticCosts(j.cluster[0], j.training.precision)
     cands, _, _ = enumerate_candidates(j, costs, opts)
-    cap = j.cluster[0].gpu.memory_gib * (1 - opts.memory_margin)
+
     best = float("inf")
     for c in cands:
         sm = StageModel(j, dims_for(j, c), costs)
@@ -54,20 +60,44 @@ def brute_force_best(j, opts):
     return best
 
 
-SMALL_GPT = {"name": "gpt-small", "num_layers": 8, "hidden_size": 1024, "ffn_hidden_size": 4096,
-             "num_attention_heads": 16, "vocab_size": 32000, "mlp": "gelu"}
-SMALL_MOE = {"name": "moe-small", "num_layers": 6, "hidden_size": 1024, "ffn_hidden_size": 2816,
-             "num_attention_heads": 16, "num_kv_heads": 4, "vocab_size": 32000, "mlp": "swiglu",
-             "moe": {"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 1408, "first_dense_layers": 1}}
-TIGHT_GPU = {"memory_gib": 5.5, "peak_tflops_bf16": 312, "hbm_tbps": 2.0, "intra_node_gbps": 300, "inter_node_gbps": 200}
+SMALL_GPT = {
+    "name": "gpt-small",
+    "num_layers": 8,
+    "hidden_size": 1024,
+    "ffn_hidden_size": 4096,
+    "num_attention_heads": 16,
+    "vocab_size": 32000,
+    "mlp": "gelu",
+}
+SMALL_MOE = {
+    "name": "moe-small",
+    "num_layers": 6,
+    "hidden_size": 1024,
+    "ffn_hidden_size": 2816,
+    "num_attention_heads": 16,
+    "num_kv_heads": 4,
+    "vocab_size": 32000,
+    "mlp": "swiglu",
+    "moe": {"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 1408, "first_dense_layers": 1},
+}
+TIGHT_GPU = {
+    "memory_gib": 5.5,
+    "peak_tflops_bf16": 312,
+    "hbm_tbps": 2.0,
+    "intra_node_gbps": 300,
+    "inter_node_gbps": 200,
+}
 
 
-@pytest.mark.parametrize("case", [
-    dict(model=SMALL_GPT, gbs=8),
-    # memory-bound: the optimum recomputes 4 of 6 layers
-    dict(model={**SMALL_GPT, "num_layers": 6}, gpu=TIGHT_GPU, gbs=4, seq=8192, attention="eager"),
-    dict(model=SMALL_MOE, gbs=8, nodes=1),
-])
+@pytest.mark.parametrize(
+    "case",
+    [
+        dict(model=SMALL_GPT, gbs=8),
+        # memory-bound: the optimum recomputes 4 of 6 layers
+        dict(model={**SMALL_GPT, "num_layers": 6}, gpu=TIGHT_GPU, gbs=4, seq=8192, attention="eager"),
+        dict(model=SMALL_MOE, gbs=8, nodes=1),
+    ],
+)
 def test_plan_matches_brute_force(case):
     j = job(**case)
     opts = SearchOptions(zero_stages=(0, 1, 3), max_micro_batch=2)
@@ -91,17 +121,41 @@ def test_nothing_fits_is_reported_empty():
     assert search(j, top=3, time_limit_s=30).plans == []
 
 
-@pytest.mark.parametrize("opts", [SearchOptions(partial_recompute=False, allow_cross_node_tp=True),
-                                  SearchOptions(framework=FRAMEWORKS["megatron"], allow_cross_node_tp=True)])
+@pytest.mark.parametrize(
+    "opts",
+    [
+        SearchOptions(partial_recompute=False, allow_cross_node_tp=True),
+        SearchOptions(framework=FRAMEWORKS["megatron"], allow_cross_node_tp=True),
+    ],
+)
 def test_cp_sat_models_stay_valid_without_free_recompute_counts(opts):
     """Regression (fuzz seed 1, case 3): hinting a shared constant twice made the CP-SAT model invalid, so
     every solve came back 'unknown' and plans were reported as merely feasible."""
-    model = {"name": "fuzz", "num_layers": 6, "hidden_size": 3328, "ffn_hidden_size": 13312,
-             "num_attention_heads": 104, "num_kv_heads": 26, "vocab_size": 30480, "mlp": "gelu", "dropout": True,
-             "tie_embeddings": True}
-    j = parse_job({"model": model, "cluster": [{"gpu": "a100-40gb", "nodes": 6, "gpus_per_node": 8}],
-                   "training": {"seq_length": 4096, "global_batch_size": 436, "attention": "eager",
-                                "precision": "fp16", "optimizer": "sgd"}})
+    model = {
+        "name": "fuzz",
+        "num_layers": 6,
+        "hidden_size": 3328,
+        "ffn_hidden_size": 13312,
+        "num_attention_heads": 104,
+        "num_kv_heads": 26,
+        "vocab_size": 30480,
+        "mlp": "gelu",
+        "dropout": True,
+        "tie_embeddings": True,
+    }
+    j = parse_job(
+        {
+            "model": model,
+            "cluster": [{"gpu": "a100-40gb", "nodes": 6, "gpus_per_node": 8}],
+            "training": {
+                "seq_length": 4096,
+                "global_batch_size": 436,
+                "attention": "eager",
+                "precision": "fp16",
+                "optimizer": "sgd",
+            },
+        }
+    )
     result = search(j, top=3, time_limit_s=60, options=opts)
     assert result.plans and result.complete
     assert all(p.status == "optimal" for p in result.plans)

@@ -2,6 +2,7 @@
 forms (planner/cost/stage.py): with every stage's layer and recompute counts fixed to a random plan, the model's
 stage times, iteration time, DP tail, optimizer step and memory equal the estimator's within the rounding to
 integer time units (and KiB)."""
+
 import itertools
 import random
 
@@ -16,14 +17,15 @@ from strategies import (
 )
 
 from planner.cost.estimate import evaluate_plans, evaluate_stages, hetero_stage_models
+from planner.cost.forms import Affine, StagePlan
 from planner.cost.provider import cost_source
-from planner.cost.stage import Affine, StageModel, StagePlan, split_kinds
+from planner.cost.stage import StageModel, split_kinds
 from planner.errors import SpecError
+from planner.load import parse_job
 from planner.parallel import tp_heads_error
-from planner.search.mixed import pipeline_dims
+from planner.search.mixed_context import pipeline_dims
 from planner.search.partition import KIB, PRECISION, build_partition_model
 from planner.search.space import SearchOptions, dims_for, divisors, enumerate_candidates
-from planner.spec import parse_job
 
 HUGE_GIB = 1e6  # capacity that no plan reaches: memory is compared, not constrained
 
@@ -131,8 +133,11 @@ def mixed_cases(n: int, seed: int):
         groups = sorted(rng.randrange(len(job.cluster)) for _ in range(p))
         tps = []
         for g in groups:
-            ok = [tp for tp in divisors(job.cluster[g].gpus_per_node) if tp_heads_error(job.model, tp) is None
-                  and t.seq_length % tp == 0]
+            ok = [
+                tp
+                for tp in divisors(job.cluster[g].gpus_per_node)
+                if tp_heads_error(job.model, tp) is None and t.seq_length % tp == 0
+            ]
             tps.append(rng.choice(ok))
         mbs = rng.choice([x for x in divisors(t.global_batch_size) if x <= 4])
         zero, base = rng.choice((0, 1, 2, 3)), rng.choice(("none", "selective", "full"))

@@ -6,6 +6,7 @@ find a plan, exit 1 with one line saying so. How close the wall time stays to th
 `scripts/bench_time_limit.py`, not here. Resident memory stays under 1 GiB (a property of the code, not of the
 machine's speed).
 """
+
 import json
 import os
 import subprocess
@@ -31,7 +32,8 @@ def test_a_stopped_search_reports_what_it_has(tmp_path):
     assert "Traceback" not in stderr
     if rc == 1:  # a machine too slow to reach a plan within 1 s: says so in one line
         assert stderr.strip().splitlines() == [
-            "error: time-limit: no plan found within --time-limit 1 s (nothing was proven not to fit); raise the limit"]
+            "error: time-limit: no plan found within --time-limit 1 s (nothing was proven not to fit); raise the limit"
+        ]
         return
     assert rc == 0, stderr
     doc = json.loads(stdout)

@@ -1,4 +1,5 @@
 """`planner validate` on the shared published runs meets the accuracy bars of the foundation issue."""
+
 import json
 import subprocess
 import sys
@@ -12,8 +13,9 @@ pytestmark = pytest.mark.skipif(not RUNS.exists(), reason="shared/reference/meas
 
 @pytest.fixture(scope="module")
 def report():
-    proc = subprocess.run([sys.executable, "-m", "planner", "validate", str(RUNS), "--json"],
-                          capture_output=True, text=True, check=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "planner", "validate", str(RUNS), "--json"], capture_output=True, text=True, check=True
+    )
     return json.loads(proc.stdout)
 
 
@@ -48,6 +50,7 @@ def test_measured_ooms(report):
 
 
 def test_json_is_deterministic(report):
-    again = subprocess.run([sys.executable, "-m", "planner", "validate", str(RUNS), "--json"],
-                           capture_output=True, text=True, check=True)
+    again = subprocess.run(
+        [sys.executable, "-m", "planner", "validate", str(RUNS), "--json"], capture_output=True, text=True, check=True
+    )
     assert json.loads(again.stdout) == report

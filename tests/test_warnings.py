@@ -3,6 +3,7 @@
 Every shipped example and every measured run stays warning-free: a warning that fires on real jobs is noise.
 The ``test_cli_wiring_*`` tests check the command line end to end (warnings on stderr and in the JSON).
 """
+
 from __future__ import annotations
 
 import json
@@ -16,8 +17,8 @@ import yaml
 from planner.catalog import ambiguous_gpus, gpu_names, resolve_gpu
 from planner.cli import main
 from planner.errors import SpecError
+from planner.load import load_job, parse_job
 from planner.sanity import MAX_TOKENS_PER_ITERATION, JobWarning, job_warnings
-from planner.spec import load_job, parse_job
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((REPO / "examples").rglob("*.yaml"))
@@ -26,8 +27,11 @@ MEASURED = [SHARED / "measured-runs.yaml", SHARED / "measured-runs-modern.yaml"]
 
 
 def job(gpu="h100-sxm", seq=8192, gbs=512, precision="bf16", **extra) -> dict:
-    raw = {"model": "llama3-8b", "cluster": [{"gpu": gpu, "nodes": 1, "gpus_per_node": 8}],
-           "training": {"seq_length": seq, "global_batch_size": gbs, "precision": precision}}
+    raw = {
+        "model": "llama3-8b",
+        "cluster": [{"gpu": gpu, "nodes": 1, "gpus_per_node": 8}],
+        "training": {"seq_length": seq, "global_batch_size": gbs, "precision": precision},
+    }
     raw.update(extra)
     return raw
 
@@ -49,7 +53,8 @@ def test_warning_line():
 def test_batch_in_tokens():
     assert lines(job(gbs=4194304)) == [
         "warning: training.global_batch_size: 4194304 sequences of 8192 tokens is 34.4B tokens per iteration; "
-        "global_batch_size counts sequences: 4194304 tokens would be 512 sequences"]
+        "global_batch_size counts sequences: 4194304 tokens would be 512 sequences"
+    ]
 
 
 def test_batch_in_tokens_not_a_multiple_of_seq_length():
@@ -61,55 +66,75 @@ def test_batch_in_tokens_not_a_multiple_of_seq_length():
 def test_large_real_batches_are_quiet():
     # DeepSeek-V3: 15,360 sequences of 4,096 tokens (62.9M); the threshold itself is not above itself.
     assert lines(job(seq=4096, gbs=15360)) == []
-    assert lines(job(seq=2 ** 13, gbs=MAX_TOKENS_PER_ITERATION // 2 ** 13)) == []
-    assert lines(job(seq=2 ** 13, gbs=MAX_TOKENS_PER_ITERATION // 2 ** 13 + 1)) != []
-    assert lines(job(seq=2 ** 20, gbs=4)) == []  # 1M-token context-parallel runs (NeMo long-sequence)
+    assert lines(job(seq=2**13, gbs=MAX_TOKENS_PER_ITERATION // 2**13)) == []
+    assert lines(job(seq=2**13, gbs=MAX_TOKENS_PER_ITERATION // 2**13 + 1)) != []
+    assert lines(job(seq=2**20, gbs=4)) == []  # 1M-token context-parallel runs (NeMo long-sequence)
 
 
 def test_seq_length_is_batch_tokens():
     assert lines(job(seq=4194304, gbs=1024)) == [
         "warning: training.seq_length: 1024 sequences of 4194304 tokens is 4.3B tokens per iteration, and no "
         "published run trains on sequences over 1048576; seq_length is the length of one sequence: 4194304 tokens "
-        "in 1024 sequences would be 4096 tokens each"]
+        "in 1024 sequences would be 4096 tokens each"
+    ]
 
 
 def test_gpu_memory_in_mib():
     assert lines(job(gpu={"base": "h100-sxm", "memory_gib": 81920})) == [
-        "warning: cluster[0].gpu.memory_gib: 81920 GiB looks like MiB: 80 GiB"]
+        "warning: cluster[0].gpu.memory_gib: 81920 GiB looks like MiB: 80 GiB"
+    ]
     assert lines(job(gpu={"base": "h100-sxm", "memory_gib": 288})) == []  # MI355X / B300
 
 
 def test_hbm_in_gbs():
     assert lines(job(gpu={"base": "h100-sxm", "hbm_tbps": 3350})) == [
-        "warning: cluster[0].gpu.hbm_tbps: 3350 TB/s looks like GB/s: 3.35 TB/s"]
+        "warning: cluster[0].gpu.hbm_tbps: 3350 TB/s looks like GB/s: 3.35 TB/s"
+    ]
 
 
 def test_tflops_in_gflops():
-    assert lines(job(gpu={"base": "a100-80gb", "peak_tflops_bf16": 312000, "peak_tflops_fp16": 312000,
-                          "matmul_tflops_bf16": None, "attention_tflops_bf16": None})) == [
+    assert lines(
+        job(
+            gpu={
+                "base": "a100-80gb",
+                "peak_tflops_bf16": 312000,
+                "peak_tflops_fp16": 312000,
+                "matmul_tflops_bf16": None,
+                "attention_tflops_bf16": None,
+            }
+        )
+    ) == [
         "warning: cluster[0].gpu.peak_tflops_bf16: 312000 TFLOP/s looks like GFLOP/s: 312 TFLOP/s",
-        "warning: cluster[0].gpu.peak_tflops_fp16: 312000 TFLOP/s looks like GFLOP/s: 312 TFLOP/s"]
+        "warning: cluster[0].gpu.peak_tflops_fp16: 312000 TFLOP/s looks like GFLOP/s: 312 TFLOP/s",
+    ]
 
 
 def test_scale_up_in_mbs():
     assert lines(job(gpu={"base": "h100-sxm", "intra_node_gbps": 450000})) == [
-        "warning: cluster[0].gpu.intra_node_gbps: 450000 GB/s looks like MB/s: 450 GB/s"]
+        "warning: cluster[0].gpu.intra_node_gbps: 450000 GB/s looks like MB/s: 450 GB/s"
+    ]
 
 
 def test_nic_in_mbps():
     assert lines(job(gpu={"base": "h100-sxm", "inter_node_gbps": 400000})) == [
-        "warning: cluster[0].gpu.inter_node_gbps: 400000 Gb/s looks like Mb/s: 400 Gb/s"]
+        "warning: cluster[0].gpu.inter_node_gbps: 400000 Gb/s looks like Mb/s: 400 Gb/s"
+    ]
     raw = job()
-    raw["cluster"] = [{"gpu": "h100-sxm", "nodes": 1, "gpus_per_node": 8, "inter_node_gbps": 200000},
-                      {"gpu": "a100-80gb", "nodes": 1, "gpus_per_node": 8}]
+    raw["cluster"] = [
+        {"gpu": "h100-sxm", "nodes": 1, "gpus_per_node": 8, "inter_node_gbps": 200000},
+        {"gpu": "a100-80gb", "nodes": 1, "gpus_per_node": 8},
+    ]
     raw["links"] = [{"groups": [0, 1], "gbps": 100000}]
-    assert lines(raw) == ["warning: cluster[0].inter_node_gbps: 200000 Gb/s looks like Mb/s: 200 Gb/s",
-                          "warning: links[0].gbps: 100000 Gb/s looks like Mb/s: 100 Gb/s"]
+    assert lines(raw) == [
+        "warning: cluster[0].inter_node_gbps: 200000 Gb/s looks like Mb/s: 200 Gb/s",
+        "warning: links[0].gbps: 100000 Gb/s looks like Mb/s: 100 Gb/s",
+    ]
 
 
 def test_fp8_without_fp8_tensor_cores():
     assert lines(job(gpu="a100-80gb", precision="fp8")) == [
-        "warning: training.precision: a100-80gb has no FP8 tensor cores (no peak_tflops_fp8); priced as bf16"]
+        "warning: training.precision: a100-80gb has no FP8 tensor cores (no peak_tflops_fp8); priced as bf16"
+    ]
     assert lines(job(gpu="h100-sxm", precision="fp8")) == []
     assert lines(job(gpu="a100-80gb", precision="bf16")) == []
 
@@ -126,10 +151,12 @@ def test_fp8_warning_is_true():
 
 def test_fp8_in_a_mixed_cluster_names_only_the_gpus_without_it():
     raw = job(precision="fp8")
-    raw["cluster"] = [{"gpu": "h100-sxm", "nodes": 1, "gpus_per_node": 8},
-                      {"gpu": "a100-80gb", "nodes": 1, "gpus_per_node": 8},
-                      {"gpu": "a100-80gb", "nodes": 2, "gpus_per_node": 8},
-                      {"gpu": "a100-40gb", "nodes": 1, "gpus_per_node": 8}]
+    raw["cluster"] = [
+        {"gpu": "h100-sxm", "nodes": 1, "gpus_per_node": 8},
+        {"gpu": "a100-80gb", "nodes": 1, "gpus_per_node": 8},
+        {"gpu": "a100-80gb", "nodes": 2, "gpus_per_node": 8},
+        {"gpu": "a100-40gb", "nodes": 1, "gpus_per_node": 8},
+    ]
     assert [w.message.split()[0] for w in job_warnings(parse_job(raw))] == ["a100-80gb", "a100-40gb"]
 
 
@@ -175,8 +202,9 @@ AMBIGUOUS = {
 def test_ambiguous_message():
     with pytest.raises(SpecError) as exc:
         parse_job(job(gpu="A100"))
-    assert exc.value.line() == ("error: cluster[0].gpu: 'A100' is ambiguous: a100-40gb (40 GiB), "
-                                "a100-80gb (80 GiB); name one")
+    assert exc.value.line() == (
+        "error: cluster[0].gpu: 'A100' is ambiguous: a100-40gb (40 GiB), a100-80gb (80 GiB); name one"
+    )
 
 
 @pytest.mark.parametrize("name", sorted(AMBIGUOUS))
@@ -207,9 +235,15 @@ def test_ambiguous_names_are_no_entry_and_their_variants_resolve():
 
 
 def test_variants_stay_reachable_by_their_own_names():
-    for alias, name in [("a100-sxm4-80gb", "a100-80gb"), ("a100-80g", "a100-80gb"), ("a100-sxm4-40gb", "a100-40gb"),
-                        ("h100-sxm5", "h100-sxm"), ("dgx-h100", "h100-sxm"), ("h100-pcie-80gb", "h100-pcie"),
-                        ("v100-sxm2-32gb", "v100-32gb")]:
+    for alias, name in [
+        ("a100-sxm4-80gb", "a100-80gb"),
+        ("a100-80g", "a100-80gb"),
+        ("a100-sxm4-40gb", "a100-40gb"),
+        ("h100-sxm5", "h100-sxm"),
+        ("dgx-h100", "h100-sxm"),
+        ("h100-pcie-80gb", "h100-pcie"),
+        ("v100-sxm2-32gb", "v100-32gb"),
+    ]:
         assert resolve_gpu(alias).name == name
 
 
@@ -220,8 +254,9 @@ def test_ambiguous_gpu_is_bad_input(tmp_path, capsys):
         main(["estimate", str(path), "--json"])
     captured = capsys.readouterr()
     assert exc.value.code == 2 and captured.out == ""
-    assert captured.err == ("error: cluster[0].gpu: 'A100' is ambiguous: a100-40gb (40 GiB), a100-80gb (80 GiB); "
-                            "name one\n")
+    assert captured.err == (
+        "error: cluster[0].gpu: 'A100' is ambiguous: a100-40gb (40 GiB), a100-80gb (80 GiB); name one\n"
+    )
 
 
 # ----------------------------------------------------------------------------- command line (planner/cli.py wiring)
@@ -230,8 +265,13 @@ def test_ambiguous_gpu_is_bad_input(tmp_path, capsys):
 def _run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
     path = tmp_path / "job.yaml"
     path.write_text(yaml.safe_dump(job(gbs=4194304, layout={"tp": 8})))
-    return subprocess.run([sys.executable, "-m", "planner", args[0], str(path), *args[1:]],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "planner", args[0], str(path), *args[1:]],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 def test_cli_wiring_estimate_json_reports_warnings(tmp_path):
@@ -257,7 +297,12 @@ def test_cli_wiring_plan_json_reports_warnings(tmp_path):
 
 
 def test_cli_wiring_no_warnings_for_an_example():
-    proc = subprocess.run([sys.executable, "-m", "planner", "estimate", str(REPO / "examples/llama3-70b-h100.yaml"),
-                           "--json"], cwd=REPO, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-m", "planner", "estimate", str(REPO / "examples/llama3-70b-h100.yaml"), "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert "warning:" not in proc.stderr and json.loads(proc.stdout)["warnings"] == []

@@ -9,6 +9,7 @@ there (a dev machine's) stays invisible, and the test checks that `planner.__fil
 command runs from a folder outside the repository, without PLANNER_CATALOG or PYTHONPATH, so the catalogs must
 come from the wheel's package data.
 """
+
 import importlib.metadata
 import importlib.util
 import json
@@ -39,8 +40,11 @@ def _no_isolation_possible() -> bool:
 
 
 def _env(venv_bin: Path) -> dict:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "PYTHONHOME", "PLANNER_CATALOG", "VIRTUAL_ENV", "PYTHONSTARTUP")}
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k not in ("PYTHONPATH", "PYTHONHOME", "PLANNER_CATALOG", "VIRTUAL_ENV", "PYTHONSTARTUP")
+    }
     env["PATH"] = os.pathsep.join([str(venv_bin), env.get("PATH", "")])
     env["VIRTUAL_ENV"] = str(venv_bin.parent)
     return env
@@ -80,8 +84,24 @@ def installed(tmp_path_factory):
     (Path(proc.stdout.strip()) / "_outer_site_packages.pth").write_text("".join(f"{p}\n" for p in outer))
     # this interpreter's pip installs into the venv (pip >= 22.3: --python); --force-reinstall so that a planner
     # visible through the outer site-packages does not count as already installed
-    proc = _run([sys.executable, "-m", "pip", "--python", bin_dir / "python", "install", "--no-deps", "--no-index",
-                 "--force-reinstall", "--disable-pip-version-check", "-q", wheels[0]], env=_env(bin_dir), cwd=top)
+    proc = _run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "--python",
+            bin_dir / "python",
+            "install",
+            "--no-deps",
+            "--no-index",
+            "--force-reinstall",
+            "--disable-pip-version-check",
+            "-q",
+            wheels[0],
+        ],
+        env=_env(bin_dir),
+        cwd=top,
+    )
     assert proc.returncode == 0, f"installing the wheel failed:\n{proc.stdout}\n{proc.stderr}"
 
     work = top / "work"
@@ -105,9 +125,16 @@ def test_wheel_holds_the_package_data(installed):
 
 def test_planner_comes_from_the_wheel_not_the_repo(installed):
     bin_dir, work, _ = installed
-    proc = _run([bin_dir / "python", "-c",
-                 "import planner, planner.catalog as c; print(planner.__file__); print(c.data_file('gpus.yaml')); "
-                 "print(planner.__version__)"], cwd=work, env=_env(bin_dir))
+    proc = _run(
+        [
+            bin_dir / "python",
+            "-c",
+            "import planner, planner.catalog as c; print(planner.__file__); print(c.data_file('gpus.yaml')); "
+            "print(planner.__version__)",
+        ],
+        cwd=work,
+        env=_env(bin_dir),
+    )
     assert proc.returncode == 0, proc.stderr
     module, data, version = proc.stdout.split("\n")[:3]
     venv = bin_dir.parent.resolve()

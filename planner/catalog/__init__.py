@@ -1,4 +1,5 @@
 """GPU and model catalogs (``planner/data/``) and resolution of names, paths and inline mappings."""
+
 from __future__ import annotations
 
 import functools
@@ -10,7 +11,6 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner.errors import SpecError, did_you_mean
-
 
 CATALOG_ENV = "PLANNER_CATALOG"
 
@@ -29,7 +29,7 @@ def data_file(name: str) -> Path:
     return builtin_data_dir() / name
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _catalog_file(kind: str) -> tuple[Path, dict[str, Any]]:
     from planner.io import load_yaml
 
@@ -37,7 +37,7 @@ def _catalog_file(kind: str) -> tuple[Path, dict[str, Any]]:
     return path, load_yaml(path, field=str(path))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _catalog(kind: str) -> dict[str, dict[str, Any]]:
     """name -> entry for ``gpus`` or ``models``; every alias maps to the same entry (lower-cased)."""
     _, data = _catalog_file(kind)
@@ -58,7 +58,7 @@ def aliases(kind: str, name: str) -> list[str]:
     return [str(a) for a in entry.get("aliases", [])]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def ambiguous_gpus() -> dict[str, tuple[Any, ...]]:
     """Lower-cased name -> its variants (catalog names or inline GPU mappings), from gpus.yaml ``ambiguous:``:
     names like ``A100`` that fit GPUs differing in memory or interconnect, so that no entry may claim them."""
@@ -105,7 +105,8 @@ def model_names() -> list[str]:
 def resolve_gpu(value: Any, field: str = "gpu"):
     """A catalog name (or alias), or an inline mapping of GpuSpec fields (optionally ``base: <name>`` + overrides).
     A name that fits several GPUs (gpus.yaml ``ambiguous:``) is an error listing them."""
-    from planner.spec import GpuSpec, format_validation_error
+    from planner.load import format_validation_error
+    from planner.spec import GpuSpec
 
     table = _catalog("gpus")
     if isinstance(value, str):
@@ -114,7 +115,9 @@ def resolve_gpu(value: Any, field: str = "gpu"):
             choices = ambiguous_gpus().get(value.strip().lower())
             if choices:
                 raise SpecError(field, _ambiguity(value, choices))
-            raise SpecError(field, f"unknown GPU '{value}'{did_you_mean(value, gpu_names())}; known: {', '.join(gpu_names())}")
+            raise SpecError(
+                field, f"unknown GPU '{value}'{did_you_mean(value, gpu_names())}; known: {', '.join(gpu_names())}"
+            )
         return GpuSpec.model_validate(entry)
     if isinstance(value, dict):
         data = dict(value)
@@ -133,7 +136,8 @@ def resolve_gpu(value: Any, field: str = "gpu"):
 def resolve_model(value: Any, base_dir: Path | None = None, field: str = "model", _files: tuple[Path, ...] = ()):
     """A preset name, a path to a Hugging Face config.json (or a model YAML), or an inline mapping."""
     from planner.io import path_exists
-    from planner.spec import ModelSpec, format_validation_error
+    from planner.load import format_validation_error
+    from planner.spec import ModelSpec
 
     if isinstance(value, str):
         entry = _catalog("models").get(value.strip().lower())
@@ -154,9 +158,14 @@ def resolve_model(value: Any, base_dir: Path | None = None, field: str = "model"
             if path.resolve() in _files:  # a model YAML that names itself (directly or through others)
                 chain = " -> ".join(p.name for p in (*_files, path.resolve()))
                 raise SpecError(field, f"model files refer to each other in a cycle: {chain}")
-            return resolve_model(load_yaml(path, field=field), base_dir=path.parent, field=field,
-                                 _files=(*_files, path.resolve()))
-        raise SpecError(field, f"unknown model '{value}'{did_you_mean(value, model_names())}; known presets: {', '.join(model_names())}, or a path to a config.json")
+            return resolve_model(
+                load_yaml(path, field=field), base_dir=path.parent, field=field, _files=(*_files, path.resolve())
+            )
+        raise SpecError(
+            field,
+            f"unknown model '{value}'{did_you_mean(value, model_names())}; known presets: "
+            f"{', '.join(model_names())}, or a path to a config.json",
+        )
     if isinstance(value, dict):
         data = dict(value)
         base = data.pop("preset", None)

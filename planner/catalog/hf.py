@@ -3,10 +3,12 @@
 Key names follow the ``transformers`` configuration classes (LlamaConfig, MistralConfig, MixtralConfig,
 Qwen2/Qwen3[Moe]Config, DeepseekV2/V3Config, GPT2Config); defaults below are those classes' defaults.
 """
+
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -150,7 +152,8 @@ def _name(cfg: dict[str, Any], path: Path, model_type: str) -> str:
 
 def load_hf_config(path: str | Path, field: str = "model"):
     """Map a Hugging Face config.json (read offline) to a ModelSpec; errors name ``<field>.<key>``."""
-    from planner.spec import ModelSpec, format_validation_error
+    from planner.load import format_validation_error
+    from planner.spec import ModelSpec
 
     path = Path(path)
     cfg = load_json(path, field=field)

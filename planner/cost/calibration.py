@@ -3,6 +3,7 @@
 Each is a physically meaningful, global number (a fraction of a datasheet or measured rate, an overlap share, an
 allocator allowance); none is specific to one run. ``scripts/calibrate.py`` fits them on the measured runs.
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,7 +23,7 @@ class Calibration:
     memory_fixed_gib: float
     memory_fragmentation: float
 
-    def replace(self, **changes) -> "Calibration":
+    def replace(self, **changes) -> Calibration:
         return Calibration(**{**self.as_dict(), **changes})
 
     def as_dict(self) -> dict:
@@ -38,7 +39,7 @@ def default_calibration_file():
     return _default()[1]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _default():
     from planner.catalog import data_file
     from planner.io import load_yaml

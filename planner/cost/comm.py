@@ -11,6 +11,7 @@ node's k member GPUs share k NICs and busbw = min(NVLink, k * NIC) (a 2x8 A100 r
 The rates these formulas take (bus bandwidths in bytes/s, base latencies in seconds) come from the cost provider
 (planner/cost/provider.py), which derives them with ``nvlink_busbw``, ``network_busbw`` and ``base_latency``.
 """
+
 from __future__ import annotations
 
 import math

@@ -7,6 +7,7 @@ roof on their own. Element-wise kernels (norms, residuals, activations, rotary, 
 Backward costs 2x the forward GEMMs (grad wrt input and weights) and 2.5x the forward flash-attention FLOPs
 (FlashAttention-2, Dao 2023: 5 matmuls backward vs 2 forward).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -100,8 +101,18 @@ def elementwise_bytes(model: ModelSpec, tokens: int, tp: int, sp: bool, moe: boo
 
 
 def layer_time(
-    model: ModelSpec, roof: Roofline, *, tokens: int, seq: int, tp: int, sp: bool, cp: int, ep: int,
-    moe: bool, flash: bool, recompute: str,
+    model: ModelSpec,
+    roof: Roofline,
+    *,
+    tokens: int,
+    seq: int,
+    tp: int,
+    sp: bool,
+    cp: int,
+    ep: int,
+    moe: bool,
+    flash: bool,
+    recompute: str,
 ) -> PassTime:
     """Forward, backward and recompute seconds of one layer for one micro-batch of ``tokens`` tokens."""
     gemm_f = roof.gemms(F.attention_gemms(model, tokens, tp) + F.mlp_gemms(model, tokens, tp, moe, ep))

@@ -1,4 +1,5 @@
 """Put the cost model together: predicted iteration time, throughput, MFU and per-stage memory of a layout."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -106,8 +107,12 @@ class Estimate:
 
     def _stage_json(self, i: int, r) -> dict:
         s = self.stages[i]
-        out = {"index": s.index, "layers": s.layers, "microbatch_time_s": r(s.microbatch_time_s),
-               "peak_memory_gib": r(s.peak_bytes / M.GIB, 3)}
+        out = {
+            "index": s.index,
+            "layers": s.layers,
+            "microbatch_time_s": r(s.microbatch_time_s),
+            "peak_memory_gib": r(s.peak_bytes / M.GIB, 3),
+        }
         if s.replica is not None:
             out["replica"] = s.replica
             out["group"] = self.dims.replicas[s.replica].stage_groups[s.index]
@@ -135,8 +140,9 @@ def layout_json(dims) -> dict:
     return out
 
 
-def estimate(job: Job, layout: Layout | None = None, cal: Calibration | None = None,
-             capacity_margin: float = 0.0) -> Estimate:
+def estimate(
+    job: Job, layout: Layout | None = None, cal: Calibration | None = None, capacity_margin: float = 0.0
+) -> Estimate:
     """Evaluate one layout of ``job`` (default: the job's own layout): homogeneous on a one-group cluster, or
     heterogeneous (stages placed on node groups) on any cluster."""
     layout = layout or job.layout
@@ -148,13 +154,17 @@ def estimate(job: Job, layout: Layout | None = None, cal: Calibration | None = N
     if isinstance(dims, HeteroDims):
         return estimate_hetero(job, dims, capacity_margin, cal)
     if len(job.cluster) != 1:
-        raise SpecError("cluster", "a single-degree layout needs one node group; on mixed clusters place each "
-                        "stage with layout.stages[].group, tp and gpus")
+        raise SpecError(
+            "cluster",
+            "a single-degree layout needs one node group; on mixed clusters place each "
+            "stage with layout.stages[].group, tp and gpus",
+        )
     return estimate_dims(job, dims, cost_source(job, cal)(0), capacity_margin)
 
 
-def estimate_dims(job: Job, dims: ParallelDims, costs: AnalyticCosts, capacity_margin: float = 0.0,
-                  model: StageModel | None = None) -> Estimate:
+def estimate_dims(
+    job: Job, dims: ParallelDims, costs: AnalyticCosts, capacity_margin: float = 0.0, model: StageModel | None = None
+) -> Estimate:
     """Evaluate a fully specified layout (degrees, partition, recompute) with the stage cost model."""
     model = model or StageModel(job, dims, costs)
     plans = split_kinds(job, dims.stage_layers, dims.stage_recompute, dims.recompute == "full")
@@ -174,8 +184,10 @@ def hetero_stage_models(job: Job, dims: HeteroDims, costs_for) -> list[StageMode
 def with_group_sends(job: Job, stage_groups, sms: list[StageModel]) -> list[StageModel]:
     """Stage models whose pipeline sends to a neighbour on another node group go over the network between the
     two groups (Job.link_gbps) instead of the stage's own links."""
-    return [sm if links == (None, None) else sm.with_neighbour_links(*links)
-            for sm, links in zip(sms, neighbour_links(job, stage_groups, sms))]
+    return [
+        sm if links == (None, None) else sm.with_neighbour_links(*links)
+        for sm, links in zip(sms, neighbour_links(job, stage_groups, sms))
+    ]
 
 
 def neighbour_links(job: Job, stage_groups, sms: list[StageModel]) -> list[tuple]:
@@ -194,22 +206,29 @@ def costs_by_group(job: Job, cal: Calibration | None = None) -> CostSource:
     return cost_source(job, cal)
 
 
-def estimate_hetero(job: Job, dims: HeteroDims, capacity_margin: float = 0.0,
-                    cal: Calibration | None = None, models: list[StageModel] | None = None) -> Estimate:
+def estimate_hetero(
+    job: Job,
+    dims: HeteroDims,
+    capacity_margin: float = 0.0,
+    cal: Calibration | None = None,
+    models: list[StageModel] | None = None,
+) -> Estimate:
     """Evaluate a heterogeneous layout: every stage priced and memory-checked on its own GPU type."""
     models = models or hetero_stage_models(job, dims, costs_by_group(job, cal))
     plans = split_kinds(job, dims.stage_layers, dims.stage_recompute, dims.recompute == "full")
     return evaluate_stages(job, dims, models, plans, capacity_margin)
 
 
-def evaluate_plans(job: Job, dims: ParallelDims, model: StageModel, plans: list[StagePlan],
-                   capacity_margin: float = 0.0) -> Estimate:
+def evaluate_plans(
+    job: Job, dims: ParallelDims, model: StageModel, plans: list[StagePlan], capacity_margin: float = 0.0
+) -> Estimate:
     """Evaluate a homogeneous partition: the same StageModel prices every stage."""
     return evaluate_stages(job, dims, [model] * len(plans), plans, capacity_margin)
 
 
-def evaluate_stages(job: Job, dims, models: list[StageModel], plans: list[StagePlan],
-                    capacity_margin: float = 0.0) -> Estimate:
+def evaluate_stages(
+    job: Job, dims, models: list[StageModel], plans: list[StagePlan], capacity_margin: float = 0.0
+) -> Estimate:
     """Stage s is priced by ``models[s]``; the pipeline schedule runs over all stage times, the DP tail is the
     slowest stage's, and each stage's memory is held against its own GPU's capacity."""
     t = job.training
@@ -217,8 +236,14 @@ def evaluate_stages(job: Job, dims, models: list[StageModel], plans: list[StageP
     tails = []
     for s, (model, sp) in enumerate(zip(models, plans)):
         mt = model.microbatch_time(s, sp)
-        comp = {"compute": mt["compute"], "tp_comm": mt["tp_comm"], "cp_comm": mt["cp_comm"],
-                "ep_comm": mt["ep_comm"], "pp_comm": mt["pp_comm"], "zero_comm": mt["zero_comm"]}
+        comp = {
+            "compute": mt["compute"],
+            "tp_comm": mt["tp_comm"],
+            "cp_comm": mt["cp_comm"],
+            "ep_comm": mt["ep_comm"],
+            "pp_comm": mt["pp_comm"],
+            "zero_comm": mt["zero_comm"],
+        }
         mem = model.memory(s, sp)
         stages.append(StageEstimate(s, sp.layers, mt["total"], comp, mem, sum(mem.values())))
         tails.append(model.iteration_tail(s, sp))
@@ -237,10 +262,15 @@ def evaluate_stages(job: Job, dims, models: list[StageModel], plans: list[StageP
     weights = [m.dims.tp * m.dims.dp for m in models] if hetero else [1] * len(models)
     peak = mean_peak_tflops(gpus, weights, t.precision)
     return Estimate(
-        dims=dims, capacity_gib=caps[max(stages, key=lambda s: (s.peak_bytes, -s.index)).index],
-        iteration_time_s=steady + bubble + dp_exposed + opt, time_breakdown_s=breakdown, stages=stages,
+        dims=dims,
+        capacity_gib=caps[max(stages, key=lambda s: (s.peak_bytes, -s.index)).index],
+        iteration_time_s=steady + bubble + dp_exposed + opt,
+        time_breakdown_s=breakdown,
+        stages=stages,
         model_flops=F.model_flops_per_iteration(job.model, t.seq_length, t.global_batch_size),
-        peak_tflops_per_gpu=peak, stage_capacity_gib=caps if hetero else None, calibration=models[0].cal,
+        peak_tflops_per_gpu=peak,
+        stage_capacity_gib=caps if hetero else None,
+        calibration=models[0].cal,
     )
 
 
@@ -269,8 +299,9 @@ def replica_stage_models(job: Job, dims: ReplicaDims, costs_for) -> list[list[St
     return per
 
 
-def estimate_replicas(job: Job, dims: ReplicaDims, capacity_margin: float = 0.0,
-                      cal: Calibration | None = None) -> Estimate:
+def estimate_replicas(
+    job: Job, dims: ReplicaDims, capacity_margin: float = 0.0, cal: Calibration | None = None
+) -> Estimate:
     """Evaluate replicas that differ in placement and micro-batch count. Each replica runs its own pipeline
     schedule; the gradient synchronization waits for the slowest, so the iteration is the slowest replica's
     (schedule + exposed DP tail + optimizer step, planner/cost/estimate.evaluate_stages)."""
@@ -291,7 +322,13 @@ def estimate_replicas(job: Job, dims: ReplicaDims, capacity_margin: float = 0.0,
     peak = mean_peak_tflops(gpus, weights, job.training.precision)
     top = max(range(len(stages)), key=lambda i: (stages[i].peak_bytes, -i))
     return Estimate(
-        dims=dims, capacity_gib=caps[top], iteration_time_s=ests[slow].iteration_time_s,
-        time_breakdown_s=ests[slow].time_breakdown_s, stages=stages, model_flops=ests[slow].model_flops,
-        peak_tflops_per_gpu=peak, stage_capacity_gib=caps, calibration=ests[slow].calibration,
+        dims=dims,
+        capacity_gib=caps[top],
+        iteration_time_s=ests[slow].iteration_time_s,
+        time_breakdown_s=ests[slow].time_breakdown_s,
+        stages=stages,
+        model_flops=ests[slow].model_flops,
+        peak_tflops_per_gpu=peak,
+        stage_capacity_gib=caps,
+        calibration=ests[slow].calibration,
     )

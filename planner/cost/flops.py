@@ -4,6 +4,7 @@ Per-layer shapes follow Megatron-LM's layer (Shoeybi et al. 2019; Narayanan et a
 (K/V are ``kv_heads*head_dim`` wide), SwiGLU (three ffn-wide projections) and MoE (top-k routed + shared experts).
 A GEMM of [M,K] x [K,N] costs 2*M*K*N FLOPs.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -138,8 +139,8 @@ def model_flops_per_iteration(model: ModelSpec, seq: int, batch: int) -> float:
 def narayanan_hardware_flops(model: ModelSpec, seq: int, batch: int) -> float:
     """Narayanan et al. 2021, Eq. 3: F = 96*B*s*l*h^2*(1 + s/(6h) + V/(16*l*h)). GPT with MHA, 4h MLP, full
     recompute (4 passes over the layers, 3 over the logits): a hardware-FLOP count."""
-    l, h, v = model.num_layers, model.hidden_size, model.vocab_size
-    return 96.0 * batch * seq * l * h * h * (1 + seq / (6.0 * h) + v / (16.0 * l * h))
+    layers, h, v = model.num_layers, model.hidden_size, model.vocab_size
+    return 96.0 * batch * seq * layers * h * h * (1 + seq / (6.0 * h) + v / (16.0 * layers * h))
 
 
 def palm_flops_per_token(model: ModelSpec, seq: int) -> float:

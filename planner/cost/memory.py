@@ -8,6 +8,7 @@ ZeRO-3 (= FSDP FULL_SHARD) everything, over the data-parallel group (DP*CP in Me
 
 Activations follow Korthikanti et al. 2022 (Table 2), generalized as listed in activation_bytes_per_layer.
 """
+
 from __future__ import annotations
 
 from planner.spec import ModelSpec
@@ -38,7 +39,15 @@ def model_state_bytes(params: float, shard: int, zero_stage: int, grad_dtype: st
 
 
 def activation_bytes_per_layer(
-    model: ModelSpec, *, tokens: int, seq: int, tp: int, sp: bool, flash: bool, recompute: str, moe: bool,
+    model: ModelSpec,
+    *,
+    tokens: int,
+    seq: int,
+    tp: int,
+    sp: bool,
+    flash: bool,
+    recompute: str,
+    moe: bool,
 ) -> float:
     """Activation bytes one layer keeps for the backward pass, per micro-batch of ``tokens`` tokens (CP shard).
 
@@ -75,7 +84,14 @@ def activation_bytes_per_layer(
 
 
 def working_bytes_full_recompute(
-    model: ModelSpec, *, tokens: int, seq: int, tp: int, sp: bool, flash: bool, moe: bool,
+    model: ModelSpec,
+    *,
+    tokens: int,
+    seq: int,
+    tp: int,
+    sp: bool,
+    flash: bool,
+    moe: bool,
 ) -> float:
     """Under full recompute one layer's complete activations exist again while its backward runs."""
     return activation_bytes_per_layer(

@@ -17,6 +17,7 @@ costs (``layer``, ``link``, ...), in an ``AnalyticCosts`` subclass and name it a
 ``CostSource`` subclass. The estimator and every search get their costs from ``cost_source(job, cal)``, so
 ``with use_cost_source(MySource): ...`` prices everything inside the block with it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -89,14 +90,36 @@ class AnalyticCosts:
     def _roof(self) -> compute.Roofline:
         return compute.Roofline(self.gemm_rate(), self.attention_rate(), self.hbm_rate(), self.layer_overhead())
 
-    def layer(self, model: ModelSpec, tokens: int, seq: int, tp: int, sp: bool, cp: int, ep: int,
-              moe: bool, flash: bool, recompute: str) -> compute.PassTime:
+    def layer(
+        self,
+        model: ModelSpec,
+        tokens: int,
+        seq: int,
+        tp: int,
+        sp: bool,
+        cp: int,
+        ep: int,
+        moe: bool,
+        flash: bool,
+        recompute: str,
+    ) -> compute.PassTime:
         # cached by the model's identity: hashing a pydantic model on every call costs more than the formula
         key = (id(model), tokens, seq, tp, sp, cp, ep, moe, flash, recompute)
         hit = self._layers.get(key)
         if hit is None:
-            hit = self._layers[key] = compute.layer_time(model, self._roof, tokens=tokens, seq=seq, tp=tp, sp=sp,
-                                                         cp=cp, ep=ep, moe=moe, flash=flash, recompute=recompute)
+            hit = self._layers[key] = compute.layer_time(
+                model,
+                self._roof,
+                tokens=tokens,
+                seq=seq,
+                tp=tp,
+                sp=sp,
+                cp=cp,
+                ep=ep,
+                moe=moe,
+                flash=flash,
+                recompute=recompute,
+            )
             self.keep(model)
         return hit
 
@@ -115,8 +138,9 @@ class AnalyticCosts:
         """A collective group of ``size`` ranks, ``per_node`` of which share each node."""
         hit = self._links.get((size, per_node))
         if hit is None:
-            hit = self._links[size, per_node] = comm.group_link(self.nvlink_rate(), self.nic_rate(), size, per_node,
-                                                                self.latency(size > per_node))
+            hit = self._links[size, per_node] = comm.group_link(
+                self.nvlink_rate(), self.nic_rate(), size, per_node, self.latency(size > per_node)
+            )
         return hit
 
     def p2p(self, crosses_node: bool) -> comm.Link:

@@ -1,4 +1,5 @@
 """Pipeline schedule: iteration time of 1F1B and interleaved 1F1B from per-stage micro-batch times."""
+
 from __future__ import annotations
 
 

@@ -1,4 +1,5 @@
 """`planner list gpus|models|frameworks`: the presets a job can name, with the numbers the cost model uses."""
+
 from __future__ import annotations
 
 from rich.table import Table
@@ -17,17 +18,40 @@ def catalog_rows(kind: str) -> list[dict]:
 
 def render_catalog(kind: str, rows: list[dict]) -> Table:
     columns = {
-        "gpus": [("name", "name"), ("memory_gib", "memory GiB"), ("peak_tflops_bf16", "BF16 TFLOP/s"),
-                 ("peak_tflops_fp8", "FP8 TFLOP/s"), ("hbm_tbps", "HBM TB/s"), ("intra_node_gbps", "NVLink GB/s"),
-                 ("inter_node_gbps", "NIC Gb/s"), ("gpus_per_node", "GPUs/node"), ("aliases", "aliases")],
-        "models": [("name", "name"), ("params_b", "params B"), ("active_params_b", "active B"),
-                   ("num_layers", "layers"), ("hidden_size", "hidden"), ("heads", "heads (kv)"),
-                   ("ffn_hidden_size", "FFN"), ("vocab_size", "vocab"), ("experts", "experts (top-k)"),
-                   ("aliases", "aliases")],
-        "frameworks": [("name", "name"), ("per_stage_tp", "per-stage TP"), ("uneven_layers", "uneven layers"),
-                       ("per_stage_recompute", "per-stage recompute"), ("zero_with_pp", "ZeRO with PP"),
-                       ("zero_without_pp", "ZeRO without PP"), ("interleaving", "interleaving"),
-                       ("context_parallel", "CP"), ("expert_parallel", "EP")],
+        "gpus": [
+            ("name", "name"),
+            ("memory_gib", "memory GiB"),
+            ("peak_tflops_bf16", "BF16 TFLOP/s"),
+            ("peak_tflops_fp8", "FP8 TFLOP/s"),
+            ("hbm_tbps", "HBM TB/s"),
+            ("intra_node_gbps", "NVLink GB/s"),
+            ("inter_node_gbps", "NIC Gb/s"),
+            ("gpus_per_node", "GPUs/node"),
+            ("aliases", "aliases"),
+        ],
+        "models": [
+            ("name", "name"),
+            ("params_b", "params B"),
+            ("active_params_b", "active B"),
+            ("num_layers", "layers"),
+            ("hidden_size", "hidden"),
+            ("heads", "heads (kv)"),
+            ("ffn_hidden_size", "FFN"),
+            ("vocab_size", "vocab"),
+            ("experts", "experts (top-k)"),
+            ("aliases", "aliases"),
+        ],
+        "frameworks": [
+            ("name", "name"),
+            ("per_stage_tp", "per-stage TP"),
+            ("uneven_layers", "uneven layers"),
+            ("per_stage_recompute", "per-stage recompute"),
+            ("zero_with_pp", "ZeRO with PP"),
+            ("zero_without_pp", "ZeRO without PP"),
+            ("interleaving", "interleaving"),
+            ("context_parallel", "CP"),
+            ("expert_parallel", "EP"),
+        ],
     }[kind]
     table = Table(title=f"{kind} ({len(rows)})", title_justify="left")
     for key, head in columns:
@@ -65,10 +89,18 @@ def _gpu_row(name: str) -> dict:
     from planner.catalog import resolve_gpu
 
     g = resolve_gpu(name)
-    return {"name": g.name, "memory_gib": g.memory_gib, "peak_tflops_bf16": g.peak_tflops_bf16,
-            "peak_tflops_fp8": g.peak_tflops_fp8, "hbm_tbps": g.hbm_tbps, "intra_node_gbps": g.intra_node_gbps,
-            "inter_node_gbps": g.inter_node_gbps, "gpus_per_node": g.gpus_per_node,
-            "aliases": _aliases("gpus", name), "source": g.source}
+    return {
+        "name": g.name,
+        "memory_gib": g.memory_gib,
+        "peak_tflops_bf16": g.peak_tflops_bf16,
+        "peak_tflops_fp8": g.peak_tflops_fp8,
+        "hbm_tbps": g.hbm_tbps,
+        "intra_node_gbps": g.intra_node_gbps,
+        "inter_node_gbps": g.inter_node_gbps,
+        "gpus_per_node": g.gpus_per_node,
+        "aliases": _aliases("gpus", name),
+        "source": g.source,
+    }
 
 
 def _model_row(name: str) -> dict:
@@ -78,13 +110,19 @@ def _model_row(name: str) -> dict:
     m = resolve_model(name)
     total = total_params(m)
     active = active_params_per_token(m) + embedding_params(m) * (1 if m.tie_embeddings else 2)
-    return {"name": m.name, "params_b": round(total / 1e9, 2),
-            "active_params_b": round(active / 1e9, 2) if m.moe else None,
-            "num_layers": m.num_layers, "hidden_size": m.hidden_size,
-            "heads": f"{m.num_attention_heads} ({m.kv_heads})", "ffn_hidden_size": m.ffn_hidden_size,
-            "vocab_size": m.vocab_size,
-            "experts": f"{m.moe.num_experts} (top-{m.moe.top_k})" if m.moe else None,
-            "aliases": _aliases("models", name), "source": m.source}
+    return {
+        "name": m.name,
+        "params_b": round(total / 1e9, 2),
+        "active_params_b": round(active / 1e9, 2) if m.moe else None,
+        "num_layers": m.num_layers,
+        "hidden_size": m.hidden_size,
+        "heads": f"{m.num_attention_heads} ({m.kv_heads})",
+        "ffn_hidden_size": m.ffn_hidden_size,
+        "vocab_size": m.vocab_size,
+        "experts": f"{m.moe.num_experts} (top-{m.moe.top_k})" if m.moe else None,
+        "aliases": _aliases("models", name),
+        "source": m.source,
+    }
 
 
 def _frameworks() -> dict:
@@ -94,7 +132,14 @@ def _frameworks() -> dict:
 
 
 def _framework_row(fw) -> dict:
-    return {"name": fw.name, "per_stage_tp": fw.per_stage_tp, "uneven_layers": fw.uneven_layers,
-            "per_stage_recompute": fw.per_stage_recompute, "zero_with_pp": sorted(fw.zero_with_pp),
-            "zero_without_pp": sorted(fw.zero_without_pp), "interleaving": fw.interleaving,
-            "context_parallel": fw.context_parallel, "expert_parallel": fw.expert_parallel}
+    return {
+        "name": fw.name,
+        "per_stage_tp": fw.per_stage_tp,
+        "uneven_layers": fw.uneven_layers,
+        "per_stage_recompute": fw.per_stage_recompute,
+        "zero_with_pp": sorted(fw.zero_with_pp),
+        "zero_without_pp": sorted(fw.zero_without_pp),
+        "interleaving": fw.interleaving,
+        "context_parallel": fw.context_parallel,
+        "expert_parallel": fw.expert_parallel,
+    }

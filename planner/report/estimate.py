@@ -1,4 +1,5 @@
 """Rich tables for one estimate."""
+
 from __future__ import annotations
 
 from rich.console import Group
@@ -12,9 +13,19 @@ def _layout_line(d: dict) -> str:
     tp = "per-stage" if d["tp"] is None else d["tp"]
     sp = "per-stage" if d["sequence_parallel"] is None else "on" if d["sequence_parallel"] else "off"
     micro = "per-replica" if d["num_microbatches"] is None else d["num_microbatches"]
-    parts = [f"tp={tp}", f"pp={d['pp']}", f"dp={d['dp']}", f"cp={d['cp']}", f"ep={d['ep']}", f"vpp={d['vpp']}",
-             f"mbs={d['micro_batch_size']}", f"sp={sp}",
-             f"zero={d['zero_stage']}", f"recompute={d['recompute']}", f"micro-batches={micro}"]
+    parts = [
+        f"tp={tp}",
+        f"pp={d['pp']}",
+        f"dp={d['dp']}",
+        f"cp={d['cp']}",
+        f"ep={d['ep']}",
+        f"vpp={d['vpp']}",
+        f"mbs={d['micro_batch_size']}",
+        f"sp={sp}",
+        f"zero={d['zero_stage']}",
+        f"recompute={d['recompute']}",
+        f"micro-batches={micro}",
+    ]
     if d.get("tp_comm_overlap"):
         parts.append("tp-overlap")
     return " ".join(parts)
@@ -29,11 +40,17 @@ def render_estimate(est: Estimate, title: str = "Estimate") -> Group:
     where = f"stage {j['peak_memory_stage']}"
     if "peak_memory_replica" in j:
         where += f" of replica {j['peak_memory_replica']}"
-    head.add_row("fits", ("[green]yes[/]" if j["fits"] else "[red]no[/]")
-                 + f"  (peak {j['peak_memory_gib']:.1f} GiB on {where} of {j['memory_capacity_gib']:.1f} GiB)")
+    head.add_row(
+        "fits",
+        ("[green]yes[/]" if j["fits"] else "[red]no[/]")
+        + f"  (peak {j['peak_memory_gib']:.1f} GiB on {where} of {j['memory_capacity_gib']:.1f} GiB)",
+    )
     head.add_row("iteration time", f"{j['iteration_time_s']:.3f} s")
     head.add_row("throughput", f"{j['tokens_per_s']:,.0f} tokens/s  ({j['tokens_per_s_per_gpu']:,.1f} per GPU)")
-    head.add_row("model TFLOP/s per GPU", f"{j['model_tflops_per_gpu']:.1f}  (MFU {j['mfu'] * 100:.1f}% of {j['mfu_peak_tflops']:.0f})")
+    head.add_row(
+        "model TFLOP/s per GPU",
+        f"{j['model_tflops_per_gpu']:.1f}  (MFU {j['mfu'] * 100:.1f}% of {j['mfu_peak_tflops']:.0f})",
+    )
 
     time = Table(title="Time per iteration", title_justify="left")
     time.add_column("component")
@@ -59,18 +76,37 @@ def render_estimate(est: Estimate, title: str = "Estimate") -> Group:
 def _stage_table(j: dict) -> Table:
     """Mixed-GPU layouts: every stage (of every replica) with its node group, micro-batch time and memory."""
     lay = j["layout"]
-    replicas = lay.get("replicas") or [{"count": lay["dp"], "micro_batches": lay["num_microbatches"],
-                                         "stages": lay["stages"]}]
+    replicas = lay.get("replicas") or [
+        {"count": lay["dp"], "micro_batches": lay["num_microbatches"], "stages": lay["stages"]}
+    ]
     table = Table(title="Stages", title_justify="left")
-    for col in ("replica", "count", "micro-batches", "stage", "group", "tp", "layers", "recomputed",
-                "µbatch s", "peak / capacity GiB"):
+    for col in (
+        "replica",
+        "count",
+        "micro-batches",
+        "stage",
+        "group",
+        "tp",
+        "layers",
+        "recomputed",
+        "µbatch s",
+        "peak / capacity GiB",
+    ):
         table.add_column(col, justify="left" if col == "replica" else "right")
     for st in j["stages"]:
         r = st.get("replica", 0)
         rep = replicas[r]
         spec = rep["stages"][st["index"]]
-        table.add_row(str(r), str(rep["count"]), str(rep["micro_batches"]), str(st["index"]), str(st["group"]),
-                      str(spec["tp"]), str(st["layers"]), str(spec.get("recompute_layers", 0)),
-                      f"{st['microbatch_time_s']:.4f}",
-                      f"{st['peak_memory_gib']:.1f} / {st['memory_capacity_gib']:.1f}")
+        table.add_row(
+            str(r),
+            str(rep["count"]),
+            str(rep["micro_batches"]),
+            str(st["index"]),
+            str(st["group"]),
+            str(spec["tp"]),
+            str(st["layers"]),
+            str(spec.get("recompute_layers", 0)),
+            f"{st['microbatch_time_s']:.4f}",
+            f"{st['peak_memory_gib']:.1f} / {st['memory_capacity_gib']:.1f}",
+        )
     return table

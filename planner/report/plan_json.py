@@ -5,16 +5,18 @@ Every property carries a description with its unit. The document is self-contain
 (``parse_job(doc["job"])`` rebuilds it), the planner version, the cost model's calibration, the memory margin and the
 job's warnings.
 """
+
 from __future__ import annotations
 
-from typing import Iterable, Literal, Optional
+from collections.abc import Iterable
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from planner.cost.estimate import SCHEMA_VERSION, Estimate
 from planner.parallel import RANK_ORDER, HeteroDims, ReplicaDims
 from planner.report.provenance import provenance, warnings_json
-from planner.search.planner import SearchResult
+from planner.search.result import SearchResult
 from planner.spec import Job
 
 
@@ -31,17 +33,23 @@ class StageOut(_Out):
     """One pipeline stage of a layout, in pipeline order."""
 
     layers: int = _d("transformer layers held by this stage (the stages' layers sum to model.num_layers)")
-    recompute_layers: Optional[int] = _d(
+    recompute_layers: int | None = _d(
         "layers of this stage whose activations are fully recomputed in the backward pass; the others follow "
-        "layout.recompute. Absent: none beyond layout.recompute", None)
-    group: Optional[int] = _d(
-        "mixed-GPU plans: the node group the stage runs on (index into job.cluster); absent in one-group plans", None)
-    tp: Optional[int] = _d(
+        "layout.recompute. Absent: none beyond layout.recompute",
+        None,
+    )
+    group: int | None = _d(
+        "mixed-GPU plans: the node group the stage runs on (index into job.cluster); absent in one-group plans", None
+    )
+    tp: int | None = _d(
         "mixed-GPU plans: this stage's tensor-parallel degree (authoritative; the top-level layout.tp is null when "
-        "stages differ); absent in one-group plans, where layout.tp holds", None)
-    gpus: Optional[int] = _d(
-        "mixed-GPU plans: GPUs of this stage, tp*cp*dp (tp*cp*count inside a replica entry); absent in one-group "
-        "plans", None)
+        "stages differ); absent in one-group plans, where layout.tp holds",
+        None,
+    )
+    gpus: int | None = _d(
+        "mixed-GPU plans: GPUs of this stage, tp*cp*dp (tp*cp*count inside a replica entry); absent in one-group plans",
+        None,
+    )
 
 
 class ReplicaOut(_Out):
@@ -55,57 +63,72 @@ class ReplicaOut(_Out):
 class LayoutOut(_Out):
     """Parallel degrees and memory/communication settings of one layout (Megatron-LM terms)."""
 
-    tp: Optional[int] = _d(
+    tp: int | None = _d(
         "tensor-parallel degree. Mixed-GPU plans: the stages' common tp, null when stages differ; see stages[].tp "
-        "(or replicas[].stages[].tp)")
+        "(or replicas[].stages[].tp)"
+    )
     pp: int = _d("pipeline-parallel degree: number of pipeline stages")
     dp: int = _d("data-parallel degree: replicas of the model (with replicas: the sum of replicas[].count)")
     cp: int = _d("context-parallel degree: GPUs that split each sequence")
     ep: int = _d("expert-parallel degree (MoE models; 1 otherwise)")
     vpp: int = _d("virtual pipeline stages per GPU (interleaved 1F1B schedule); 1: not interleaved")
     micro_batch_size: int = _d("sequences per micro-batch on each data-parallel replica")
-    sequence_parallel: Optional[bool] = _d(
+    sequence_parallel: bool | None = _d(
         "Megatron sequence parallelism (shards norm/dropout activations over the TP group; on exactly where tp > 1). "
-        "Mixed-GPU plans: null when only some stages have tp > 1 (it is on in those)")
-    zero_stage: int = _d("ZeRO stage: 0 none, 1 optimizer states sharded over DP (Megatron distributed optimizer), "
-                         "2 also gradients, 3 also weights (FSDP)")
+        "Mixed-GPU plans: null when only some stages have tp > 1 (it is on in those)"
+    )
+    zero_stage: int = _d(
+        "ZeRO stage: 0 none, 1 optimizer states sharded over DP (Megatron distributed optimizer), "
+        "2 also gradients, 3 also weights (FSDP)"
+    )
     recompute: Literal["none", "selective", "full"] = _d(
         "activation recomputation baseline: none, selective (attention core only) or full (whole layers); stages' "
-        "recompute_layers add fully recomputed layers")
+        "recompute_layers add fully recomputed layers"
+    )
     tp_comm_overlap: bool = _d("TP collectives overlapped with the GEMMs they feed (Megatron --tp-comm-overlap)")
-    stages: Optional[list[StageOut]] = _d(
-        "the pipeline stages in order; absent when the layout has replicas (then see replicas)", None)
-    replicas: Optional[list[ReplicaOut]] = _d(
+    stages: list[StageOut] | None = _d(
+        "the pipeline stages in order; absent when the layout has replicas (then see replicas)", None
+    )
+    replicas: list[ReplicaOut] | None = _d(
         "data-parallel replicas that differ in placement and micro-batch count; absent otherwise (then see stages)",
-        None)
-    num_microbatches: Optional[int] = _d(
+        None,
+    )
+    num_microbatches: int | None = _d(
         "micro-batches per iteration on each replica (global_batch_size = micro_batch_size * dp * num_microbatches). "
-        "With replicas: null when they run different counts; see replicas[].micro_batches")
+        "With replicas: null when they run different counts; see replicas[].micro_batches"
+    )
 
 
 class StageEstimateOut(_Out):
     """The cost model's numbers for one pipeline stage (of one replica entry, in plans with replicas)."""
 
-    index: int = _d("the stage's position in its pipeline, 0-based (index into layout.stages or "
-                    "layout.replicas[replica].stages)")
+    index: int = _d(
+        "the stage's position in its pipeline, 0-based (index into layout.stages or layout.replicas[replica].stages)"
+    )
     layers: int = _d("transformer layers of this stage")
-    microbatch_time_s: float = _d("seconds for the forward and backward pass of one micro-batch on this stage, "
-                                  "with its exposed TP/CP/EP/pipeline communication")
+    microbatch_time_s: float = _d(
+        "seconds for the forward and backward pass of one micro-batch on this stage, "
+        "with its exposed TP/CP/EP/pipeline communication"
+    )
     peak_memory_gib: float = _d("predicted peak memory per GPU of this stage, GiB (2^30 bytes)")
-    group: Optional[int] = _d("mixed-GPU plans: the stage's node group (index into job.cluster); absent otherwise",
-                              None)
-    memory_capacity_gib: Optional[float] = _d(
+    group: int | None = _d("mixed-GPU plans: the stage's node group (index into job.cluster); absent otherwise", None)
+    memory_capacity_gib: float | None = _d(
         "mixed-GPU plans: usable memory of this stage's GPU, GiB: memory_gib * (1 - memory_margin); absent otherwise "
-        "(then the estimate's memory_capacity_gib holds for every stage)", None)
-    replica: Optional[int] = _d("plans with replicas: which replica entry (index into layout.replicas); absent "
-                                "otherwise", None)
+        "(then the estimate's memory_capacity_gib holds for every stage)",
+        None,
+    )
+    replica: int | None = _d(
+        "plans with replicas: which replica entry (index into layout.replicas); absent otherwise", None
+    )
 
 
-_TIME_KEYS = ("compute, tp_comm, cp_comm, ep_comm, pp_comm, zero_comm: the slowest stage's per-micro-batch times "
-              "(computation; exposed tensor-, context-, expert-parallel, pipeline send/receive and ZeRO-3 "
-              "gather/scatter communication) times the micro-batch count; pipeline_bubble: pipeline warm-up and "
-              "cool-down; dp_comm: the data-parallel gradient reduction left exposed after the last micro-batch; "
-              "optimizer: the optimizer step")
+_TIME_KEYS = (
+    "compute, tp_comm, cp_comm, ep_comm, pp_comm, zero_comm: the slowest stage's per-micro-batch times "
+    "(computation; exposed tensor-, context-, expert-parallel, pipeline send/receive and ZeRO-3 "
+    "gather/scatter communication) times the micro-batch count; pipeline_bubble: pipeline warm-up and "
+    "cool-down; dp_comm: the data-parallel gradient reduction left exposed after the last micro-batch; "
+    "optimizer: the optimizer step"
+)
 
 
 class EstimateOut(_Out):
@@ -114,37 +137,46 @@ class EstimateOut(_Out):
     schema_version: int = _d("version of this JSON format (the same as the document's)")
     fits: bool = _d("every stage's peak memory is within its GPU's memory less the memory margin")
     iteration_time_s: float = _d("predicted seconds per training iteration (one global batch)")
-    tokens_per_s: float = _d("training throughput of the whole job, tokens/s (global_batch_size * seq_length / "
-                             "iteration_time_s)")
-    tokens_per_s_per_gpu: float = _d("tokens_per_s divided by the GPUs the layout uses (placement.world_size), "
-                                     "tokens/s per GPU")
+    tokens_per_s: float = _d(
+        "training throughput of the whole job, tokens/s (global_batch_size * seq_length / iteration_time_s)"
+    )
+    tokens_per_s_per_gpu: float = _d(
+        "tokens_per_s divided by the GPUs the layout uses (placement.world_size), tokens/s per GPU"
+    )
     model_tflops_per_gpu: float = _d(
         "model FLOPs (forward + backward, recomputation not counted, Megatron-LM's count) per second per GPU used, "
-        "TFLOP/s (10^12 FLOP/s)")
-    mfu: float = _d("model FLOPs utilization as a fraction (0..1, not percent): model_tflops_per_gpu / "
-                    "mfu_peak_tflops")
+        "TFLOP/s (10^12 FLOP/s)"
+    )
+    mfu: float = _d("model FLOPs utilization as a fraction (0..1, not percent): model_tflops_per_gpu / mfu_peak_tflops")
     mfu_peak_tflops: float = _d(
         "the MFU denominator: dense peak TFLOP/s per GPU at the training precision (mixed-GPU plans: the mean over "
-        "the GPUs used, weighted by their count)")
+        "the GPUs used, weighted by their count)"
+    )
     peak_memory_gib: float = _d("the highest predicted per-GPU memory over all stages, GiB (2^30 bytes)")
     memory_capacity_gib: float = _d(
         "usable memory of the GPU holding that peak, GiB: its memory_gib * (1 - memory_margin) (one value for "
-        "every stage in one-group plans; mixed-GPU plans: see stages[].memory_capacity_gib)")
-    peak_memory_stage: int = _d("index of the stage with the peak memory (within its replica entry when "
-                                "peak_memory_replica is given)")
-    peak_memory_replica: Optional[int] = _d("plans with replicas: the replica entry of the peak-memory stage; "
-                                            "absent otherwise", None)
+        "every stage in one-group plans; mixed-GPU plans: see stages[].memory_capacity_gib)"
+    )
+    peak_memory_stage: int = _d(
+        "index of the stage with the peak memory (within its replica entry when peak_memory_replica is given)"
+    )
+    peak_memory_replica: int | None = _d(
+        "plans with replicas: the replica entry of the peak-memory stage; absent otherwise", None
+    )
     layout: LayoutOut = _d("the layout estimated")
     time_breakdown_s: dict[str, float] = _d(
         "seconds per iteration by component; the values add up to iteration_time_s (plans with replicas: the "
-        "slowest replica's). Keys: " + _TIME_KEYS)
+        "slowest replica's). Keys: " + _TIME_KEYS
+    )
     memory_breakdown_gib: dict[str, float] = _d(
         "per-GPU memory of the peak stage by component, GiB; the values add up to peak_memory_gib. Keys: weights "
         "(parameters), gradients (gradient buffers), optimizer (optimizer states, e.g. Adam moments and fp32 master "
         "weights), activations (stored for the backward pass, all in-flight micro-batches), overhead (CUDA context, "
-        "NCCL buffers and allocator fragmentation, see cost_model.calibration)")
-    stages: list[StageEstimateOut] = _d("every stage in pipeline order (with replicas: replica entry after replica "
-                                        "entry)")
+        "NCCL buffers and allocator fragmentation, see cost_model.calibration)"
+    )
+    stages: list[StageEstimateOut] = _d(
+        "every stage in pipeline order (with replicas: replica entry after replica entry)"
+    )
 
 
 class Optimality(_Out):
@@ -152,17 +184,21 @@ class Optimality(_Out):
 
     status: Literal["optimal", "feasible"] = _d(
         "optimal: proven the best (for rank k: the k-th best) in the modeled search space; feasible: the best found "
-        "before the time limit")
-    gap: float = _d("relative gap between the best plan's iteration time and the best lower bound of the layouts "
-                    "left unexplored, as a fraction (0.02 = 2%); 0 for optimal plans")
+        "before the time limit"
+    )
+    gap: float = _d(
+        "relative gap between the best plan's iteration time and the best lower bound of the layouts "
+        "left unexplored, as a fraction (0.02 = 2%); 0 for optimal plans"
+    )
 
 
 class StagePlacement(_Out):
     """The ranks and nodes that host one pipeline stage."""
 
     stage: int = _d("pipeline stage index (within its replica entry when replica is given)")
-    replica: Optional[int] = _d("plans with replicas: the replica entry (index into layout.replicas); absent "
-                                "otherwise", None)
+    replica: int | None = _d(
+        "plans with replicas: the replica entry (index into layout.replicas); absent otherwise", None
+    )
     group: int = _d("node group the stage runs on (index into job.cluster)")
     gpu: str = _d("GPU name of that node group (job.cluster[group].gpu.name)")
     first_rank: int = _d("first global rank of the stage (ranks are contiguous, pipeline stage after stage)")
@@ -178,22 +214,26 @@ class GroupIdle(_Out):
     gpu: str = _d("GPU name of the node group")
     used_gpus: int = _d("GPUs of the group the plan uses")
     idle_gpus: int = _d("GPUs of the group the plan leaves idle")
-    idle_reason: Optional[str] = _d("why the idle GPUs are not used; absent when none is idle", None)
+    idle_reason: str | None = _d("why the idle GPUs are not used; absent when none is idle", None)
     gpus_per_node: int = _d("GPUs per node of the group (job.cluster[group].gpus_per_node)")
 
 
 class Placement(_Out):
     """Where the plan's ranks run: Megatron-LM's rank order, stage by stage."""
 
-    rank_order: str = _d("order in which parallel dimensions are laid out over global ranks, innermost first "
-                         "(tp-cp-ep-dp-pp: TP ranks adjacent, pipeline stages outermost)")
+    rank_order: str = _d(
+        "order in which parallel dimensions are laid out over global ranks, innermost first "
+        "(tp-cp-ep-dp-pp: TP ranks adjacent, pipeline stages outermost)"
+    )
     world_size: int = _d("GPUs the plan uses (global ranks 0..world_size-1)")
     idle_gpus: int = _d("GPUs of the cluster the plan leaves idle (cluster GPUs - world_size)")
-    gpus_per_node: Optional[int] = _d(
-        "GPUs per node; mixed-GPU plans: null when the node groups differ (see groups[].gpus_per_node)")
+    gpus_per_node: int | None = _d(
+        "GPUs per node; mixed-GPU plans: null when the node groups differ (see groups[].gpus_per_node)"
+    )
     stages: list[StagePlacement] = _d("every stage in pipeline order (with replicas: replica entry after entry)")
-    groups: Optional[list[GroupIdle]] = _d("mixed-GPU plans: GPUs used and idle per node group; absent in "
-                                           "one-group plans", None)
+    groups: list[GroupIdle] | None = _d(
+        "mixed-GPU plans: GPUs used and idle per node group; absent in one-group plans", None
+    )
 
 
 class PlanOut(_Out):
@@ -207,7 +247,9 @@ class PlanOut(_Out):
     equivalent: list[LayoutOut] = _d(
         "layouts the cost model cannot tell apart from this plan (iteration time and peak memory within 0.01%), "
         "in plan order; they are one entry of the top list, so the plans are distinct choices. Only those the "
-        "search met are listed (not every tie in the space); empty: none", [])
+        "search met are listed (not every tie in the space); empty: none",
+        [],
+    )
 
 
 class SearchOut(_Out):
@@ -216,31 +258,43 @@ class SearchOut(_Out):
     candidates: int = _d("candidate layouts (parallel degrees and settings) enumerated")
     pruned: int = _d("candidates skipped because a lower bound showed they cannot beat the plans kept")
     solved: int = _d("CP-SAT solves run (layer split and recomputation of a candidate)")
-    complete: bool = _d("every candidate was solved or pruned (mixed-GPU search: every mixed-pipeline candidate); "
-                        "false: see stop_reason")
+    complete: bool = _d(
+        "every candidate was solved or pruned (mixed-GPU search: every mixed-pipeline candidate); "
+        "false: see stop_reason"
+    )
     stop_reason: Literal["proven", "time_limit", "solve_cap", "heuristic"] = _d(
         "why the plans are or are not proven, most decisive first: proven (the top plans are optimal within the "
         "modeled space); time_limit (--time-limit, or a search phase's share of it, ran out with candidates left "
         "whose bound could beat them); solve_cap (a CP-SAT solve stopped at its per-solve cap, 10% of the search's "
         "time limit and at least 1 s, with its bound below the top plans; a larger --time-limit raises the cap); "
         "heuristic (mixed-GPU search: replica shapes, which are evaluated heuristically, have a bound below the "
-        "top plans; more time does not close it)")
-    gap: float = _d("relative gap between plan 1's iteration time and the least lower bound not ruled out, as a "
-                    "fraction (0.02 = 2%); 0 when proven")
-    gap_source: Optional[Literal["mixed_pipelines", "replica_shapes"]] = _d(
+        "top plans; more time does not close it)"
+    )
+    gap: float = _d(
+        "relative gap between plan 1's iteration time and the least lower bound not ruled out, as a "
+        "fraction (0.02 = 2%); 0 when proven"
+    )
+    gap_source: Literal["mixed_pipelines", "replica_shapes"] | None = _d(
         "mixed-GPU search: the part of the space whose lower bound sets gap (mixed pipelines, or replicas on "
-        "different GPU types); absent when proven and in one-group searches", None)
-    seconds: Optional[float] = _d("wall-clock seconds the search took; null with --no-timing (byte-identical output)")
-    framework: Optional[str] = _d("--framework: the framework whose limits the plans respect; absent otherwise", None)
-    unrestricted_best_s: Optional[float] = _d(
-        "--framework: seconds per iteration of the best plan without the framework's limits; absent otherwise", None)
-    single_type_best_s: Optional[float] = _d(
-        "mixed-GPU search: seconds per iteration of the best plan on one node group alone; absent otherwise", None)
-    single_type_group: Optional[int] = _d(
-        "mixed-GPU search: the node group (index into job.cluster) of single_type_best_s; absent otherwise", None)
-    hetero_vs_single_ratio: Optional[float] = _d(
+        "different GPU types); absent when proven and in one-group searches",
+        None,
+    )
+    seconds: float | None = _d("wall-clock seconds the search took; null with --no-timing (byte-identical output)")
+    framework: str | None = _d("--framework: the framework whose limits the plans respect; absent otherwise", None)
+    unrestricted_best_s: float | None = _d(
+        "--framework: seconds per iteration of the best plan without the framework's limits; absent otherwise", None
+    )
+    single_type_best_s: float | None = _d(
+        "mixed-GPU search: seconds per iteration of the best plan on one node group alone; absent otherwise", None
+    )
+    single_type_group: int | None = _d(
+        "mixed-GPU search: the node group (index into job.cluster) of single_type_best_s; absent otherwise", None
+    )
+    hetero_vs_single_ratio: float | None = _d(
         "mixed-GPU search: best mixed plan's iteration time / single_type_best_s (below 1: mixing is faster); "
-        "absent otherwise", None)
+        "absent otherwise",
+        None,
+    )
 
 
 # ----------------------------------------------------------------------------- the echoed job (planner.spec.Job)
@@ -267,13 +321,13 @@ class ModelOut(_Out):
     hidden_size: int = _d("hidden (model) dimension")
     ffn_hidden_size: int = _d("FFN intermediate dimension of the dense layers")
     num_attention_heads: int = _d("query attention heads")
-    num_kv_heads: Optional[int] = _d("key/value heads (GQA/MQA); null: num_attention_heads (MHA)")
-    head_dim: Optional[int] = _d("dimension of one attention head; null: hidden_size / num_attention_heads")
+    num_kv_heads: int | None = _d("key/value heads (GQA/MQA); null: num_attention_heads (MHA)")
+    head_dim: int | None = _d("dimension of one attention head; null: hidden_size / num_attention_heads")
     vocab_size: int = _d("vocabulary size (rows of the embedding table)")
     mlp: Literal["gelu", "swiglu", "relu"] = _d("MLP activation: swiglu (gated, three matrices), gelu or relu (two)")
     tie_embeddings: bool = _d("input embedding and output projection share one matrix")
     dropout: bool = _d("hidden/attention dropout on (adds 1-byte masks to the activations)")
-    moe: Optional[MoEOut] = _d("mixture-of-experts settings; null for a dense model")
+    moe: MoEOut | None = _d("mixture-of-experts settings; null for a dense model")
     source: str = _d("where the dimensions come from (preset citation, config.json path, or 'user supplied')")
 
 
@@ -283,12 +337,14 @@ class GpuOut(_Out):
     name: str = _d("GPU name (catalog name or 'custom-gpu')")
     memory_gib: float = _d("memory per GPU, GiB (2^30 bytes)")
     peak_tflops_bf16: float = _d("dense BF16 tensor-core peak, TFLOP/s (10^12 FLOP/s)")
-    peak_tflops_fp16: Optional[float] = _d("dense FP16 peak, TFLOP/s; null: peak_tflops_bf16")
-    peak_tflops_fp8: Optional[float] = _d("dense FP8 peak, TFLOP/s; null: no FP8 (BF16 rates are used)")
-    matmul_tflops_bf16: Optional[float] = _d(
-        "measured achievable dense BF16 GEMM rate (MAMF), TFLOP/s; null: 80% of peak_tflops_bf16")
-    attention_tflops_bf16: Optional[float] = _d(
-        "measured fused (flash) attention rate, forward + backward, TFLOP/s; null: the GEMM rate")
+    peak_tflops_fp16: float | None = _d("dense FP16 peak, TFLOP/s; null: peak_tflops_bf16")
+    peak_tflops_fp8: float | None = _d("dense FP8 peak, TFLOP/s; null: no FP8 (BF16 rates are used)")
+    matmul_tflops_bf16: float | None = _d(
+        "measured achievable dense BF16 GEMM rate (MAMF), TFLOP/s; null: 80% of peak_tflops_bf16"
+    )
+    attention_tflops_bf16: float | None = _d(
+        "measured fused (flash) attention rate, forward + backward, TFLOP/s; null: the GEMM rate"
+    )
     hbm_tbps: float = _d("HBM bandwidth, TB/s (10^12 bytes/s)")
     intra_node_gbps: float = _d("scale-up (NVLink) bandwidth per GPU per direction, GB/s (10^9 bytes/s)")
     inter_node_gbps: float = _d("scale-out NIC line rate per GPU, Gb/s (10^9 bits/s)")
@@ -302,8 +358,9 @@ class NodeGroupOut(_Out):
     gpu: GpuOut = _d("the GPU of these nodes")
     nodes: int = _d("nodes in the group")
     gpus_per_node: int = _d("GPUs per node in this group")
-    inter_node_gbps: Optional[float] = _d("this group's NIC line rate per GPU, Gb/s, overriding gpu.inter_node_gbps; "
-                                          "null: gpu.inter_node_gbps")
+    inter_node_gbps: float | None = _d(
+        "this group's NIC line rate per GPU, Gb/s, overriding gpu.inter_node_gbps; null: gpu.inter_node_gbps"
+    )
 
 
 class LinkOut(_Out):
@@ -323,20 +380,22 @@ class TrainingOut(_Out):
     attention: Literal["flash", "eager"] = _d("fused (flash) attention, or eager (materialized s^2 softmax)")
     grad_dtype: Literal["fp32", "bf16", "bf16+fp32"] = _d(
         "gradient buffers: fp32 (Megatron main_grad), bf16, or bf16+fp32 (16-bit grads plus an unsharded fp32 "
-        "accumulation buffer, DeepSpeed BF16_Optimizer)")
+        "accumulation buffer, DeepSpeed BF16_Optimizer)"
+    )
 
 
 class JobStageOut(_Out):
     """One stage of the job's own layout, as written."""
 
     layers: int = _d("transformer layers of the stage")
-    recompute_layers: Optional[int] = _d("layers of the stage fully recomputed; absent: none beyond "
-                                         "layout.recompute", None)
-    group: Optional[int] = _d("mixed-GPU layout: node group of the stage (index into cluster); absent otherwise",
-                              None)
-    tp: Optional[int] = _d("mixed-GPU layout: this stage's TP degree; absent otherwise", None)
-    gpus: Optional[int] = _d("mixed-GPU layout: GPUs of the stage, tp*cp*dp (tp*cp*count in a replica); absent "
-                             "otherwise", None)
+    recompute_layers: int | None = _d(
+        "layers of the stage fully recomputed; absent: none beyond layout.recompute", None
+    )
+    group: int | None = _d("mixed-GPU layout: node group of the stage (index into cluster); absent otherwise", None)
+    tp: int | None = _d("mixed-GPU layout: this stage's TP degree; absent otherwise", None)
+    gpus: int | None = _d(
+        "mixed-GPU layout: GPUs of the stage, tp*cp*dp (tp*cp*count in a replica); absent otherwise", None
+    )
 
 
 class JobReplicaOut(_Out):
@@ -344,37 +403,36 @@ class JobReplicaOut(_Out):
 
     stages: list[JobStageOut] = _d("the pipeline's stages in order")
     micro_batches: int = _d("micro-batches per iteration of each of these replicas")
-    count: Optional[int] = _d("identical replicas of this pipeline; absent: 1", None)
+    count: int | None = _d("identical replicas of this pipeline; absent: 1", None)
 
 
 class JobLayoutOut(_Out):
     """The job's own layout exactly as written in the job file: a field absent here took its default (shown in its
     description). Its resolved degrees are in `current.layout`."""
 
-    tp: Optional[int] = _d("tensor-parallel degree; absent: 1", None)
-    pp: Optional[int] = _d("pipeline-parallel degree; absent: 1 (with replicas: their stage count)", None)
-    dp: Optional[int] = _d("data-parallel degree; absent or null: GPUs / (tp*pp*cp)", None)
-    cp: Optional[int] = _d("context-parallel degree; absent: 1", None)
-    ep: Optional[int] = _d("expert-parallel degree; absent: 1", None)
-    vpp: Optional[int] = _d("virtual pipeline stages per GPU; absent: 1", None)
-    micro_batch_size: Optional[int] = _d("sequences per micro-batch; absent: 1", None)
-    sequence_parallel: Optional[bool] = _d("sequence parallelism; absent or null: on when tp > 1", None)
-    zero_stage: Optional[int] = _d("ZeRO stage 0-3; absent: 1", None)
-    recompute: Optional[Literal["none", "selective", "full"]] = _d("activation recomputation; absent: selective",
-                                                                   None)
-    tp_comm_overlap: Optional[bool] = _d("TP communication overlapped with GEMMs; absent: false", None)
-    stages: Optional[list[JobStageOut]] = _d("per-stage layer counts (and placement); absent: an even split", None)
-    replicas: Optional[list[JobReplicaOut]] = _d("replica entries that differ in placement; absent: none", None)
+    tp: int | None = _d("tensor-parallel degree; absent: 1", None)
+    pp: int | None = _d("pipeline-parallel degree; absent: 1 (with replicas: their stage count)", None)
+    dp: int | None = _d("data-parallel degree; absent or null: GPUs / (tp*pp*cp)", None)
+    cp: int | None = _d("context-parallel degree; absent: 1", None)
+    ep: int | None = _d("expert-parallel degree; absent: 1", None)
+    vpp: int | None = _d("virtual pipeline stages per GPU; absent: 1", None)
+    micro_batch_size: int | None = _d("sequences per micro-batch; absent: 1", None)
+    sequence_parallel: bool | None = _d("sequence parallelism; absent or null: on when tp > 1", None)
+    zero_stage: int | None = _d("ZeRO stage 0-3; absent: 1", None)
+    recompute: Literal["none", "selective", "full"] | None = _d("activation recomputation; absent: selective", None)
+    tp_comm_overlap: bool | None = _d("TP communication overlapped with GEMMs; absent: false", None)
+    stages: list[JobStageOut] | None = _d("per-stage layer counts (and placement); absent: an even split", None)
+    replicas: list[JobReplicaOut] | None = _d("replica entries that differ in placement; absent: none", None)
 
 
 class JobOut(_Out):
-    """The job planned, resolved: `planner.spec.parse_job(doc["job"])` rebuilds it (catalog names written out)."""
+    """The job planned, resolved: `planner.load.parse_job(doc["job"])` rebuilds it (catalog names written out)."""
 
     model: ModelOut = _d("the model's dimensions")
     cluster: list[NodeGroupOut] = _d("node groups, each of one GPU type (group indices elsewhere index this list)")
     training: TrainingOut = _d("training settings")
     links: list[LinkOut] = _d("network between node groups; empty: the slower NIC of the two groups")
-    layout: Optional[JobLayoutOut] = _d("the job's own layout as written (compared as `current`); null if none")
+    layout: JobLayoutOut | None = _d("the job's own layout as written (compared as `current`); null if none")
 
 
 class CalibrationOut(_Out):
@@ -395,9 +453,10 @@ class CalibrationOut(_Out):
 class CostModelOut(_Out):
     """The calibration the estimates were priced with."""
 
-    calibration_file: Optional[str] = _d(
+    calibration_file: str | None = _d(
         "where the calibration was read: 'builtin' (the planner's own calibration.yaml) or the override file under "
-        "$PLANNER_CATALOG; null: a calibration given in code")
+        "$PLANNER_CATALOG; null: a calibration given in code"
+    )
     calibration: CalibrationOut = _d("the calibrated efficiencies")
 
 
@@ -409,7 +468,7 @@ class WarningOut(_Out):
 
 
 class _Provenance(_Out):
-    job: JobOut = _d("the job, resolved: `planner.spec.parse_job(doc[\"job\"])` rebuilds it")
+    job: JobOut = _d('the job, resolved: `planner.load.parse_job(doc["job"])` rebuilds it')
     planner_version: str = _d("version of the planner that wrote this document (planner --version)")
     cost_model: CostModelOut = _d("the cost model's calibration used for every estimate")
 
@@ -422,12 +481,12 @@ class PlanDocument(_Provenance):
 
     schema_version: int = _d("version of this JSON format; a change that is not additive increases it")
     plans: list[PlanOut] = _d("the best plans, fastest first (at most --top)")
-    current: Optional[EstimateOut] = _d("the estimate of the job's own layout (job.layout); absent when it has none",
-                                        None)
+    current: EstimateOut | None = _d("the estimate of the job's own layout (job.layout); absent when it has none", None)
     search: SearchOut = _d("statistics of the search")
-    memory_margin: Optional[float] = _d(
+    memory_margin: float | None = _d(
         "share of each GPU's memory kept free, as a fraction (0.05 = 5%): capacities are memory_gib * "
-        "(1 - memory_margin); null: not recorded")
+        "(1 - memory_margin); null: not recorded"
+    )
     warnings: list[WarningOut] = _d("likely mistakes in the job (empty: none)")
 
 
@@ -435,8 +494,9 @@ class EstimateDocument(EstimateOut, _Provenance):
     """The JSON of `planner estimate --json`: the estimate of the job's layout, with the same echo as the plan
     document."""
 
-    memory_margin: Optional[float] = _d(
-        "share of each GPU's memory kept free, as a fraction (0.05 = 5%); null: not recorded", None)
+    memory_margin: float | None = _d(
+        "share of each GPU's memory kept free, as a fraction (0.05 = 5%); null: not recorded", None
+    )
     warnings: list[WarningOut] = _d("likely mistakes in the job (empty: none)", [])
 
 
@@ -453,10 +513,24 @@ def placement(job: Job, est: Estimate) -> dict:
     stages = []
     for s in range(d.pp):
         first, last = s * per_stage, (s + 1) * per_stage - 1
-        stages.append({"stage": s, "group": 0, "gpu": group.gpu.name, "first_rank": first, "last_rank": last,
-                       "first_node": first // gpn, "last_node": last // gpn})
-    return {"rank_order": RANK_ORDER, "world_size": d.world, "idle_gpus": job.num_gpus - d.world,
-            "gpus_per_node": gpn, "stages": stages}
+        stages.append(
+            {
+                "stage": s,
+                "group": 0,
+                "gpu": group.gpu.name,
+                "first_rank": first,
+                "last_rank": last,
+                "first_node": first // gpn,
+                "last_node": last // gpn,
+            }
+        )
+    return {
+        "rank_order": RANK_ORDER,
+        "world_size": d.world,
+        "idle_gpus": job.num_gpus - d.world,
+        "gpus_per_node": gpn,
+        "stages": stages,
+    }
 
 
 def hetero_placement(job: Job, d: HeteroDims) -> dict:
@@ -478,19 +552,41 @@ def _placed(job: Job, d, pipelines) -> dict:
             n = tp * pipe.cp * pipe.dp
             local = nxt.get(g, 0)
             nxt[g] = local + n
-            stages.append({"stage": s, **({"replica": r} if r is not None else {}), "group": g, "gpu": grp.gpu.name,
-                           "first_rank": rank, "last_rank": rank + n - 1, "first_node": local // grp.gpus_per_node,
-                           "last_node": (local + n - 1) // grp.gpus_per_node})
+            stages.append(
+                {
+                    "stage": s,
+                    **({"replica": r} if r is not None else {}),
+                    "group": g,
+                    "gpu": grp.gpu.name,
+                    "first_rank": rank,
+                    "last_rank": rank + n - 1,
+                    "first_node": local // grp.gpus_per_node,
+                    "last_node": (local + n - 1) // grp.gpus_per_node,
+                }
+            )
             rank += n
     used = d.gpus_by_group()
     groups = []
     for g, grp in enumerate(job.cluster):
         idle = grp.num_gpus - used[g]
-        groups.append({"group": g, "gpu": grp.gpu.name, "gpus_per_node": grp.gpus_per_node, "used_gpus": used[g],
-                       "idle_gpus": idle,
-                       **({"idle_reason": idle_reason(d, pipelines, g, idle)} if idle else {})})
-    return {"rank_order": RANK_ORDER, "world_size": d.world, "idle_gpus": job.num_gpus - d.world,
-            "gpus_per_node": _common({grp.gpus_per_node for grp in job.cluster}), "stages": stages, "groups": groups}
+        groups.append(
+            {
+                "group": g,
+                "gpu": grp.gpu.name,
+                "gpus_per_node": grp.gpus_per_node,
+                "used_gpus": used[g],
+                "idle_gpus": idle,
+                **({"idle_reason": idle_reason(d, pipelines, g, idle)} if idle else {}),
+            }
+        )
+    return {
+        "rank_order": RANK_ORDER,
+        "world_size": d.world,
+        "idle_gpus": job.num_gpus - d.world,
+        "gpus_per_node": _common({grp.gpus_per_node for grp in job.cluster}),
+        "stages": stages,
+        "groups": groups,
+    }
 
 
 def _common(values: set):
@@ -503,8 +599,9 @@ def idle_reason(d, pipelines, g: int, idle: int) -> str:
     them would not be faster (the search compared the plans that do)."""
     if not any(g in pipe.stage_groups for _, pipe in pipelines):
         return "the group is left out: no plan that uses it is faster"
-    sizes = sorted({tp * pipe.cp * pipe.dp for _, pipe in pipelines
-                    for gg, tp in zip(pipe.stage_groups, pipe.stage_tp) if gg == g})
+    sizes = sorted(
+        {tp * pipe.cp * pipe.dp for _, pipe in pipelines for gg, tp in zip(pipe.stage_groups, pipe.stage_tp) if gg == g}
+    )
     if isinstance(d, ReplicaDims):
         pipe = next(p for _, p in pipelines if g in p.stage_groups)
         need = sum(tp * pipe.cp for tp in pipe.stage_tp)
@@ -529,31 +626,57 @@ def _search_extras(result: SearchResult, framework: str | None) -> dict:
     return out
 
 
-def plan_document(job: Job, result: SearchResult, current: Estimate | None, timing: bool = True,
-                  framework: str | None = None, *, memory_margin: float | None = None,
-                  warnings: Iterable = ()) -> dict:
+def plan_document(
+    job: Job,
+    result: SearchResult,
+    current: Estimate | None,
+    timing: bool = True,
+    framework: str | None = None,
+    *,
+    memory_margin: float | None = None,
+    warnings: Iterable = (),
+) -> dict:
     """The `planner plan --json` document (PlanDocument). ``memory_margin``: the share of GPU memory the search
     kept free (null when not given); ``warnings``: objects with ``.field`` and ``.message`` (planner.sanity)."""
     plans = []
     for rank, plan in enumerate(result.plans, start=1):
         est = plan.estimate.to_json()
         gap = 0.0 if plan.status == "optimal" else round(result.gap, 6)
-        plans.append({
-            "rank": rank, "layout": est["layout"], "estimate": est,
-            "optimality": {"status": plan.status, "gap": gap},
-            "placement": placement(job, plan.estimate),
-            "equivalent": [e.estimate.to_json()["layout"] for e in plan.equivalent],
-        })
+        plans.append(
+            {
+                "rank": rank,
+                "layout": est["layout"],
+                "estimate": est,
+                "optimality": {"status": plan.status, "gap": gap},
+                "placement": placement(job, plan.estimate),
+                "equivalent": [e.estimate.to_json()["layout"] for e in plan.equivalent],
+            }
+        )
     doc = {
         "schema_version": SCHEMA_VERSION,
         "plans": plans,
-        "search": {"candidates": result.candidates, "pruned": result.pruned, "solved": result.solved,
-                   "complete": result.complete, "seconds": round(result.seconds, 3) if timing else None,
-                   "stop_reason": result.stop_reason, "gap": round(result.gap, 6),
-                   **({"gap_source": result.gap_source} if result.gap_source else {}),
-                   **_search_extras(result, framework)},
-        **provenance(job, next((e.calibration for e in [*(p.estimate for p in result.plans), current]
-                                if e is not None and e.calibration is not None), None)),
+        "search": {
+            "candidates": result.candidates,
+            "pruned": result.pruned,
+            "solved": result.solved,
+            "complete": result.complete,
+            "seconds": round(result.seconds, 3) if timing else None,
+            "stop_reason": result.stop_reason,
+            "gap": round(result.gap, 6),
+            **({"gap_source": result.gap_source} if result.gap_source else {}),
+            **_search_extras(result, framework),
+        },
+        **provenance(
+            job,
+            next(
+                (
+                    e.calibration
+                    for e in [*(p.estimate for p in result.plans), current]
+                    if e is not None and e.calibration is not None
+                ),
+                None,
+            ),
+        ),
         "memory_margin": None if memory_margin is None else float(memory_margin),
         "warnings": warnings_json(warnings),
     }

@@ -1,11 +1,12 @@
 """What a JSON output was computed from: the resolved job, the planner version and the cost model's calibration.
 
 `planner plan --json` and `planner estimate --json` echo these so that a launch script needs the JSON alone:
-``planner.spec.parse_job(doc["job"])`` rebuilds a Job equal to the one planned. Light imports only (no search).
+``planner.load.parse_job(doc["job"])`` rebuilds a Job equal to the one planned. Light imports only (no search).
 """
+
 from __future__ import annotations
 
-from typing import Iterable
+from collections.abc import Iterable
 
 from planner.cost.calibration import Calibration
 from planner.spec import Job
@@ -39,8 +40,7 @@ def cost_model_json(cal: Calibration | None = None) -> dict:
     from planner.cost.calibration import default_calibration
 
     used = cal or default_calibration()
-    return {"calibration_file": calibration_file(used),
-            "calibration": {k: float(v) for k, v in used.as_dict().items()}}
+    return {"calibration_file": calibration_file(used), "calibration": {k: float(v) for k, v in used.as_dict().items()}}
 
 
 def warnings_json(warnings: Iterable) -> list[dict]:

@@ -1,4 +1,5 @@
 """When nothing fits: find what would (more nodes of the same GPU, or a GPU with more memory)."""
+
 from __future__ import annotations
 
 import time
@@ -27,8 +28,12 @@ def any_fits(job: Job, opts: SearchOptions, budget_s: float) -> bool:
             continue
         if quick.greedy_partition(sm, capacity) is not None:
             return True
-        res = solve_partition(sm, capacity, partial_recompute=opts.partial_recompute,
-                              time_limit_s=max(0.05, min(0.5, deadline - time.monotonic())))
+        res = solve_partition(
+            sm,
+            capacity,
+            partial_recompute=opts.partial_recompute,
+            time_limit_s=max(0.05, min(0.5, deadline - time.monotonic())),
+        )
         if res.plans is not None:
             return True
     return False
@@ -42,8 +47,10 @@ def suggestions(job: Job, opts: SearchOptions, budget_s: float = 10.0) -> list[s
     for factor in (2, 4, 8, 16, 32):
         bigger = job.model_copy(update={"cluster": (group.model_copy(update={"nodes": group.nodes * factor}),)})
         if bigger.num_gpus <= 1_000_000 and any_fits(bigger, opts, budget_s / 6):
-            out.append(f"use at least {group.nodes * factor} nodes of {group.gpu.name} "
-                       f"({bigger.num_gpus} GPUs) instead of {group.nodes}")
+            out.append(
+                f"use at least {group.nodes * factor} nodes of {group.gpu.name} "
+                f"({bigger.num_gpus} GPUs) instead of {group.nodes}"
+            )
             break
     roomier = sorted((resolve_gpu(n) for n in gpu_names()), key=lambda g: g.memory_gib)
     for gpu in roomier:
@@ -62,19 +69,24 @@ def suggestions(job: Job, opts: SearchOptions, budget_s: float = 10.0) -> list[s
 def hetero_suggestions(job: Job, opts: SearchOptions, budget_s: float = 10.0) -> list[str]:
     """What would make a mixed-GPU job fit: more nodes in every group (the smallest multiple that fits), or the
     roomiest group's GPU type with enough nodes on its own."""
-    from planner.search.hetero import search_hetero
     from planner.parallel import group_order
+    from planner.search.mixed_pipelines import search_hetero
 
     out = []
     for factor in (2, 4, 8, 16, 32):
-        bigger = job.model_copy(update={"cluster": tuple(g.model_copy(update={"nodes": g.nodes * factor})
-                                                         for g in job.cluster)})
+        bigger = job.model_copy(
+            update={"cluster": tuple(g.model_copy(update={"nodes": g.nodes * factor}) for g in job.cluster)}
+        )
         if bigger.num_gpus > 1_000_000:
             break
-        if search_hetero(bigger, top=1, time_limit_s=budget_s / 8, options=opts, single_type=False,
-                         replicas=False).plans:
-            out.append("use at least " + ", ".join(f"{g.nodes} nodes of {g.gpu.name}" for g in bigger.cluster)
-                       + f" ({factor}x every group)")
+        if search_hetero(
+            bigger, top=1, time_limit_s=budget_s / 8, options=opts, single_type=False, replicas=False
+        ).plans:
+            out.append(
+                "use at least "
+                + ", ".join(f"{g.nodes} nodes of {g.gpu.name}" for g in bigger.cluster)
+                + f" ({factor}x every group)"
+            )
             break
     roomy = job.cluster[group_order(job.cluster)[0]]
     alone = job.model_copy(update={"cluster": (roomy,), "layout": None})
@@ -83,8 +95,25 @@ def hetero_suggestions(job: Job, opts: SearchOptions, budget_s: float = 10.0) ->
         if more.num_gpus <= 1_000_000 and any_fits(more, opts, budget_s / 12):
             out.append(f"or {more.cluster[0].nodes} nodes of {roomy.gpu.name} alone")
             break
-    out.append("the search already tried every stage placement, micro-batch size, recompute placement and "
-               "ZeRO stage 0, 1 and 3")
+    out.append(
+        "the search already tried every stage placement, micro-batch size, recompute placement and "
+        "ZeRO stage 0, 1 and 3"
+    )
     if opts.memory_margin > 0:
         out.append(f"a smaller --memory-margin (now {opts.memory_margin:.0%}) leaves more room, at the risk of OOM")
     return out
+
+
+def nothing_fits_message(job: Job, opts: SearchOptions) -> str:
+    """The one line `planner plan` prints (exit 3) when no layout fits: what was tried and what would fit."""
+    if len(job.cluster) > 1:
+        reasons = "; ".join(hetero_suggestions(job, opts))
+        return (
+            f"error: nothing fits: no layout of {job.model.name} on these {len(job.cluster)} node groups fits "
+            f"with --memory-margin {opts.memory_margin:g}. To make it fit: {reasons}"
+        )
+    reasons = "; ".join(suggestions(job, opts))
+    return (
+        f"error: nothing fits: no layout of {job.model.name} on {job.num_gpus} GPUs fits in "
+        f"{job.cluster[0].gpu.memory_gib * (1 - opts.memory_margin):.1f} GiB per GPU. To make it fit: {reasons}"
+    )

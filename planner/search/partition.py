@@ -17,6 +17,7 @@ _add_memory, _set_objective); build_partition_model builds, solve_partition solv
 PLANNER_DUMP_CPSAT=DIR writes every model built as a text proto, DIR/partition-<pid>-<n>.pbtxt
 (PartitionModel.dump).
 """
+
 from __future__ import annotations
 
 import itertools
@@ -26,15 +27,8 @@ from pathlib import Path
 
 from ortools.sat.python import cp_model
 
-from planner.cost.stage import (
-    Affine,
-    MemoryForms,
-    StageModel,
-    StagePlan,
-    TailForms,
-    TimeForms,
-    Traffic,
-)
+from planner.cost.forms import Affine, MemoryForms, StagePlan, TailForms, TimeForms, Traffic
+from planner.cost.stage import StageModel
 
 MIN_UNITS, MAX_UNITS = 1e6, 1e9  # integer time units per second: between a microsecond and a nanosecond
 PRECISION = 1e-4  # relative rounding error the time unit allows (quick.RESOLUTION)
@@ -47,9 +41,9 @@ _dumped = itertools.count(1)
 @dataclass
 class PartitionResult:
     plans: list[StagePlan] | None  # None: infeasible (or nothing found in time)
-    status: str                    # "optimal" | "feasible" | "infeasible" | "unknown"
-    objective_s: float             # CP-SAT objective as iteration seconds (integer-rounded model)
-    bound_s: float                 # proven lower bound, seconds
+    status: str  # "optimal" | "feasible" | "infeasible" | "unknown"
+    objective_s: float  # CP-SAT objective as iteration seconds (integer-rounded model)
+    bound_s: float  # proven lower bound, seconds
 
 
 @dataclass
@@ -57,26 +51,31 @@ class PartitionVars:
     """The model's variables: per stage i, its layer and recompute counts (the StagePlan it becomes) and its
     micro-batch time; per iteration, the bottleneck stage time and the largest DP tail and optimizer step."""
 
-    layers: list = field(default_factory=list)          # n_i = vpp * chunks_i
-    chunks: list = field(default_factory=list)          # layers per interleaved model chunk
-    moe_layers: list = field(default_factory=list)      # MoE layers in the stage's contiguous span
+    layers: list = field(default_factory=list)  # n_i = vpp * chunks_i
+    chunks: list = field(default_factory=list)  # layers per interleaved model chunk
+    moe_layers: list = field(default_factory=list)  # MoE layers in the stage's contiguous span
     dense_layers: list = field(default_factory=list)
-    holds_moe: list = field(default_factory=list)       # 0/1: the stage holds an MoE layer
-    recomputed: list = field(default_factory=list)      # fully recomputed layers, MoE ones first
+    holds_moe: list = field(default_factory=list)  # 0/1: the stage holds an MoE layer
+    recomputed: list = field(default_factory=list)  # fully recomputed layers, MoE ones first
     recomputed_moe: list = field(default_factory=list)
     recomputed_dense: list = field(default_factory=list)
-    recomputes: list = field(default_factory=list)      # 0/1: the stage recomputes a layer
-    stage_time: list = field(default_factory=list)      # t_i, time units per micro-batch
-    bottleneck: cp_model.IntVar | None = None           # T >= every t_i
-    dp_tail: cp_model.IntVar | None = None              # D >= every stage's exposed DP tail
-    optimizer: cp_model.IntVar | None = None            # O >= every stage's optimizer step
+    recomputes: list = field(default_factory=list)  # 0/1: the stage recomputes a layer
+    stage_time: list = field(default_factory=list)  # t_i, time units per micro-batch
+    bottleneck: cp_model.IntVar | None = None  # T >= every t_i
+    dp_tail: cp_model.IntVar | None = None  # D >= every stage's exposed DP tail
+    optimizer: cp_model.IntVar | None = None  # O >= every stage's optimizer step
 
     def linear(self, form: Affine, i: int, rounded) -> cp_model.LinearExpr:
         """``form`` of stage i as a linear expression, each coefficient rounded to an integer by ``rounded``."""
-        return (rounded(form.dense) * self.dense_layers[i] + rounded(form.moe) * self.moe_layers[i]
-                + rounded(form.r_dense) * self.recomputed_dense[i] + rounded(form.r_moe) * self.recomputed_moe[i]
-                + rounded(form.any_moe) * self.holds_moe[i] + rounded(form.any_recomputed) * self.recomputes[i]
-                + rounded(form.const))
+        return (
+            rounded(form.dense) * self.dense_layers[i]
+            + rounded(form.moe) * self.moe_layers[i]
+            + rounded(form.r_dense) * self.recomputed_dense[i]
+            + rounded(form.r_moe) * self.recomputed_moe[i]
+            + rounded(form.any_moe) * self.holds_moe[i]
+            + rounded(form.any_recomputed) * self.recomputes[i]
+            + rounded(form.const)
+        )
 
     def traffic(self, traffic: Traffic, i: int, rounded) -> cp_model.LinearExpr:
         """Collectives of stage i: each collective's form rounded on its own, then counted."""
@@ -112,10 +111,15 @@ class PartitionModel:
 
     def plans(self, solver: cp_model.CpSolver) -> list[StagePlan]:
         pv = self.vars
-        return [StagePlan(dense=int(solver.Value(pv.dense_layers[i])), moe=int(solver.Value(pv.moe_layers[i])),
-                          r_dense=int(solver.Value(pv.recomputed_dense[i])),
-                          r_moe=int(solver.Value(pv.recomputed_moe[i])))
-                for i in range(len(pv.layers))]
+        return [
+            StagePlan(
+                dense=int(solver.Value(pv.dense_layers[i])),
+                moe=int(solver.Value(pv.moe_layers[i])),
+                r_dense=int(solver.Value(pv.recomputed_dense[i])),
+                r_moe=int(solver.Value(pv.recomputed_moe[i])),
+            )
+            for i in range(len(pv.layers))
+        ]
 
 
 def _moe_prefix(model: cp_model.CpModel, sm: StageModel, prefix, name: str):
@@ -132,13 +136,24 @@ def _time_horizon(sm: StageModel, L: int, p: int) -> float:
     """Upper bound of any stage or tail time (seconds): every layer on one stage, fully recomputed, plus all
     extras."""
     kinds = sm.kinds
-    worst_layer = max(k.compute + k.recompute_extra + k.tp + k.tp_recompute + k.cp + k.ep + k.ep_recompute
-                      for k in kinds.values())
-    worst_params = (sm.position_params(0) + sm.position_params(p - 1)
-                    + L * max(k.params_dense + k.params_expert for k in kinds.values()))
-    worst = (L * worst_layer + sm.emb_time + sm.logits_time + sm.pp_time
-             + sm.per_microbatch_traffic(worst_params, worst_params) + sm.shard_link.all_reduce(8.0 * worst_params)
-             + sm.exp_link.all_reduce(8.0 * worst_params) + sm.costs.optimizer_step(worst_params))
+    worst_layer = max(
+        k.compute + k.recompute_extra + k.tp + k.tp_recompute + k.cp + k.ep + k.ep_recompute for k in kinds.values()
+    )
+    worst_params = (
+        sm.position_params(0)
+        + sm.position_params(p - 1)
+        + L * max(k.params_dense + k.params_expert for k in kinds.values())
+    )
+    worst = (
+        L * worst_layer
+        + sm.emb_time
+        + sm.logits_time
+        + sm.pp_time
+        + sm.per_microbatch_traffic(worst_params, worst_params)
+        + sm.shard_link.all_reduce(8.0 * worst_params)
+        + sm.exp_link.all_reduce(8.0 * worst_params)
+        + sm.costs.optimizer_step(worst_params)
+    )
     return 2 * worst + 1e-3
 
 
@@ -190,8 +205,9 @@ def _add_layer_counts(m: cp_model.CpModel, pv: PartitionVars, i: int, s0: StageM
     return prefix, moe_prefix
 
 
-def _add_recompute_counts(m: cp_model.CpModel, pv: PartitionVars, i: int, L: int, full_only: bool,
-                          partial_recompute: bool) -> None:
+def _add_recompute_counts(
+    m: cp_model.CpModel, pv: PartitionVars, i: int, L: int, full_only: bool, partial_recompute: bool
+) -> None:
     """Stage i fully recomputes every layer (baseline full), any number of them (partial recompute) or none, MoE
     layers first (StagePlan.with_recompute)."""
     layers = pv.layers[i]
@@ -215,8 +231,9 @@ def _add_recompute_counts(m: cp_model.CpModel, pv: PartitionVars, i: int, L: int
     pv.recomputes.append(recomputes)
 
 
-def _add_layer_totals(m: cp_model.CpModel, pv: PartitionVars, last_prefix, L: int, even_layers: bool,
-                      uniform_recompute: bool) -> None:
+def _add_layer_totals(
+    m: cp_model.CpModel, pv: PartitionVars, last_prefix, L: int, even_layers: bool, uniform_recompute: bool
+) -> None:
     """The stages hold every layer of the model, each stage alike where the framework needs it (even split, one
     recompute count)."""
     m.Add(last_prefix == L)
@@ -244,8 +261,7 @@ def _exposed_milli(m: cp_model.CpModel, name: str, traffic, window, share: float
     return out
 
 
-def _add_stage_time(m: cp_model.CpModel, pv: PartitionVars, i: int, time: TimeForms, pp_time: float,
-                    scale: Scale):
+def _add_stage_time(m: cp_model.CpModel, pv: PartitionVars, i: int, time: TimeForms, pp_time: float, scale: Scale):
     """Stage i's micro-batch time t_i covers its compute, exposed TP, CP, EP, pipeline sends and exposed ZeRO-2/3
     traffic (TimeForms.at), and the bottleneck T covers every t_i. Returns (compute, forward) for the tail."""
     ti, big_t = scale.ti, scale.big_t
@@ -258,8 +274,9 @@ def _add_stage_time(m: cp_model.CpModel, pv: PartitionVars, i: int, time: TimeFo
     other = pv.linear(time.cp, i, ti) + pv.linear(time.ep, i, ti) + ti(pp_time)
     zero = 0
     if time.zero is not None:
-        zero = _exposed_milli(m, f"zero_exposed[{i}]", pv.traffic(time.zero.traffic, i, ti), comp,
-                              time.zero.share, big_t)
+        zero = _exposed_milli(
+            m, f"zero_exposed[{i}]", pv.traffic(time.zero.traffic, i, ti), comp, time.zero.share, big_t
+        )
     t_i = m.NewIntVar(0, big_t, f"stage_time[{i}]")
     # t_i >= its time, rounded up to a whole unit (minimizing makes it equal)
     m.Add(MILLI * t_i >= MILLI * (comp + tp + other) + zero)
@@ -274,9 +291,12 @@ def _add_dp_tail(m: cp_model.CpModel, pv: PartitionVars, i: int, tail: TailForms
     if tail.reduction is None:
         return
     windows = {"compute": comp, "forward": fwd, "backward": comp - fwd}
-    parts = [_exposed_milli(m, f"dp_{name}[{i}]", pv.traffic(x.traffic, i, scale.ti), windows[x.window], x.share,
-                            scale.big_t)
-             for name, x in (("reduction", tail.reduction), ("gather", tail.gather))]
+    parts = [
+        _exposed_milli(
+            m, f"dp_{name}[{i}]", pv.traffic(x.traffic, i, scale.ti), windows[x.window], x.share, scale.big_t
+        )
+        for name, x in (("reduction", tail.reduction), ("gather", tail.gather))
+    ]
     m.Add(sum(parts) <= MILLI * pv.dp_tail)
 
 
@@ -294,8 +314,16 @@ def _kib(nbytes: float) -> int:
     return round(nbytes / KIB)
 
 
-def _set_objective(m: cp_model.CpModel, pv: PartitionVars, mb: int, v: int, L: int, scale: Scale, span: int,
-                   objective_cap_s: float | None) -> tuple[cp_model.LinearExpr, int]:
+def _set_objective(
+    m: cp_model.CpModel,
+    pv: PartitionVars,
+    mb: int,
+    v: int,
+    L: int,
+    scale: Scale,
+    span: int,
+    objective_cap_s: float | None,
+) -> tuple[cp_model.LinearExpr, int]:
     """Minimize v times the iteration time of the 1F1B/interleaved schedule (planner/cost/schedule.py), below the
     caller's cap; ties in time are broken inside the objective (fewer layers, then less recompute, on earlier
     stages) so that the optimum is the same for any worker count or search order. Returns (objective, weight of
@@ -331,9 +359,16 @@ def _add_hint(m: cp_model.CpModel, pv: PartitionVars, hint: list[StagePlan]) -> 
 
 
 # ----------------------------------------------------------------------------------------- build, solve
-def build_partition_model(sm: StageModel | list[StageModel], capacity_gib: float | list[float], *,
-                          partial_recompute: bool, objective_cap_s: float | None = None, even_layers: bool = False,
-                          uniform_recompute: bool = False, hint: list[StagePlan] | None = None) -> PartitionModel:
+def build_partition_model(
+    sm: StageModel | list[StageModel],
+    capacity_gib: float | list[float],
+    *,
+    partial_recompute: bool,
+    objective_cap_s: float | None = None,
+    even_layers: bool = False,
+    uniform_recompute: bool = False,
+    hint: list[StagePlan] | None = None,
+) -> PartitionModel:
     """The CP-SAT model of solve_partition (see there for the arguments)."""
     sms = sm if isinstance(sm, list) else [sm] * sm.dims.pp
     caps = capacity_gib if isinstance(capacity_gib, list) else [capacity_gib] * len(sms)
@@ -369,10 +404,19 @@ def build_partition_model(sm: StageModel | list[StageModel], capacity_gib: float
     return PartitionModel(m, pv, obj, weight, scale, v)
 
 
-def solve_partition(sm: StageModel | list[StageModel], capacity_gib: float | list[float], *,
-                    partial_recompute: bool, time_limit_s: float, workers: int = 1, seed: int = 0,
-                    objective_cap_s: float | None = None, even_layers: bool = False,
-                    uniform_recompute: bool = False, hint: list[StagePlan] | None = None) -> PartitionResult:
+def solve_partition(
+    sm: StageModel | list[StageModel],
+    capacity_gib: float | list[float],
+    *,
+    partial_recompute: bool,
+    time_limit_s: float,
+    workers: int = 1,
+    seed: int = 0,
+    objective_cap_s: float | None = None,
+    even_layers: bool = False,
+    uniform_recompute: bool = False,
+    hint: list[StagePlan] | None = None,
+) -> PartitionResult:
     """Best layer partition and recompute placement.
 
     ``sm`` is one StageModel for all stages (homogeneous degrees) or a list with one StageModel per stage
@@ -384,9 +428,15 @@ def solve_partition(sm: StageModel | list[StageModel], capacity_gib: float | lis
     ``uniform_recompute`` the same number of fully recomputed layers on every stage (Megatron's
     ``--recompute-num-layers`` applies to each stage alike). ``hint`` (a known feasible split) seeds the search;
     it changes how fast the optimum is found, not which optimum (ties are broken in the objective)."""
-    built = build_partition_model(sm, capacity_gib, partial_recompute=partial_recompute,
-                                  objective_cap_s=objective_cap_s, even_layers=even_layers,
-                                  uniform_recompute=uniform_recompute, hint=hint)
+    built = build_partition_model(
+        sm,
+        capacity_gib,
+        partial_recompute=partial_recompute,
+        objective_cap_s=objective_cap_s,
+        even_layers=even_layers,
+        uniform_recompute=uniform_recompute,
+        hint=hint,
+    )
     if os.environ.get(DUMP_ENV):
         folder = Path(os.environ[DUMP_ENV])
         folder.mkdir(parents=True, exist_ok=True)

@@ -6,6 +6,7 @@ logits on the last, pipeline sends). With a bottleneck T every stage holds at mo
 for every partition, and the iteration from below through m*T + (sum(t) - T)/v. When the greedy partition at
 that T fits in memory and evaluates to within RESOLUTION of the bound, it is optimal and CP-SAT is not needed.
 """
+
 from __future__ import annotations
 
 from planner.cost import memory as M
@@ -131,12 +132,16 @@ def stage_memory_term(sm: StageModel, capacity_gib: float, i: int) -> tuple[floa
     """(room, alpha, beta) of stage i (see _stage_memory_terms), read off its allocated-memory form."""
     memory, inflight = sm.allocated_memory(i == 0, i == sm.dims.pp - 1), sm.inflight(i)
     heavy = "moe" if sm.has_moe else "dense"
-    return (sm.allocatable(capacity_gib) - memory.const(inflight), memory.per_layer(heavy, inflight),
-            -memory.per_recomputed(heavy, inflight))
+    return (
+        sm.allocatable(capacity_gib) - memory.const(inflight),
+        memory.per_layer(heavy, inflight),
+        -memory.per_recomputed(heavy, inflight),
+    )
 
 
-def memory_bottleneck(sm: StageModel, capacity_gib: float, effective_layers: float,
-                      probe: float | None = None) -> float:
+def memory_bottleneck(
+    sm: StageModel, capacity_gib: float, effective_layers: float, probe: float | None = None
+) -> float:
     """Smallest bottleneck T at which the stages can hold ``effective_layers`` layers of the heaviest kind (the
     other layers only add time and memory) when each stage recomputes just enough
     layers (whole layers) to fit in memory: stage i holds n layers in n*a + r_i(n)*rc + c_i seconds with

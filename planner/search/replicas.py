@@ -14,6 +14,7 @@ Steps 2-3 fix choices the model does not prove optimal, so these plans are repor
 visited best-first by a throughput bound (the M micro-batches and each replica's pipeline fill over the groups'
 fastest possible micro-batch rates) and the search stops when the bound reaches the best plan already known.
 """
+
 from __future__ import annotations
 
 import itertools
@@ -21,17 +22,22 @@ import math
 import time
 from dataclasses import dataclass
 
-from planner.cost.estimate import estimate_replicas, evaluate_stages, replica_stage_models
 from planner.cost import flops as F
-from planner.cost import memory as M
-from planner.cost.memory import GIB
+from planner.cost.estimate import estimate_replicas, evaluate_stages, replica_stage_models
+from planner.cost.memory import GIB, model_state_bytes
 from planner.cost.stage import StageModel, split_kinds
-from planner.parallel import (ReplicaDims, baseline_recompute_modes, cp_options, micro_batch_options,
-                              node_group_tp_options, seq_shard_error)
+from planner.parallel import (
+    ReplicaDims,
+    baseline_recompute_modes,
+    cp_options,
+    micro_batch_options,
+    node_group_tp_options,
+    seq_shard_error,
+)
 from planner.search import quick
-from planner.search.mixed import end_costs, per_layer_bound, pipeline_dims
+from planner.search.mixed_context import end_costs, per_layer_bound, pipeline_dims
 from planner.search.partition import solve_partition
-from planner.search.planner import stage_recompute
+from planner.search.result import stage_recompute
 
 REPLICA_ZERO = (1, 0, 3)
 
@@ -39,6 +45,7 @@ REPLICA_ZERO = (1, 0, 3)
 @dataclass(frozen=True)
 class ReplicaCandidate:
     """A shape (see the module docstring) and the replica counts per used group."""
+
     tp: int
     cp: int
     pp: int
@@ -53,8 +60,15 @@ class ReplicaCandidate:
         return sum(d for _, d in self.counts)
 
     def sort_key(self):
-        return (self.lower_bound_s, self.dp, self.cp, self.mbs, self.zero, self.recompute,
-                tuple((g, self.tp, d) for g, d in self.counts))
+        return (
+            self.lower_bound_s,
+            self.dp,
+            self.cp,
+            self.mbs,
+            self.zero,
+            self.recompute,
+            tuple((g, self.tp, d) for g, d in self.counts),
+        )
 
 
 def _shapes(ctx, deadline: float, beat: float):
@@ -65,8 +79,11 @@ def _shapes(ctx, deadline: float, beat: float):
     L = m.num_layers
     groups = ctx.order
     bases = baseline_recompute_modes(t)
-    cps = [cp for cp in cp_options(t, max(job.cluster[g].num_gpus for g in groups))
-           if ctx.fw is None or ctx.fw.allows(cp=cp)]
+    cps = [
+        cp
+        for cp in cp_options(t, max(job.cluster[g].num_gpus for g in groups))
+        if ctx.fw is None or ctx.fw.allows(cp=cp)
+    ]
     subsets = [s for k in range(2, len(groups) + 1) for s in itertools.combinations(groups, k)]
     gpus = {g: job.cluster[g].num_gpus for g in groups}
     out = []
@@ -77,8 +94,11 @@ def _shapes(ctx, deadline: float, beat: float):
             for mbs in micro_batch_options(t, 1, ctx.opts.max_micro_batch):  # replicas run their own counts
                 M = t.global_batch_size // mbs
                 for base in bases:
-                    per_mb = {g: L * per_layer_bound(ctx, g, tp, cp, mbs, base)
-                              + sum(end_costs(ctx, (g, tp), (g, tp), cp, mbs)) for g in groups}
+                    per_mb = {
+                        g: L * per_layer_bound(ctx, g, tp, cp, mbs, base)
+                        + sum(end_costs(ctx, (g, tp), (g, tp), cp, mbs))
+                        for g in groups
+                    }
                     # every depth: d_g <= GPUs_g/(tp*cp*pp), so the rate below is at most the groups' GPU rate,
                     # and with >= 2 replicas the bound is at least (M + 2(pp - 1)) over it, growing with pp
                     most = sum(gpus[g] / (tp * cp * per_mb[g]) for g in groups)
@@ -104,8 +124,9 @@ def _shapes(ctx, deadline: float, beat: float):
                             # the per-micro-batch work W_g spread evenly), and sum_g d_g m_g = M
                             rate = sum(d * pp / per_mb[g] for g, d in counts)
                             # ... and every replica runs at least one micro-batch: >= W_g
-                            bound = max((M + (pp - 1) * sum(d for _, d in counts)) / rate,
-                                        max(per_mb[g] for g, _ in counts))
+                            bound = max(
+                                (M + (pp - 1) * sum(d for _, d in counts)) / rate, max(per_mb[g] for g, _ in counts)
+                            )
                             if bound < beat:
                                 work = tuple(per_mb[g] for g, _ in counts)
                                 out.append((bound, (tp, cp, pp, mbs, base, counts), work))
@@ -167,8 +188,11 @@ def _replica_dims(job, shape, zero, counts, layers, recs, ms, base) -> ReplicaDi
     reps = []
     for (g, d), rec, mi in zip(counts, recs, ms):
         rec, mode = stage_recompute(layers, rec, base)
-        reps.append(pipeline_dims(job, (g,) * pp, (tp,) * pp, d, cp, mbs, zero, mode, tuple(layers), rec,
-                                  micro_batches=mi, dp_total=total))
+        reps.append(
+            pipeline_dims(
+                job, (g,) * pp, (tp,) * pp, d, cp, mbs, zero, mode, tuple(layers), rec, micro_batches=mi, dp_total=total
+            )
+        )
     return ReplicaDims(tuple(reps))
 
 
@@ -183,26 +207,47 @@ def _evaluate_shape(ctx, cand: ReplicaCandidate, remaining: float, workers: int)
     guess = max(1, M // total)
     splits = []
     even = [job.model.num_layers // cand.pp] * cand.pp
-    first = _replica_dims(job, shape, cand.zero, cand.counts, even, [(0,) * cand.pp] * len(cand.counts),
-                          [guess] * len(cand.counts), cand.recompute)
+    first = _replica_dims(
+        job,
+        shape,
+        cand.zero,
+        cand.counts,
+        even,
+        [(0,) * cand.pp] * len(cand.counts),
+        [guess] * len(cand.counts),
+        cand.recompute,
+    )
     for (g, _), replica in zip(cand.counts, first.replicas):
         sm = StageModel(job, replica.stage_dims(0), ctx.costs(g))
         plans = None
         if not ctx.opts.even_layers:  # the balanced splits of the homogeneous search, then CP-SAT
             plans = quick.greedy_partition(sm, ctx.capacity(g)) or quick.greedy_recompute_partition(sm, ctx.capacity(g))
         if plans is None:
-            plans = solve_partition(sm, ctx.capacity(g), partial_recompute=ctx.opts.partial_recompute,
-                                    time_limit_s=max(0.05, remaining / 4), workers=workers,
-                                    even_layers=ctx.opts.even_layers,
-                                    uniform_recompute=ctx.opts.uniform_recompute).plans
+            plans = solve_partition(
+                sm,
+                ctx.capacity(g),
+                partial_recompute=ctx.opts.partial_recompute,
+                time_limit_s=max(0.05, remaining / 4),
+                workers=workers,
+                even_layers=ctx.opts.even_layers,
+                uniform_recompute=ctx.opts.uniform_recompute,
+            ).plans
         if plans is not None:
             layers = tuple(p.layers for p in plans)
             if layers not in splits:
                 splits.append(layers)
     best = None
     for layers in splits:
-        probe = _replica_dims(job, shape, cand.zero, cand.counts, layers, [(0,) * cand.pp] * len(cand.counts),
-                              [guess] * len(cand.counts), cand.recompute)
+        probe = _replica_dims(
+            job,
+            shape,
+            cand.zero,
+            cand.counts,
+            layers,
+            [(0,) * cand.pp] * len(cand.counts),
+            [guess] * len(cand.counts),
+            cand.recompute,
+        )
         per = replica_stage_models(job, probe, ctx.costs)
         recs = []
         for (g, _), sms in zip(cand.counts, per):
@@ -236,14 +281,15 @@ def _states_fit(ctx, tp: int, cp: int, pp: int, zero: int, counts) -> bool:
     under ZeRO) must fit the smallest used GPU."""
     t = ctx.job.training
     shard = cp * sum(d for _, d in counts)
-    per_param = sum(M.model_state_bytes(1.0, shard, zero, t.grad_dtype, t.optimizer).values())
+    per_param = sum(model_state_bytes(1.0, shard, zero, t.grad_dtype, t.optimizer).values())
     need = per_param * F.total_params(ctx.job.model) / (tp * pp)
     return need <= min(ctx.capacity(g) for g, _ in counts) * GIB
 
 
-def _sharded_bound(ctx, zero: int, tp: int, cp: int, pp: int, mbs: int, counts, work, grad_wire: float,
-                   params: float) -> float:
-    """The shape bound with ZeRO-2/3's per-micro-batch traffic (planner/cost/stage.StageModel.sharded_comm):
+def _sharded_bound(
+    ctx, zero: int, tp: int, cp: int, pp: int, mbs: int, counts, work, grad_wire: float, params: float
+) -> float:
+    """The shape bound with ZeRO-2/3's per-micro-batch traffic (planner/cost/stage.StageModel._collectives_of):
     each stage reduce-scatters its gradients (ZeRO-3 also all-gathers its 16-bit weights twice) over all
     replicas' DP*CP ranks (at best at the ring's fastest possible bus bandwidth), and only fsdp_overlap of the stage's
     compute hides it. A stage holds >= 1/pp of the parameters on average, and its time is compute + exposed."""
@@ -269,6 +315,7 @@ class ReplicaSearch:
     """What search_replicas found: (candidate, estimate) pairs, the least bound of an evaluated (shape, ZeRO) not
     proven infeasible (``low``: the heuristic evaluation does not close it) and the least bound of the shapes the
     deadline left unexplored (``unexplored``); inf where there is none."""
+
     found: list
     low: float
     unexplored: float
@@ -276,13 +323,14 @@ class ReplicaSearch:
 
 def global_floor(ctx) -> float:
     """Iteration seconds no plan on the cluster can beat: the model's FLOPs (attention halved by the causal mask)
-    over every GPU of every group at the better of its GEMM and attention rates (planner.search.planner
+    over every GPU of every group at the better of its GEMM and attention rates (planner.search.homogeneous
     .global_lower_bound, summed over the groups)."""
     job = ctx.job
     m, t = job.model, job.training
     total = F.model_flops_per_iteration(m, t.seq_length, t.global_batch_size)
-    attn = 3.0 * m.num_layers * F.attention_core_flops(m, t.seq_length * t.global_batch_size, t.seq_length, 1,
-                                                        causal=True)
+    attn = (
+        3.0 * m.num_layers * F.attention_core_flops(m, t.seq_length * t.global_batch_size, t.seq_length, 1, causal=True)
+    )
     rate = sum(grp.num_gpus * ctx.costs(g).best_flop_rate() for g, grp in enumerate(job.cluster))
     return (total - attn) / rate
 

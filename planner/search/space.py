@@ -6,6 +6,7 @@ communication volume, strictly less activation memory: Korthikanti et al. 2022);
 recompute is the same as none (the kernel already recomputes scores), so only none + per-layer full recompute
 are searched.
 """
+
 from __future__ import annotations
 
 import time
@@ -15,8 +16,17 @@ from planner.cost.memory import DEFAULT_MEMORY_MARGIN
 from planner.cost.provider import AnalyticCosts
 from planner.errors import SpecError
 from planner.frameworks import Framework
-from planner.parallel import (ParallelDims, baseline_recompute_modes, cp_options, ep_options, micro_batch_options,
-                              pp_options, seq_shard_error, tp_options, vpp_options)
+from planner.parallel import (
+    ParallelDims,
+    baseline_recompute_modes,
+    cp_options,
+    ep_options,
+    micro_batch_options,
+    pp_options,
+    seq_shard_error,
+    tp_options,
+    vpp_options,
+)
 from planner.parallel import divisors as divisors  # re-exported: the searches' divisor helper lives with the rules
 from planner.spec import Job
 
@@ -36,8 +46,18 @@ class Candidate:
     world: int = 0  # GPUs used (whole nodes); the rest of the cluster stays idle
 
     def sort_key(self):
-        return (self.lower_bound_s, -self.world, self.tp, self.cp, self.pp, self.ep, self.mbs, self.vpp, self.zero,
-                self.recompute)
+        return (
+            self.lower_bound_s,
+            -self.world,
+            self.tp,
+            self.cp,
+            self.pp,
+            self.ep,
+            self.mbs,
+            self.vpp,
+            self.zero,
+            self.recompute,
+        )
 
 
 @dataclass
@@ -61,21 +81,35 @@ class SearchOptions:
         return self.framework is not None and not self.framework.uneven_layers
 
 
-def dims_for(job: Job, c: Candidate, stage_layers: tuple[int, ...] | None = None, stage_recompute=None,
-             tp_overlap: bool = False) -> ParallelDims:
+def dims_for(
+    job: Job, c: Candidate, stage_layers: tuple[int, ...] | None = None, stage_recompute=None, tp_overlap: bool = False
+) -> ParallelDims:
     """ParallelDims of a candidate (even split unless ``stage_layers`` is given)."""
     L = job.model.num_layers
     stages = stage_layers or tuple([L // c.pp] * c.pp)
     return ParallelDims(
-        tp=c.tp, pp=c.pp, dp=c.dp, cp=c.cp, ep=c.ep, vpp=c.vpp, micro_batch_size=c.mbs,
-        sequence_parallel=c.tp > 1, zero_stage=c.zero, recompute=c.recompute, tp_comm_overlap=tp_overlap and c.tp > 1,
-        stage_layers=stages, stage_recompute=stage_recompute, world=c.world or job.num_gpus,
-        model=job.model, training=job.training,
+        tp=c.tp,
+        pp=c.pp,
+        dp=c.dp,
+        cp=c.cp,
+        ep=c.ep,
+        vpp=c.vpp,
+        micro_batch_size=c.mbs,
+        sequence_parallel=c.tp > 1,
+        zero_stage=c.zero,
+        recompute=c.recompute,
+        tp_comm_overlap=tp_overlap and c.tp > 1,
+        stage_layers=stages,
+        stage_recompute=stage_recompute,
+        world=c.world or job.num_gpus,
+        model=job.model,
+        training=job.training,
     )
 
 
-def enumerate_candidates(job: Job, costs: AnalyticCosts, opts: SearchOptions,
-                         deadline: float | None = None) -> tuple[list[Candidate], int, bool]:
+def enumerate_candidates(
+    job: Job, costs: AnalyticCosts, opts: SearchOptions, deadline: float | None = None
+) -> tuple[list[Candidate], int, bool]:
     """All valid candidates sorted by lower bound, the number pruned by dominance rules, and whether the
     enumeration finished (past ``deadline``, a time.monotonic value, it stops early)."""
     gpn = job.cluster[0].gpus_per_node
@@ -103,8 +137,9 @@ def usable_node_counts(nodes: int) -> list[int]:
     return sorted({nodes} | {n for n in rounded if n >= nodes * 3 // 4})
 
 
-def _enumerate_world(job: Job, costs: AnalyticCosts, opts: SearchOptions, world: int,
-                     deadline: float | None) -> tuple[list[Candidate], int, bool]:
+def _enumerate_world(
+    job: Job, costs: AnalyticCosts, opts: SearchOptions, world: int, deadline: float | None
+) -> tuple[list[Candidate], int, bool]:
     lb_memo: dict = {}  # the per-micro-batch bound does not depend on pp, dp, vpp or ZeRO
     m, t = job.model, job.training
     gpn = job.cluster[0].gpus_per_node
@@ -133,8 +168,9 @@ def _enumerate_world(job: Job, costs: AnalyticCosts, opts: SearchOptions, world:
                             key = (tp, cp, ep, mbs, base)
                             lb_stage = lb_memo.get(key)
                             if lb_stage is None:
-                                lb_stage = lb_memo[key] = _compute_lower_bound(job, costs, tp, cp, ep, mbs, base,
-                                                                               opts.tp_comm_overlap and tp > 1)
+                                lb_stage = lb_memo[key] = _compute_lower_bound(
+                                    job, costs, tp, cp, ep, mbs, base, opts.tp_comm_overlap and tp > 1
+                                )
                             for vpp in vpps:
                                 lb = lb_stage / pp * (nmb + (pp - 1) / vpp)
                                 for zero in opts.zero_stages:
@@ -172,5 +208,6 @@ def _compute_lower_bound(job: Job, costs: AnalyticCosts, tp, cp, ep, mbs, base, 
 
 def check_searchable(job: Job) -> None:
     if len(job.cluster) != 1:
-        raise SpecError("cluster", "the homogeneous search takes one node group; several go through the "
-                        "heterogeneous search")
+        raise SpecError(
+            "cluster", "the homogeneous search takes one node group; several go through the heterogeneous search"
+        )

@@ -1,7 +1,8 @@
-"""Lower bounds of the mixed-pipeline search (planner/search/hetero.py): box_bound for a box of stage counts per
-node group, and for one candidate a group-level bound (_group_bound, a few stages per group) and the refined
+"""Lower bounds of the mixed-pipeline search (planner/search/mixed_pipelines.py): box_bound for a box of stage
+counts per node group, and for one candidate a group-level bound (_group_bound, a few stages per group) and the refined
 bound (refined_bound: every stage's memory cap, sends, ZeRO-2/3 traffic and least DP tail). Each is valid for
 every plan of what it bounds, so the search may drop anything whose bound reaches the K-th best time."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,10 +10,10 @@ from typing import TYPE_CHECKING
 
 from planner.cost.estimate import neighbour_links
 from planner.cost.stage import StageModel
-from planner.search.mixed import MixedContext
+from planner.search.mixed_context import MixedContext
 
 if TYPE_CHECKING:
-    from planner.search.hetero import HeteroCandidate, _Family
+    from planner.search.mixed_pipelines import HeteroCandidate, _Family
 
 
 @dataclass(frozen=True)
@@ -20,6 +21,7 @@ class Ends:
     """The embedding (first stage) and logits (last stage) terms of a bound, per micro-batch: their seconds, their
     seconds over the per-layer time of the stage that runs them, and that stage's one-layer time plus them. For
     a family whose group order is still open each term is its minimum over the possible first / last groups."""
+
     emb: float
     logits: float
     emb_per_a: float
@@ -28,16 +30,21 @@ class Ends:
     last_top: float
 
     @classmethod
-    def of(cls, a, ends, first: int, last: int) -> "Ends":
+    def of(cls, a, ends, first: int, last: int) -> Ends:
         (ef, _), (_, ll) = ends[first], ends[last]
         return cls(ef, ll, ef / a[first], ll / a[last], a[first] + ef, a[last] + ll)
 
     @classmethod
-    def any_order(cls, a, ends) -> "Ends":
+    def any_order(cls, a, ends) -> Ends:
         emb, logits = zip(*ends)
-        return cls(min(emb), min(logits), min([e / x for e, x in zip(emb, a)]),
-                   min([lg / x for lg, x in zip(logits, a)]), min([x + e for x, e in zip(a, emb)]),
-                   min([x + lg for x, lg in zip(a, logits)]))
+        return cls(
+            min(emb),
+            min(logits),
+            min([e / x for e, x in zip(emb, a)]),
+            min([lg / x for lg, x in zip(logits, a)]),
+            min([x + e for x, e in zip(a, emb)]),
+            min([x + lg for x, lg in zip(a, logits)]),
+        )
 
 
 def box_bound(a, lo: tuple[int, ...], hi: tuple[int, ...], ends: Ends, L: int, m: int, send=None) -> float:
@@ -107,10 +114,10 @@ def _stage_row(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], g: 
     """_stage_bound of stage i, memoized per position and across depths (as MixedContext.stage_terms: the terms
     depend on the depth only through the in-flight count and the ends)."""
     sm = sms[i]
-    key = ("bound", sm.form_cache, sm.inflight(i), i == 0, i == c.pp - 1)
-    row = ctx.memo.get(key)
+    key = (sm.form_cache, sm.inflight(i), i == 0, i == c.pp - 1)
+    row = ctx.caches.stage_bound.get(key)
     if row is None:
-        row = ctx.memo[key] = _stage_bound(ctx, sm, g, i)
+        row = ctx.caches.stage_bound[key] = _stage_bound(ctx, sm, g, i)
     return row
 
 
@@ -124,7 +131,7 @@ def _stage_bounds(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel]) 
     return out
 
 
-def _group_bound(ctx: MixedContext, fam: "_Family", c: HeteroCandidate, sms: list[StageModel]) -> float:
+def _group_bound(ctx: MixedContext, fam: _Family, c: HeteroCandidate, sms: list[StageModel]) -> float:
     """A first bound on the candidate from a few stages per group (cheap: no per-stage pass): the family's box
     bound at its stage counts with each group's per-layer time raised by its ZeRO-2/3 traffic, plus the largest
     DP tail floor seen; inf when even each group's roomiest stage cannot hold the layers. Along a group's run of
@@ -151,8 +158,9 @@ def _group_bound(ctx: MixedContext, fam: "_Family", c: HeteroCandidate, sms: lis
     return box_bound(a, ks, ks, Ends.of(a, fam.ends, 0, len(a) - 1), L, fam.mb, fam.send) + tail
 
 
-def refined_bound(ctx: MixedContext, fam: "_Family", c: HeteroCandidate, sms: list[StageModel],
-                   target: float = float("inf")) -> float:
+def refined_bound(
+    ctx: MixedContext, fam: _Family, c: HeteroCandidate, sms: list[StageModel], target: float = float("inf")
+) -> float:
     """The candidate bound with each stage's pipeline sends, ZeRO-2/3 traffic (MixedContext.sharded_line), its
     memory cap on layers and the least DP tail of any stage (MixedContext.tail_floor); inf if the layers cannot
     fit at all. Only whether it reaches ``target`` is decided exactly (the bottleneck terms are probed at
@@ -176,8 +184,9 @@ def refined_bound(ctx: MixedContext, fam: "_Family", c: HeteroCandidate, sms: li
     return (mb - 1) * T + rest
 
 
-def _memory_bottleneck(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], cst: list[float],
-                       probe: float | None = None) -> float:
+def _memory_bottleneck(
+    ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], cst: list[float], probe: float | None = None
+) -> float:
     """Smallest bottleneck T at which the stages hold the layers of the heaviest kind when each stage recomputes
     just enough whole layers to fit its own GPU (the per-stage form of quick.memory_bottleneck): stage s holds n
     layers in n*a_s + r_s(n)*rc_s + c_s with r_s(n) = ceil((n*alpha_s - room_s)/beta_s). Valid for every plan of
@@ -230,6 +239,7 @@ def _memory_bottleneck(ctx: MixedContext, c: HeteroCandidate, sms: list[StageMod
 def _capped_bottleneck(a, c, caps, L, probe: float | None = None) -> float:
     """Smallest T (bisection) with sum_s min(caps_s, floor((T - c_s)/a_s)) >= L and every stage >= 1 layer.
     With ``probe``: ``probe`` when T is above it, else a weaker valid bound."""
+
     def holds(T):
         return sum(min(k, int((T - ci) / ai + 1e-9)) for ai, ci, k in zip(a, c, caps) if T > ci)
 

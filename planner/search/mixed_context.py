@@ -1,6 +1,8 @@
-"""What both mixed-cluster searches share (planner/search/hetero.py: mixed pipelines; planner/search/replicas.py:
-replicas on different GPU types): the search context with its per-model memory terms, the TP and CP degrees a
-node group may use, and per-micro-batch lower bounds on a stage's time (layers, sends, embedding and logits)."""
+"""What both mixed-cluster searches share (planner/search/mixed_pipelines.py: mixed pipelines;
+planner/search/replicas.py: replicas on different GPU types): the search context with its per-model memory terms,
+the TP and CP degrees a node group may use, and per-micro-batch lower bounds on a stage's time (layers, sends,
+embedding and logits)."""
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -15,40 +17,83 @@ from planner.search.space import SearchOptions
 from planner.spec import Job
 
 
-def pipeline_dims(job: Job, stage_groups, stage_tp, dp: int, cp: int, mbs: int, zero: int, base: str,
-                  layers: tuple[int, ...] | None = None, recompute=None, **extra) -> HeteroDims:
+def pipeline_dims(
+    job: Job,
+    stage_groups,
+    stage_tp,
+    dp: int,
+    cp: int,
+    mbs: int,
+    zero: int,
+    base: str,
+    layers: tuple[int, ...] | None = None,
+    recompute=None,
+    **extra,
+) -> HeteroDims:
     """The degrees of a mixed pipeline (``extra``: a replica's micro_batches and dp_total); without ``layers`` an
     even split (the last stage takes the rest), which the cost coefficients do not depend on."""
     p, L = len(stage_groups), job.model.num_layers
-    return HeteroDims(stage_groups=tuple(stage_groups), stage_tp=tuple(stage_tp), dp=dp, micro_batch_size=mbs,
-                      zero_stage=zero, recompute=base,
-                      stage_layers=layers or tuple([L // p] * (p - 1) + [L - L // p * (p - 1)]),
-                      stage_recompute=recompute, cluster=job.cluster, model=job.model, training=job.training, cp=cp,
-                      **extra)
+    return HeteroDims(
+        stage_groups=tuple(stage_groups),
+        stage_tp=tuple(stage_tp),
+        dp=dp,
+        micro_batch_size=mbs,
+        zero_stage=zero,
+        recompute=base,
+        stage_layers=layers or tuple([L // p] * (p - 1) + [L - L // p * (p - 1)]),
+        stage_recompute=recompute,
+        cluster=job.cluster,
+        model=job.model,
+        training=job.training,
+        cp=cp,
+        **extra,
+    )
 
 
-def per_layer_bound(ctx: "MixedContext", g: int, tp: int, cp: int, mbs: int, base: str) -> float:
+def per_layer_bound(ctx: MixedContext, g: int, tp: int, cp: int, mbs: int, base: str) -> float:
     """Smallest seconds per layer of any kind on group g's GPU with this TP and CP (stage.fastest_layer: compute,
     TP collectives, exposed CP ring; mixed plans have no EP)."""
-    key = ("layer", g, tp, cp, mbs, base)
-    hit = ctx.memo.get(key)
+    key = (g, tp, cp, mbs, base)
+    hit = ctx.caches.fastest_layer.get(key)
     if hit is None:
         job = ctx.job
         tokens = mbs * job.training.seq_length // cp
-        hit = ctx.memo[key] = fastest_layer(kind_coeffs(job, ctx.costs(g), tokens, tp, cp, 1, tp > 1, base))
+        hit = ctx.caches.fastest_layer[key] = fastest_layer(
+            kind_coeffs(job, ctx.costs(g), tokens, tp, cp, 1, tp > 1, base)
+        )
     return hit
+
+
+@dataclass
+class MixedCaches:
+    """Memoized bounds of the mixed searches, one table per quantity (the key is the arguments of the function that
+    fills it)."""
+
+    fastest_layer: dict = field(default_factory=dict)  # per_layer_bound: (group, tp, cp, mbs, base)
+    stage_terms: dict = field(default_factory=dict)  # MixedContext.stage_terms: memory room and layer cap
+    tail_floor: dict = field(default_factory=dict)  # MixedContext.tail_floor: least DP tail
+    sharded_line: dict = field(default_factory=dict)  # MixedContext.sharded_line: ZeRO-2/3 traffic line
+    zero_terms: dict = field(default_factory=dict)  # zero_terms: a group's ZeRO slope and memory room
+    send: dict = field(default_factory=dict)  # send_bound: pipeline send seconds per micro-batch
+    end_costs: dict = field(default_factory=dict)  # end_costs: embedding and logits stages
+    stage_bound: dict = field(default_factory=dict)  # mixed_pipeline_bounds: per-position bound rows
+    space_size: dict = field(default_factory=dict)  # mixed_pipelines: candidates below a family
+    group_space_size: dict = field(default_factory=dict)  # mixed_pipelines: candidates below a TP-choice node
+    group_terms: dict = field(default_factory=dict)  # mixed_pipelines: a fixed group's layer throughput
+    free_group_terms: dict = field(default_factory=dict)  # mixed_pipelines: a group whose TP is still open
 
 
 @dataclass
 class MixedContext:
     """One mixed-cluster search: the job, its options and framework, a cost provider per node group, the groups in
     pipeline order (planner.parallel.group_order) and memoized bounds."""
+
     job: Job
     opts: SearchOptions
     fw: Framework | None
     costs: CostSource  # group -> AnalyticCosts, and the links between groups
     order: list[int]
-    memo: dict = field(default_factory=dict)  # end costs, sends, per-stage memory terms
+    caches: MixedCaches = field(default_factory=MixedCaches)
     # the stage models' shared forms (StageModel caches): models of one set of degrees share them at every depth
     form_caches: dict[tuple, FormCache] = field(default_factory=dict)
 
@@ -56,11 +101,11 @@ class MixedContext:
         """(room, alpha, beta) of quick.stage_memory_term and max_layers for stage s of a model from
         _stage_models on group g. They depend on the pipeline depth only through the stage's in-flight
         micro-batches and whether it is first or last, so they are shared across depths."""
-        key = ("terms", sm.form_cache, sm.inflight(s), s == 0, s == sm.dims.pp - 1)
-        hit = self.memo.get(key)
+        key = (sm.form_cache, sm.inflight(s), s == 0, s == sm.dims.pp - 1)
+        hit = self.caches.stage_terms.get(key)
         if hit is None:
             room, alpha, beta = quick.stage_memory_term(sm, self.capacity(g), s)
-            hit = self.memo[key] = (room, alpha, beta, max_layers(sm, s, room))
+            hit = self.caches.stage_terms[key] = (room, alpha, beta, max_layers(sm, s, room))
         return hit
 
     def tail_floor(self, sm: StageModel, s: int, cap: int) -> float:
@@ -69,20 +114,20 @@ class MixedContext:
         hides the most); 0 for MoE models. It is the sum of two max(0, affine in n) parts (TailForms), so its
         least value over integers lies at an end or next to where a part reaches 0."""
         cap = min(cap, self.job.model.num_layers)
-        key = ("tail", sm.form_cache, s == 0, s == sm.dims.pp - 1, cap)
-        hit = self.memo.get(key)
+        key = (sm.form_cache, s == 0, s == sm.dims.pp - 1, cap)
+        hit = self.caches.tail_floor.get(key)
         if hit is None:
-            hit = self.memo[key] = _tail_floor(sm, s, cap)
+            hit = self.caches.tail_floor[key] = _tail_floor(sm, s, cap)
         return hit
 
     def sharded_line(self, sm: StageModel, s: int) -> tuple[float, float]:
         """(per layer, constant) of a line under ZeRO-2/3's exposed per-micro-batch traffic of stage s
         (TimeForms.zero: max(0, traffic - fsdp_overlap * compute)), valid for every layer count and recompute:
         the compute that hides it is taken with every layer recomputed. (0, 0) below ZeRO-2."""
-        key = ("sharded", sm.form_cache, s == 0, s == sm.dims.pp - 1)
-        hit = self.memo.get(key)
+        key = (sm.form_cache, s == 0, s == sm.dims.pp - 1)
+        hit = self.caches.sharded_line.get(key)
         if hit is None:
-            hit = self.memo[key] = _sharded_line(sm, s)
+            hit = self.caches.sharded_line[key] = _sharded_line(sm, s)
         return hit
 
     def capacity(self, g: int) -> float:
@@ -96,10 +141,11 @@ class ZeroTerms:
     line could fall below it), ``first`` / ``last`` the (<= 0) constants that line adds on the end stages, the
     least DP tail, and the most layers a stage can hold by how many micro-batches it keeps in flight
     (``room``)."""
+
     slope: float
     first: float
     last: float
-    tail: float            # the least exposed DP tail of any of the group's stages (MixedContext.tail_floor)
+    tail: float  # the least exposed DP tail of any of the group's stages (MixedContext.tail_floor)
     sm: StageModel | None  # the group's model at depth 3 (None: too few layers for one)
     middle_room: float
     caps: list[int] = field(default_factory=lambda: [0])  # prefix sums over in-flight counts 1, 2, ...
@@ -118,10 +164,10 @@ class ZeroTerms:
 
 
 def zero_terms(ctx: MixedContext, g: int, tp: int, dp: int, cp: int, mbs: int, base: str, zero: int) -> ZeroTerms:
-    key = ("zero terms", g, tp, dp, cp, mbs, base, zero)
-    hit = ctx.memo.get(key)
+    key = (g, tp, dp, cp, mbs, base, zero)
+    hit = ctx.caches.zero_terms.get(key)
     if hit is None:
-        hit = ctx.memo[key] = _zero_terms(ctx, g, tp, dp, cp, mbs, base, zero)
+        hit = ctx.caches.zero_terms[key] = _zero_terms(ctx, g, tp, dp, cp, mbs, base, zero)
     return hit
 
 
@@ -143,8 +189,11 @@ def _zero_terms(ctx: MixedContext, g: int, tp: int, dp: int, cp: int, mbs: int, 
 def tp_options(ctx: MixedContext, g: int, cp: int) -> list[int]:
     """TP degrees a stage on group g may use (planner.parallel: node_group_tp_options, seq_shard_error)."""
     job = ctx.job
-    return [tp for tp in node_group_tp_options(job.model, [job.cluster[g].gpus_per_node])
-            if seq_shard_error(job.training, cp, tp) is None]
+    return [
+        tp
+        for tp in node_group_tp_options(job.model, [job.cluster[g].gpus_per_node])
+        if seq_shard_error(job.training, cp, tp) is None
+    ]
 
 
 def cp_options(ctx: MixedContext) -> list[int]:
@@ -156,20 +205,20 @@ def cp_options(ctx: MixedContext) -> list[int]:
 def send_bound(ctx: MixedContext, g: int, tp: int, cp: int, dp: int, mbs: int) -> float:
     """Pipeline-send seconds per micro-batch of a stage on group g over its own links (planner/cost/stage.py:
     an activation forward and a gradient back)."""
-    key = ("send", g, tp, cp, dp, mbs)
-    if key not in ctx.memo:
+    key = (g, tp, cp, dp, mbs)
+    if key not in ctx.caches.send:
         job = ctx.job
         link, nbytes = pipeline_send(ctx.costs(g), job.model, mbs * job.training.seq_length // cp, tp, cp, dp)
-        ctx.memo[key] = 2 * link.p2p(nbytes)
-    return ctx.memo[key]
+        ctx.caches.send[key] = 2 * link.p2p(nbytes)
+    return ctx.caches.send[key]
 
 
 def end_costs(ctx: MixedContext, first, last, cp: int, mbs: int) -> tuple[float, float]:
     """Embedding seconds on the first stage and logits seconds on the last, per micro-batch."""
-    key = ("ends", first, last, cp, mbs)
-    if key not in ctx.memo:
-        ctx.memo[key] = _end_times(ctx, first, last, cp, mbs)
-    return ctx.memo[key]
+    key = (first, last, cp, mbs)
+    if key not in ctx.caches.end_costs:
+        ctx.caches.end_costs[key] = _end_times(ctx, first, last, cp, mbs)
+    return ctx.caches.end_costs[key]
 
 
 def _end_times(ctx: MixedContext, first, last, cp: int, mbs: int) -> tuple[float, float]:

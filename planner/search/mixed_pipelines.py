@@ -1,20 +1,21 @@
 """Mixed-pipeline search: one pipeline template whose stages run on different node groups (GPU types).
 
-A candidate fixes dp, cp, micro-batch, ZeRO stage, the baseline recompute mode, the order of the used node
-groups along the pipeline and, per used group g, the TP degree tp_g of its stages and their number k_g >= 1,
-with k_g*tp_g*cp*dp <= GPUs of g and P = sum k_g <= num_layers. CP-SAT (planner/search/partition.py) then
-chooses each stage's layers and recomputed layers with one StageModel per stage, priced on that stage's own GPUs.
+A candidate fixes dp, cp, micro-batch, ZeRO stage, the baseline recompute mode, the order of the used node groups
+along the pipeline and, per used group g, the TP degree tp_g of its stages and their number k_g >= 1, with
+k_g*tp_g*cp*dp <= GPUs of g and P = sum k_g <= num_layers. CP-SAT (planner/search/partition.py) then chooses each
+stage's layers and recomputed layers with one StageModel per stage, priced on that stage's own GPUs.
 
-Candidates are reached through a best-first search over bounds: a _Group (dp, cp, micro-batch, recompute) fixes
-the TP choice of one node group at a time down to _Family objects (per-group TP; group order and ZeRO stage still
-open), which open into one family per group order and ZeRO stage, whose boxes of stage counts are halved down to
-single candidates; every level's bound holds for all it stands for. A candidate's refined bound
-(hetero_bounds.refined_bound: its stages' memory, sends, ZeRO traffic and DP tail) puts it back in line, so CP-SAT solves
-candidates in the order of those bounds. The search stops when no remaining bound beats the K-th best plan (by
-more than quick.RESOLUTION), which proves the top K (K distinct plans, planner.search.planner._keep) optimal
-within this space, as planner/search/planner.py does. Replica plans (planner/search/replicas.py) then join the
-list; SearchResult.stop_reason and gap_source say what leaves a gap, and in which part of the space.
+Candidates are reached through a best-first search over bounds: a _TpChoiceNode (dp, cp, micro-batch, recompute)
+fixes the TP choice of one node group at a time down to _Family objects (per-group TP; group order and ZeRO stage
+still open), which open into one family per group order and ZeRO stage, whose boxes of stage counts are halved down
+to single candidates; every level's bound holds for all it stands for. A candidate's refined bound
+(mixed_pipeline_bounds.refined_bound: its stages' memory, sends, ZeRO traffic and DP tail) puts it back in line, so
+CP-SAT solves candidates in the order of those bounds. The search stops when no remaining bound beats the K-th best
+plan (by more than quick.RESOLUTION), which proves the top K (K distinct plans, planner.search.result.keep_top)
+optimal within this space, as planner/search/homogeneous.py does. Replica plans (planner/search/replicas.py) then
+join the list; SearchResult.stop_reason and gap_source say what leaves a gap, and in which part of the space.
 """
+
 from __future__ import annotations
 
 import functools
@@ -22,21 +23,38 @@ import heapq
 import itertools
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from planner.cost.estimate import evaluate_stages, hetero_stage_models, with_group_sends
 from planner.cost.provider import cost_source
 from planner.cost.stage import StageModel
 from planner.parallel import HeteroDims, baseline_recompute_modes, dp_options, group_order, micro_batch_options
-from planner.search.hetero_bounds import Ends, box_bound, refined_bound
-from planner.search.mixed import (MixedContext, ZeroTerms, cp_options, end_costs, per_layer_bound, pipeline_dims,
-                                  send_bound, tp_options, zero_terms)
+from planner.search.mixed_context import (
+    MixedContext,
+    ZeroTerms,
+    cp_options,
+    end_costs,
+    per_layer_bound,
+    pipeline_dims,
+    send_bound,
+    tp_options,
+    zero_terms,
+)
+from planner.search.mixed_pipeline_bounds import Ends, box_bound, refined_bound
 from planner.search.partition import solve_partition
 from planner.search.quick import RESOLUTION
-from planner.search.planner import (STOP_REASONS, Plan, SearchResult, _keep, _stage_tuple, settle_open_solves,
-                                    solve_limit, unproven)
 from planner.search.replicas import search_replicas
+from planner.search.result import (
+    STOP_REASONS,
+    Plan,
+    SearchResult,
+    keep_top,
+    settle_open_solves,
+    solve_limit,
+    stage_tuple,
+    unproven,
+)
 from planner.search.space import SearchOptions
 from planner.spec import Job
 
@@ -73,13 +91,25 @@ class HeteroCandidate:
     def sort_key(self):
         return (self.lower_bound_s, self.dp, self.cp, self.mbs, self.zero, self.recompute, self.groups)
 
-    def dims(self, job: Job, layers: tuple[int, ...] | None = None, recompute=None, base: str | None = None) -> HeteroDims:
-        return pipeline_dims(job, self.stage_groups, self.stage_tp, self.dp, self.cp, self.mbs, self.zero,
-                             base or self.recompute, layers, recompute)
+    def dims(
+        self, job: Job, layers: tuple[int, ...] | None = None, recompute=None, base: str | None = None
+    ) -> HeteroDims:
+        return pipeline_dims(
+            job,
+            self.stage_groups,
+            self.stage_tp,
+            self.dp,
+            self.cp,
+            self.mbs,
+            self.zero,
+            base or self.recompute,
+            layers,
+            recompute,
+        )
 
 
 # ----------------------------------------------------------------------------------------------- search
-def _families(ctx: MixedContext) -> list[tuple[float, "_Group", int]]:
+def _families(ctx: MixedContext) -> list[tuple[float, _TpChoiceNode, int]]:
     """(bound, group of families, candidates in it) for every dp, cp, micro-batch and baseline recompute; each
     group stands for its families (one per per-group TP choice, None = unused), opened as it is visited."""
     job, opts = ctx.job, ctx.opts
@@ -90,8 +120,10 @@ def _families(ctx: MixedContext) -> list[tuple[float, "_Group", int]]:
     cps = [cp for cp in cp_options(ctx) if ctx.fw is None or ctx.fw.allows(cp=cp)]
     out = []
     for dp, cp in itertools.product(dp_options(t), cps):
-        kmax_of = {g: {tp: min(L, job.cluster[g].num_gpus // (tp * cp * dp)) for tp in tp_options(ctx, g, cp)}
-                   for g in ctx.order}
+        kmax_of = {
+            g: {tp: min(L, job.cluster[g].num_gpus // (tp * cp * dp)) for tp in tp_options(ctx, g, cp)}
+            for g in ctx.order
+        }
         tp_opts = tuple((None,) + tuple(tp for tp, k in kmax_of[g].items() if k >= 1) for g in ctx.order)
         if all(len(v) == 1 for v in tp_opts):
             continue
@@ -99,7 +131,7 @@ def _families(ctx: MixedContext) -> list[tuple[float, "_Group", int]]:
         per_replica = t.global_batch_size // dp
         for mbs in micro_batch_options(t, dp, opts.max_micro_batch):
             for base in bases:
-                grp = _Group(dp, cp, mbs, base, zeros, per_replica // mbs, tp_opts, kmax_of)
+                grp = _TpChoiceNode(dp, cp, mbs, base, zeros, per_replica // mbs, tp_opts, kmax_of)
                 out.append((grp.bound(ctx), grp, size))
     return out
 
@@ -107,10 +139,10 @@ def _families(ctx: MixedContext) -> list[tuple[float, "_Group", int]]:
 def _space_size(ctx: MixedContext, tp_opts, kmax_of) -> int:
     """Candidates of one dp and cp, without ZeRO: every per-group TP choice, stage counts and group order (the
     same for every dp and cp with the same stage-count limits)."""
-    key = ("size", tp_opts, tuple(tuple(sorted(kmax_of[g].items())) for g in ctx.order))
-    if key not in ctx.memo:
-        ctx.memo[key] = _count_space(ctx, tp_opts, kmax_of)
-    return ctx.memo[key]
+    key = (tp_opts, tuple(tuple(sorted(kmax_of[g].items())) for g in ctx.order))
+    if key not in ctx.caches.space_size:
+        ctx.caches.space_size[key] = _count_space(ctx, tp_opts, kmax_of)
+    return ctx.caches.space_size[key]
 
 
 def _count_space(ctx: MixedContext, tp_opts, kmax_of) -> int:
@@ -123,24 +155,25 @@ def _count_space(ctx: MixedContext, tp_opts, kmax_of) -> int:
     return size
 
 
-def _group_size(ctx: MixedContext, grp: "_Group") -> int:
-    """Candidates a _Group stands for (every ZeRO stage): as _count_space, with its fixed choices."""
-    key = ("group size", grp.fixed, grp.tp_opts, tuple(tuple(sorted(grp.kmax_of[g].items())) for g in ctx.order))
-    if key not in ctx.memo:
+def _group_size(ctx: MixedContext, grp: _TpChoiceNode) -> int:
+    """Candidates a _TpChoiceNode stands for (every ZeRO stage): as _count_space, with its fixed choices."""
+    key = (grp.fixed, grp.tp_opts, tuple(tuple(sorted(grp.kmax_of[g].items())) for g in ctx.order))
+    if key not in ctx.caches.group_space_size:
         L = ctx.job.model.num_layers
         size = 0
-        for tps in itertools.product(*((tp,) for tp in grp.fixed), *grp.tp_opts[len(grp.fixed):]):
+        for tps in itertools.product(*((tp,) for tp in grp.fixed), *grp.tp_opts[len(grp.fixed) :]):
             used = tuple((g, tp) for g, tp in zip(ctx.order, tps) if tp)
             if _uniform_ok(ctx, used):
-                size += _box_size((1,) * len(used), tuple(grp.kmax_of[g][tp] for g, tp in used), L) * \
-                    math.factorial(len(used))
-        ctx.memo[key] = size
-    return ctx.memo[key] * len(grp.zeros)
+                size += _box_size((1,) * len(used), tuple(grp.kmax_of[g][tp] for g, tp in used), L) * math.factorial(
+                    len(used)
+                )
+        ctx.caches.group_space_size[key] = size
+    return ctx.caches.group_space_size[key] * len(grp.zeros)
 
 
 def _node_size(ctx: MixedContext, node, box) -> int:
     """Candidates a node of the best-first search stands for (for progress: they are settled when it is cut)."""
-    if isinstance(node, _Group):
+    if isinstance(node, _TpChoiceNode):
         return _group_size(ctx, node)
     if isinstance(node, HeteroCandidate):
         return 1
@@ -155,10 +188,11 @@ def _uniform_ok(ctx: MixedContext, used) -> bool:
 
 
 @dataclass(frozen=True)
-class _Group:
+class _TpChoiceNode:
     """The families of one dp, cp, micro-batch and baseline recompute whose TP choices (None: group unused) start
     with ``fixed`` for the first groups of ctx.order, the others ranging over ``tp_opts``. Opening it fixes the
     next group's choice (with all fixed: the family), so only choices whose bounds the search reaches are made."""
+
     dp: int
     cp: int
     mbs: int
@@ -171,27 +205,38 @@ class _Group:
 
     def _terms(self, ctx: MixedContext, u) -> tuple[float, tuple[float, float], float]:
         """(per-layer seconds, (embedding, logits) seconds, pipeline-send seconds) bounds of group u[0] at TP u[1]."""
-        key = ("group terms", u, self.dp, self.cp, self.mbs, self.base)
-        hit = ctx.memo.get(key)
+        key = (u, self.dp, self.cp, self.mbs, self.base)
+        hit = ctx.caches.group_terms.get(key)
         if hit is None:
             g, tp = u
-            hit = ctx.memo[key] = (per_layer_bound(ctx, g, tp, self.cp, self.mbs, self.base),
-                                   end_costs(ctx, u, u, self.cp, self.mbs),
-                                   send_bound(ctx, g, tp, self.cp, self.dp, self.mbs))
+            hit = ctx.caches.group_terms[key] = (
+                per_layer_bound(ctx, g, tp, self.cp, self.mbs, self.base),
+                end_costs(ctx, u, u, self.cp, self.mbs),
+                send_bound(ctx, g, tp, self.cp, self.dp, self.mbs),
+            )
         return hit
 
     def _free(self, ctx: MixedContext, i: int) -> tuple | None:
         """box_bound terms (a, (emb, logits), send, lo, hi) valid for group i at any of its choices: not required
         (lo = 0), the ends at their least, sends left out, and its layer throughput (box_bound's k_g/a_g) at its
         best TP: passed as its fastest per-layer time a with hi stages, hi/a being that best throughput."""
-        key = ("free", i, self.dp, self.cp, self.mbs, self.base)
-        if key not in ctx.memo:
+        key = (i, self.dp, self.cp, self.mbs, self.base)
+        if key not in ctx.caches.free_group_terms:
             g = ctx.order[i]
             terms = [(self._terms(ctx, (g, tp)), self.kmax_of[g][tp]) for tp in self.tp_opts[i] if tp]
             fast = min(x[0] for x, _ in terms) if terms else 0.0
-            ctx.memo[key] = (fast, (min(x[1][0] for x, _ in terms), min(x[1][1] for x, _ in terms)), 0.0, 0,
-                             fast * max(k / x[0] for x, k in terms)) if terms else None
-        return ctx.memo[key]
+            ctx.caches.free_group_terms[key] = (
+                (
+                    fast,
+                    (min(x[1][0] for x, _ in terms), min(x[1][1] for x, _ in terms)),
+                    0.0,
+                    0,
+                    fast * max(k / x[0] for x, k in terms),
+                )
+                if terms
+                else None
+            )
+        return ctx.caches.free_group_terms[key]
 
     def bound(self, ctx: MixedContext) -> float:
         """Valid for every family of the group: fixed used groups exactly (at least one stage), free ones relaxed
@@ -212,14 +257,25 @@ class _Group:
         a, ends, send, lo, hi = zip(*rows)
         return box_bound(a, lo, hi, Ends.any_order(a, ends), ctx.job.model.num_layers, self.mb, send)
 
-    def families(self, ctx: MixedContext) -> list[tuple[float, "_Group | _Family", tuple | None]]:
-        """The next group's choices (each a _Group); with every choice fixed, the family itself."""
+    def families(self, ctx: MixedContext) -> list[tuple[float, _TpChoiceNode | _Family, tuple | None]]:
+        """The next group's choices (each a _TpChoiceNode); with every choice fixed, the family itself."""
         L = ctx.job.model.num_layers
         if len(self.fixed) == len(ctx.order):
             used = tuple((g, tp) for g, tp in zip(ctx.order, self.fixed) if tp)
             terms = [self._terms(ctx, u) for u in used]
-            fam = _Family(self.dp, self.cp, self.mbs, self.zeros, self.base, used, tuple(x[0] for x in terms),
-                          tuple(x[1] for x in terms), self.mb, tuple(x[2] for x in terms), ordered=False)
+            fam = _Family(
+                self.dp,
+                self.cp,
+                self.mbs,
+                self.zeros,
+                self.base,
+                used,
+                tuple(x[0] for x in terms),
+                tuple(x[1] for x in terms),
+                self.mb,
+                tuple(x[2] for x in terms),
+                ordered=False,
+            )
             box = (1,) * len(used), tuple(self.kmax_of[g][tp] for g, tp in used)
             return [(fam.bound(L, *box), fam, box)]
         out = []
@@ -229,8 +285,9 @@ class _Group:
             used = tuple((g, t) for g, t in zip(ctx.order, fixed) if t)
             if (last and not used) or (used and not _uniform_ok(ctx, used)):
                 continue
-            node = _Group(self.dp, self.cp, self.mbs, self.base, self.zeros, self.mb, self.tp_opts, self.kmax_of,
-                          fixed)
+            node = _TpChoiceNode(
+                self.dp, self.cp, self.mbs, self.base, self.zeros, self.mb, self.tp_opts, self.kmax_of, fixed
+            )
             out.append((node.bound(ctx), node, None))
         return out
 
@@ -239,19 +296,20 @@ class _Group:
 class _Family:
     """Everything of a candidate but its stage counts per used group (which range over boxes lo..hi). An open
     family (``ordered`` False) also leaves the groups' pipeline order and the ZeRO stage open."""
+
     dp: int
     cp: int
     mbs: int
     zeros: tuple[int, ...]
     base: str
     used: tuple[tuple[int, int], ...]  # (group, tp) in pipeline order
-    a: tuple[float, ...]               # per-layer seconds bound of each used group
+    a: tuple[float, ...]  # per-layer seconds bound of each used group
     ends: tuple[tuple[float, float], ...]  # (embedding, logits) seconds per micro-batch on each used group
     mb: int
-    send: tuple[float, ...]            # pipeline-send seconds per micro-batch of a stage of each used group
-    ordered: bool = True               # False: order and ZeRO stage still open (expand before splitting boxes)
-    zero: int | None = None            # the ZeRO stage of an ordered family
-    zt: tuple[ZeroTerms, ...] = ()     # what it adds per used group
+    send: tuple[float, ...]  # pipeline-send seconds per micro-batch of a stage of each used group
+    ordered: bool = True  # False: order and ZeRO stage still open (expand before splitting boxes)
+    zero: int | None = None  # the ZeRO stage of an ordered family
+    zt: tuple[ZeroTerms, ...] = ()  # what it adds per used group
 
     @functools.cached_property
     def bound_ends(self) -> Ends:
@@ -282,23 +340,41 @@ class _Family:
     def tail(self) -> float:
         return max(z.tail for z in self.zt)
 
-    def expand(self, ctx: MixedContext, lo, hi) -> list[tuple["_Family", tuple]]:
+    def expand(self, ctx: MixedContext, lo, hi) -> list[tuple[_Family, tuple]]:
         """Every pipeline order of the used groups and every ZeRO stage, each with its box (the groups' counts
         follow them)."""
         out = []
-        terms = {zero: [zero_terms(ctx, g, tp, self.dp, self.cp, self.mbs, self.base, zero) for g, tp in self.used]
-                 for zero in self.zeros}
+        terms = {
+            zero: [zero_terms(ctx, g, tp, self.dp, self.cp, self.mbs, self.base, zero) for g, tp in self.used]
+            for zero in self.zeros
+        }
         for perm in itertools.permutations(range(len(self.used))):
-            pick = lambda xs: tuple(xs[i] for i in perm)  # noqa: E731
+
+            def pick(xs, perm=perm):
+                return tuple(xs[i] for i in perm)
+
             used, a, ends, send = pick(self.used), pick(self.a), pick(self.ends), pick(self.send)
             box = pick(lo), pick(hi)
             for zero in self.zeros:
-                fam = _Family(self.dp, self.cp, self.mbs, self.zeros, self.base, used, a, ends, self.mb, send,
-                              ordered=True, zero=zero, zt=pick(terms[zero]))
+                fam = _Family(
+                    self.dp,
+                    self.cp,
+                    self.mbs,
+                    self.zeros,
+                    self.base,
+                    used,
+                    a,
+                    ends,
+                    self.mb,
+                    send,
+                    ordered=True,
+                    zero=zero,
+                    zt=pick(terms[zero]),
+                )
                 out.append((fam, box))
         return out
 
-    def candidates(self, ctx: "MixedContext", ks, lb: float) -> list[HeteroCandidate]:
+    def candidates(self, ctx: MixedContext, ks, lb: float) -> list[HeteroCandidate]:
         """The candidate of one stage-count choice if it is in the space: at most one stage per layer, and the
         framework's limits."""
         P = sum(ks)
@@ -315,7 +391,7 @@ def _split(lo, hi) -> list[tuple]:
     """Halve a box of stage counts along its widest coordinate."""
     i = max(range(len(lo)), key=lambda j: (hi[j] - lo[j], -j))
     mid = (lo[i] + hi[i]) // 2
-    return [(lo, hi[:i] + (mid,) + hi[i + 1:]), (lo[:i] + (mid + 1,) + lo[i + 1:], hi)]
+    return [(lo, hi[:i] + (mid,) + hi[i + 1 :]), (lo[:i] + (mid + 1,) + lo[i + 1 :], hi)]
 
 
 @functools.lru_cache(maxsize=4096)
@@ -354,12 +430,19 @@ def _stage_models(ctx: MixedContext, c: HeteroCandidate, cache: dict) -> list[St
 def _solve(ctx: MixedContext, c: HeteroCandidate, sms, cap_s: float, remaining: float, workers: int):
     caps = [ctx.capacity(g) for g in c.stage_groups]
     partial = ctx.opts.partial_recompute
-    res = solve_partition(sms, caps, partial_recompute=partial, time_limit_s=remaining, workers=workers,
-                          objective_cap_s=cap_s if cap_s < float("inf") else None,
-                          even_layers=ctx.opts.even_layers, uniform_recompute=ctx.opts.uniform_recompute)
+    res = solve_partition(
+        sms,
+        caps,
+        partial_recompute=partial,
+        time_limit_s=remaining,
+        workers=workers,
+        objective_cap_s=cap_s if cap_s < float("inf") else None,
+        even_layers=ctx.opts.even_layers,
+        uniform_recompute=ctx.opts.uniform_recompute,
+    )
     if res.plans is None:
         return res, None
-    layers, rec, base = _stage_tuple(res.plans, c.recompute)
+    layers, rec, base = stage_tuple(res.plans, c.recompute)
     dims = c.dims(ctx.job, layers, rec, base)
     final_sms = hetero_stage_models(ctx.job, dims, ctx.costs)
     return res, evaluate_stages(ctx.job, dims, final_sms, res.plans, ctx.opts.memory_margin)
@@ -369,9 +452,17 @@ def _solve(ctx: MixedContext, c: HeteroCandidate, sms, cap_s: float, remaining: 
 MIXED_PROGRESS = "mixed-pipeline candidates"  # solved, or ruled out by a bound
 
 
-def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers: int = 1,
-                  options: SearchOptions | None = None, single_type: bool = True,
-                  replicas: bool = True, progress: Callable[..., None] | None = None) -> SearchResult:
+def search_hetero(
+    job: Job,
+    *,
+    top: int = 5,
+    time_limit_s: float = 60.0,
+    workers: int = 1,
+    options: SearchOptions | None = None,
+    single_type: bool = True,
+    replicas: bool = True,
+    progress: Callable[..., None] | None = None,
+) -> SearchResult:
     """Best heterogeneous plans of a multi-group job (see the module docstring). With ``single_type`` the best
     plan on each node group alone (the homogeneous search) is reported for comparison; with ``replicas`` plans
     whose DP replicas sit on different GPU types (planner/search/replicas.py) join the top list.
@@ -399,6 +490,7 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
     complete = True
     frontier = float("inf")
     open_bounds: list[float] = []
+
     # Best-first over boxes of stage counts: a box's bound holds for every candidate in it, a one-point box is a
     # candidate. The first box whose bound reaches the K-th best time ends the search (all others are worse).
     # A bound must beat the K-th best by more than RESOLUTION (0.01%) to be explored: plans closer than that
@@ -423,7 +515,7 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
         if res.status not in ("optimal", "infeasible"):
             open_bounds.append(res.bound_s)
         if est is not None and est.fits:
-            _keep(best, Plan(c, est, res.status), top)
+            keep_top(best, Plan(c, est, res.status), top)
         report()
 
     def push(bound: float, node, nbox) -> None:
@@ -450,7 +542,7 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
             timed_out = True
             frontier = min(frontier, lb)
             break
-        if isinstance(fam, _Group):
+        if isinstance(fam, _TpChoiceNode):
             for flb, family, fbox in fam.families(ctx):
                 push(flb, family, fbox)
             continue
@@ -489,7 +581,7 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
         stop = min(start + time_limit_s * share, time.monotonic() + 0.25 * time_limit_s * share)
         rs = search_replicas(ctx, beat, stop, workers, progress)
         for cand, est in rs.found:
-            _keep(best, Plan(cand, est, "feasible"), top)
+            keep_top(best, Plan(cand, est, "feasible"), top)
     # What keeps the top K from being proven, as (bound, stop reason, part of the space): the mixed pipelines as
     # today's ``complete`` says (cut by the deadline, or a solve stopped at its per-solve cap), and replica shapes
     # whose bound is below the K-th best (left unexplored by the deadline, or evaluated heuristically: replica
@@ -511,11 +603,13 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
         if final:
             gap = max(0.0, (final[0].time - min(low, final[0].time)) / final[0].time)
     # candidates: every (family, stage counts) in the space; all but the solved ones were pruned by a bound
-    result = SearchResult(final, counted, counted - solved, solved, 0.0, complete, gap, stop_reason=reason,
-                          gap_source=source)
+    result = SearchResult(
+        final, counted, counted - solved, solved, 0.0, complete, gap, stop_reason=reason, gap_source=source
+    )
     if single_type:
         result.single_type_best_s, result.single_type_group = best_single_type(
-            job, opts, workers, max(0.5, start + time_limit_s - time.monotonic()), progress)
+            job, opts, workers, max(0.5, start + time_limit_s - time.monotonic()), progress
+        )
     result.seconds = time.monotonic() - start
     return result
 
@@ -523,7 +617,7 @@ def search_hetero(job: Job, *, top: int = 5, time_limit_s: float = 60.0, workers
 def best_single_type(job: Job, opts: SearchOptions, workers: int, time_limit_s: float, progress=None):
     """(seconds, group) of the best homogeneous plan on one node group alone, or (None, None) if none fits.
     ``progress(done, total, what)``: each search's candidates."""
-    from planner.search.planner import search
+    from planner.search.homogeneous import search
 
     out = (None, None)
     groups = group_order(job.cluster)
