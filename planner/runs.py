@@ -293,12 +293,12 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
 
 
 def _match_gpu(hw: _Section):
-    from planner.catalog import _catalog, resolve_gpu
+    from planner.catalog import gpu_names, resolve_gpu
 
     mem, peak = hw.num("mem_gb"), hw.num("peak_tflops_16bit")
     if mem is None or peak is None:
         return None
-    for name in sorted({e["name"] for e in _catalog("gpus").values()}):
+    for name in gpu_names():
         g = resolve_gpu(name)
         if abs(g.memory_gib - mem) < 1 and abs(g.peak_tflops_bf16 - peak) < 0.01 * peak:
             return g

@@ -8,7 +8,7 @@ from rich.table import Table
 from planner.cost.estimate import Estimate
 
 
-def _layout_line(d: dict) -> str:
+def layout_line(d: dict) -> str:
     # mixed-GPU layouts: tp, sequence_parallel and num_microbatches are null where stages (or replicas) differ
     tp = "per-stage" if d["tp"] is None else d["tp"]
     sp = "per-stage" if d["sequence_parallel"] is None else "on" if d["sequence_parallel"] else "off"
@@ -36,7 +36,7 @@ def render_estimate(est: Estimate, title: str = "Estimate") -> Group:
     head = Table(title=title, show_header=False, title_justify="left")
     head.add_column(style="bold")
     head.add_column()
-    head.add_row("layout", _layout_line(j["layout"]))
+    head.add_row("layout", layout_line(j["layout"]))
     where = f"stage {j['peak_memory_stage']}"
     if "peak_memory_replica" in j:
         where += f" of replica {j['peak_memory_replica']}"

@@ -8,7 +8,7 @@ import math
 from rich.console import Group
 from rich.table import Table
 
-from planner.report.estimate import _layout_line
+from planner.report.estimate import layout_line
 from planner.search.quick import RESOLUTION
 
 
@@ -265,7 +265,7 @@ def render_why(doc: dict) -> Table:
                 f"{win['peak_memory_gib']:.1f} vs {two['peak_memory_gib']:.1f} GiB"
             )
     if doc.get("current"):
-        notes.append("current: " + _layout_line(doc["current"]["layout"]))
+        notes.append("current: " + layout_line(doc["current"]["layout"]))
     if notes:
         t.caption = "\n".join(notes)
     return t
