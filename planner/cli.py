@@ -97,10 +97,9 @@ def estimate(
     warnings = _warn(spec)
     est = run_estimate(spec, capacity_margin=memory_margin)
     if json_:
-        doc = est.to_json(job=spec)
-        doc["warnings"] = [{"field": w.field, "message": w.message} for w in warnings]
-        doc["memory_margin"] = memory_margin
-        _emit_json(doc)
+        from planner.report.plan_json import estimate_document
+
+        _emit_json(estimate_document(spec, est, memory_margin=memory_margin, warnings=warnings))
     else:
         from planner.report.estimate import render_estimate
 

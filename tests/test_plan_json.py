@@ -236,8 +236,7 @@ def test_estimate_json_echoes_the_job(mixed_job):
     est = estimate(mixed_job, capacity_margin=0.05)
     plain = est.to_json()
     assert not {"job", "planner_version", "cost_model"} & set(plain)  # nested estimates stay as before
-    doc = est.to_json(job=mixed_job)
-    doc.update(warnings=[], memory_margin=0.05)  # what the CLI adds
+    doc = P.estimate_document(mixed_job, est, memory_margin=0.05, warnings=[])
     doc = json.loads(dumps_json(doc))
     jsonschema.validate(doc, P.estimate_schema())
     assert parse_job(doc["job"]) == mixed_job and doc["planner_version"] == __version__

@@ -76,10 +76,9 @@ class Estimate:
     def mfu(self) -> float:
         return self.model_tflops_per_gpu / self.peak_tflops_per_gpu
 
-    def to_json(self, job: Job | None = None) -> dict:
-        """The estimate as JSON (planner.report.plan_json.EstimateOut). With ``job`` (the job estimated), also
-        ``job``, ``planner_version`` and ``cost_model`` (planner.report.provenance): the `planner estimate --json`
-        document, readable without the job file."""
+    def to_json(self) -> dict:
+        """The estimate as JSON (planner.report.plan_json.EstimateOut); `planner estimate --json` adds the job echo
+        (planner.report.plan_json.estimate_document)."""
         r = lambda x, n=6: float(round(x, n))  # noqa: E731 - fixed rounding keeps JSON byte-stable
         out = {
             "schema_version": SCHEMA_VERSION,
@@ -99,10 +98,6 @@ class Estimate:
             "memory_breakdown_gib": {k: r(v / M.GIB, 3) for k, v in self.peak_stage.memory_bytes.items()},
             "stages": [self._stage_json(i, r) for i in range(len(self.stages))],
         }
-        if job is not None:
-            from planner.report.provenance import provenance
-
-            out.update(provenance(job, self.calibration))
         return out
 
     def _stage_json(self, i: int, r) -> dict:

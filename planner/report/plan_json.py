@@ -626,6 +626,19 @@ def _search_extras(result: SearchResult, framework: str | None) -> dict:
     return out
 
 
+def estimate_document(job: Job, est: Estimate, *, memory_margin: float, warnings: Iterable = ()) -> dict:
+    """The `planner estimate --json` document (EstimateDocument): the estimate of the job's layout with the same
+    echo as the plan document (job, planner version, cost model, memory margin, warnings)."""
+    doc = {
+        **est.to_json(),
+        **provenance(job, est.calibration),
+        "memory_margin": float(memory_margin),
+        "warnings": warnings_json(warnings),
+    }
+    EstimateDocument.model_validate(doc)  # the output always matches its published schema
+    return doc
+
+
 def plan_document(
     job: Job,
     result: SearchResult,
