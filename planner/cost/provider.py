@@ -42,7 +42,7 @@ class AnalyticCosts:
         self._models: list = []
         self._links: dict = {}  # (size, per_node) -> comm.Link (immutable)
         self._p2p: dict = {}  # crosses_node -> comm.Link
-        self.memo: dict = {}  # derived per-layer coefficients, keyed by callers (StageModel)
+        self.kind_coeffs: dict = {}  # planner.cost.stage.kind_coeffs per (model, micro-batch, degrees), memoized
 
     # ------------------------------------------------------------------ rates
     def gemm_rate(self) -> float:

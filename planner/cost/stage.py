@@ -145,7 +145,7 @@ def kind_coeffs(
     seq = t.seq_length
     flash = t.attention == "flash"
     key = (id(m), tokens, seq, tp, cp, ep, sp, flash, base_rc)
-    hit = costs.memo.get(key)
+    hit = costs.kind_coeffs.get(key)
     if hit is not None:
         return hit
     costs.keep(m)
@@ -192,7 +192,7 @@ def kind_coeffs(
             act_recomputed=M.activation_bytes_per_layer(m, recompute="full", **act_kw),
             act_working=M.working_bytes_full_recompute(m, **act_kw),
         )
-    costs.memo[key] = kinds
+    costs.kind_coeffs[key] = kinds
     return kinds
 
 

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from planner.catalog import aliases, gpu_names, model_names, resolve_gpu, resolve_model
+from planner.cost.flops import active_params_per_token, embedding_params, total_params
+from planner.frameworks import FRAMEWORKS
+
 LISTS = ("gpus", "models", "frameworks")
 
 
 def catalog_rows(kind: str) -> list[dict]:
     """One row per preset: its name, aliases and key numbers (also the `--json` output)."""
     if kind == "gpus":
-        return [_gpu_row(name) for name in _names("gpus")]
+        return [_gpu_row(name) for name in gpu_names()]
     if kind == "models":
-        return [_model_row(name) for name in _names("models")]
-    return [_framework_row(fw) for _, fw in sorted(_frameworks().items())]
+        return [_model_row(name) for name in model_names()]
+    return [_framework_row(fw) for _, fw in sorted(FRAMEWORKS.items())]
 
 
 def render_catalog(kind: str, rows: list[dict]) -> Table:
@@ -73,21 +77,7 @@ def _cell(value) -> str:
     return str(value)
 
 
-def _names(kind: str) -> list[str]:
-    from planner.catalog import gpu_names, model_names
-
-    return gpu_names() if kind == "gpus" else model_names()
-
-
-def _aliases(kind: str, name: str) -> list[str]:
-    from planner.catalog import aliases
-
-    return aliases(kind, name)
-
-
 def _gpu_row(name: str) -> dict:
-    from planner.catalog import resolve_gpu
-
     g = resolve_gpu(name)
     return {
         "name": g.name,
@@ -98,15 +88,12 @@ def _gpu_row(name: str) -> dict:
         "intra_node_gbps": g.intra_node_gbps,
         "inter_node_gbps": g.inter_node_gbps,
         "gpus_per_node": g.gpus_per_node,
-        "aliases": _aliases("gpus", name),
+        "aliases": aliases("gpus", name),
         "source": g.source,
     }
 
 
 def _model_row(name: str) -> dict:
-    from planner.catalog import resolve_model
-    from planner.cost.flops import active_params_per_token, embedding_params, total_params
-
     m = resolve_model(name)
     total = total_params(m)
     active = active_params_per_token(m) + embedding_params(m) * (1 if m.tie_embeddings else 2)
@@ -120,15 +107,9 @@ def _model_row(name: str) -> dict:
         "ffn_hidden_size": m.ffn_hidden_size,
         "vocab_size": m.vocab_size,
         "experts": f"{m.moe.num_experts} (top-{m.moe.top_k})" if m.moe else None,
-        "aliases": _aliases("models", name),
+        "aliases": aliases("models", name),
         "source": m.source,
     }
-
-
-def _frameworks() -> dict:
-    from planner.frameworks import FRAMEWORKS
-
-    return FRAMEWORKS
 
 
 def _framework_row(fw) -> dict:
