@@ -16,6 +16,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+# A 6-layer MoE model (one dense layer, then 8 experts top-2, GQA) small enough for brute force over its layouts;
+# the exactness, bound and cost-seam tests share it (each under its own name).
+SMALL_MOE = {
+    "name": "moe-small",
+    "num_layers": 6,
+    "hidden_size": 1024,
+    "ffn_hidden_size": 2816,
+    "num_attention_heads": 16,
+    "num_kv_heads": 4,
+    "vocab_size": 32000,
+    "mlp": "swiglu",
+    "moe": {"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 1408, "first_dense_layers": 1},
+}
+
 CATALOG_GPUS = ("a100-40gb", "a100-80gb", "h100-sxm", "l4")
 GPUS_PER_NODE = (1, 2, 4, 8)
 MAX_GPUS = 64

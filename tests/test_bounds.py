@@ -11,6 +11,7 @@ import random
 from dataclasses import dataclass
 
 import pytest
+from strategies import SMALL_MOE
 
 from planner.cost.estimate import evaluate_plans, evaluate_stages, with_group_sends
 from planner.cost.provider import cost_source
@@ -33,17 +34,7 @@ GPT6 = {
     "vocab_size": 32000,
     "mlp": "gelu",
 }
-MOE6 = {
-    "name": "moe-6",
-    "num_layers": 6,
-    "hidden_size": 1024,
-    "ffn_hidden_size": 2816,
-    "num_attention_heads": 16,
-    "num_kv_heads": 4,
-    "vocab_size": 32000,
-    "mlp": "swiglu",
-    "moe": {"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 1408, "first_dense_layers": 1},
-}
+MOE6 = {**SMALL_MOE, "name": "moe-6"}
 TIGHT_GPU = {
     "name": "tight",
     "memory_gib": 5.5,

@@ -16,6 +16,7 @@ import tokenize
 from pathlib import Path
 
 import pytest
+from strategies import SMALL_MOE
 
 from planner.cost.estimate import estimate
 from planner.cost.provider import AnalyticCosts, CostSource, cost_source, use_cost_source
@@ -66,17 +67,7 @@ GPT = {
     "vocab_size": 32000,
     "mlp": "gelu",
 }
-MOE = {
-    "name": "moe-seam",
-    "num_layers": 6,
-    "hidden_size": 1024,
-    "ffn_hidden_size": 2816,
-    "num_attention_heads": 16,
-    "num_kv_heads": 4,
-    "vocab_size": 32000,
-    "mlp": "swiglu",
-    "moe": {"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 1408, "first_dense_layers": 1},
-}
+MOE = {**SMALL_MOE, "name": "moe-seam"}
 SMALL_GPU = {
     "memory_gib": 6.0,
     "peak_tflops_bf16": 312,

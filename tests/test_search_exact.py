@@ -3,6 +3,7 @@
 import itertools
 
 import pytest
+from strategies import SMALL_MOE
 
 from planner.cost.estimate import evaluate_plans
 from planner.cost.provider import AnalyticCosts
@@ -69,17 +70,7 @@ SMALL_GPT = {
     "vocab_size": 32000,
     "mlp": "gelu",
 }
-SMALL_MOE = {
-    "name": "moe-small",
-    "num_layers": 6,
-    "hidden_size": 1024,
-    "ffn_hidden_size": 2816,
-    "num_attention_heads": 16,
-    "num_kv_heads": 4,
-    "vocab_size": 32000,
-    "mlp": "swiglu",
-    "moe": {"num_experts": 8, "top_k": 2, "expert_ffn_hidden_size": 1408, "first_dense_layers": 1},
-}
+SMALL_MOE = SMALL_MOE
 TIGHT_GPU = {
     "memory_gib": 5.5,
     "peak_tflops_bf16": 312,
