@@ -55,6 +55,9 @@ def search(
     stopped_at = len(cands)
     infeasible = 0
     open_bounds: list[float] = []  # CP-SAT bounds of solves stopped before proving their optimum
+    # Candidates that differ only in pipeline depth, interleaving or the ZeRO-free choices share their stage forms
+    # (StageModel.form_key), as the mixed searches' candidates do: built once, not once per candidate.
+    form_caches: dict = {}
     for idx, c in enumerate(cands):
         if progress is not None and idx % 64 == 0:
             progress(idx, len(cands))
@@ -67,7 +70,7 @@ def search(
             complete = False
             stopped_at = idx
             break
-        sm = StageModel(job, dims_for(job, c, tp_overlap=opts.tp_comm_overlap), costs)
+        sm = StageModel(job, dims_for(job, c, tp_overlap=opts.tp_comm_overlap), costs, form_caches)
         if sm.lower_bound() >= kth:
             continue
         lb = quick.lower_bound(sm, capacity, kth)
