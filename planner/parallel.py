@@ -395,9 +395,7 @@ class ParallelDims:
 
     def group_span(self, dim: str, gpus_per_node: int) -> tuple[int, int]:
         """(group size, GPUs of the group that share one node) for a parallel dimension under RANK_ORDER."""
-        sizes = {"tp": self.tp, "cp": self.cp, "ep": self.ep, "dp": self.dp, "pp": self.pp}
-        size = sizes[dim]
-        return size, ranks_per_node(size, rank_strides(sizes)[dim], gpus_per_node)
+        return _group_spans(self.tp, self.cp, self.ep, self.dp, self.pp, gpus_per_node)[dim]
 
     def as_dict(self) -> dict:
         return {
@@ -723,3 +721,12 @@ class ReplicaDims:
             {"count": r.dp, "micro_batches": r.num_microbatches, "stages": r.as_dict()["stages"]} for r in self.replicas
         ]
         return out
+
+
+@functools.lru_cache(maxsize=4096)
+def _group_spans(tp: int, cp: int, ep: int, dp: int, pp: int, gpus_per_node: int) -> dict[str, tuple[int, int]]:
+    """ParallelDims.group_span of every dimension (memoized: the searches ask for the same degrees many times;
+    the dict is shared, not to be mutated)."""
+    sizes = {"tp": tp, "cp": cp, "ep": ep, "dp": dp, "pp": pp}
+    strides = rank_strides(sizes)
+    return {dim: (size, ranks_per_node(size, strides[dim], gpus_per_node)) for dim, size in sizes.items()}

@@ -118,6 +118,16 @@ def test_cp_sat_expressions_equal_the_estimator_homogeneous(case):
     assert_model_matches([sm] * c.pp, plans, est)
 
 
+@pytest.mark.parametrize("case", homogeneous_cases(10, seed=3), ids=lambda c: f"L{c[0].model.num_layers}-{c[2]}")
+def test_peak_memory_is_the_sum_of_the_components_bit_for_bit(case):
+    """The bounds compare StageModel.peak_memory with capacities; the estimator reports the components. The two must
+    agree exactly, or a plan could fit for one and not the other."""
+    job, costs, c, opts, plans = case
+    sm = StageModel(job, dims_for(job, c, tp_overlap=opts.tp_comm_overlap), costs)
+    for i, plan in enumerate(plans):
+        assert sm.peak_memory(i, plan) == sum(sm.memory(i, plan).values())
+
+
 def mixed_cases(n: int, seed: int):
     """(job, dims, plans) for random mixed pipelines: stages on random node groups with random TP degrees."""
     rng = random.Random(seed)

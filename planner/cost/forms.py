@@ -360,10 +360,10 @@ class MemoryForms:
     allocated: Affine  # states.total + activations
     fragmentation: float  # allocator share on top of what is allocated
     fixed: float  # bytes of CUDA context, NCCL buffers, ...
+    overhead: Affine = field(init=False)  # allocated * fragmentation + fixed
 
-    @property
-    def overhead(self) -> Affine:
-        return self.allocated * self.fragmentation + Affine(const=self.fixed)
+    def __post_init__(self) -> None:
+        self.overhead = self.allocated * self.fragmentation + Affine(const=self.fixed)
 
     def at(self, plan: StagePlan) -> dict[str, float]:
         """Every component at one stage's layer counts (their sum is the stage's peak)."""
@@ -376,6 +376,17 @@ class MemoryForms:
         }
         mem["overhead"] = self.overhead.at(plan)
         return mem
+
+    def peak(self, plan: StagePlan) -> float:
+        """The sum of ``at(plan)``, added in the same order (bit-identical), without building the dict."""
+        st = self.states
+        return (
+            st.weights.at(plan)
+            + st.gradients.at(plan)
+            + st.optimizer.at(plan)
+            + self.activations.at(plan)
+            + self.overhead.at(plan)
+        )
 
 
 @dataclass(slots=True)

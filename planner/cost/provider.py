@@ -39,6 +39,7 @@ class AnalyticCosts:
         self.cal = cal or default_calibration()
         self.precision = precision
         self._layers: dict = {}
+        self._ends: dict = {}  # embedding and logits PassTime per (kind, model, micro-batch, TP, SP)
         self._models: list = []
         self._links: dict = {}  # (size, per_node) -> comm.Link (immutable)
         self._p2p: dict = {}  # crosses_node -> comm.Link
@@ -129,10 +130,20 @@ class AnalyticCosts:
             self._models.append(model)
 
     def embedding(self, model: ModelSpec, tokens: int, tp: int, sp: bool) -> compute.PassTime:
-        return compute.embedding_time(model, self._roof, tokens, tp, sp)
+        key = ("embedding", id(model), tokens, tp, sp)
+        hit = self._ends.get(key)
+        if hit is None:
+            hit = self._ends[key] = compute.embedding_time(model, self._roof, tokens, tp, sp)
+            self.keep(model)
+        return hit
 
     def logits(self, model: ModelSpec, tokens: int, tp: int) -> compute.PassTime:
-        return compute.logits_time(model, self._roof, tokens, tp)
+        key = ("logits", id(model), tokens, tp)
+        hit = self._ends.get(key)
+        if hit is None:
+            hit = self._ends[key] = compute.logits_time(model, self._roof, tokens, tp)
+            self.keep(model)
+        return hit
 
     def link(self, size: int, per_node: int) -> comm.Link:
         """A collective group of ``size`` ranks, ``per_node`` of which share each node."""

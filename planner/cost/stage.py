@@ -19,6 +19,7 @@ optimizer step in ``StageModel._tail_forms``; the collectives over a stage's par
 from __future__ import annotations
 
 import copy
+import functools
 from dataclasses import dataclass, field
 
 from planner.cost import flops as F
@@ -121,13 +122,8 @@ class LayerKinds(dict):
         super().__init__()
         self.ends: dict[tuple[bool, bool, bool], LayerEnds] = {}  # by (first, last, deeper than one stage)
         # model states and allocated memory by end and bytes per parameter (few values per search)
-        self.states: dict[tuple, States] = {}
-        self.memory: dict[tuple, InflightAffine] = {}
-        self.collectives: dict[tuple, _Collectives] = {}  # by sharding
-        self.time: dict[tuple, TimeForms] = {}  # by end and sharding
-        self.tail: dict[tuple, TailForms] = {}
-        self.states: dict[tuple, States] = {}  # by end and bytes per parameter
-        self.memory: dict[tuple, InflightAffine] = {}
+        self.states: dict[tuple, States] = {}  # by StageModel._state_key
+        self.memory: dict[tuple, InflightAffine] = {}  # by StageModel._state_key
 
     def end(self, first: bool, last: bool, deep: bool) -> LayerEnds:
         hit = self.ends.get((first, last, deep))
@@ -230,6 +226,24 @@ class FormCache:
         return FormCache(None, {}, {}, self.positions)
 
 
+def _registered(caches: dict[tuple, FormCache], key: tuple) -> FormCache:
+    hit = caches.get(key)
+    if hit is None:
+        hit = caches[key] = FormCache()
+    return hit
+
+
+@functools.lru_cache(maxsize=256)
+def _state_bytes_per_param(shard: int, zero_stage: int, grad_dtype: str, optimizer: str) -> dict[str, float]:
+    """memory.model_state_bytes of one parameter (memoized: a handful of values per search; not to be mutated)."""
+    return M.model_state_bytes(1.0, shard, zero_stage, grad_dtype, optimizer)
+
+
+@functools.lru_cache(maxsize=4096)
+def _inflight_counts(pp: int, vpp: int, microbatches: int) -> tuple[float, ...]:
+    return tuple(M.inflight_microbatches(i, pp, vpp, microbatches) for i in range(pp))
+
+
 class StageModel:
     """The forms of every stage for one choice of parallel degrees (the partition left open). Models built with
     the same ``caches`` registry share their forms with every model of the same form_key."""
@@ -272,15 +286,15 @@ class StageModel:
         self.largest_layer = max(k.params_dense + k.params_expert for k in self.kinds.values())
         self.working = max(k.act_working for k in self.kinds.values())
         self.states_per_param = {
-            "dense": M.model_state_bytes(1.0, self.shard, dims.zero_stage, t.grad_dtype, t.optimizer),
-            "expert": M.model_state_bytes(1.0, self.exp_shard, dims.zero_stage, t.grad_dtype, t.optimizer),
+            "dense": _state_bytes_per_param(self.shard, dims.zero_stage, t.grad_dtype, t.optimizer),
+            "expert": _state_bytes_per_param(self.exp_shard, dims.zero_stage, t.grad_dtype, t.optimizer),
         }
         self.bytes_per_param = {group: sum(per.values()) for group, per in self.states_per_param.items()}
         # ZeRO-3 (FSDP) holds the gathered layer and the prefetched next one, 16-bit (Zhao et al. 2023, Sec. 3.3)
         self.gathered_layers = 2 * 2.0 * self.largest_layer if dims.zero_stage >= 3 else 0.0
         self._layer_floor = fastest_layer(self.kinds, dims.tp_comm_overlap)
         self._deep = dims.pp > 1
-        self.form_cache = FormCache() if caches is None else caches.setdefault(self.form_key(), FormCache())
+        self.form_cache = FormCache() if caches is None else _registered(caches, self.form_key())
 
     def _state_key(self, first: bool, last: bool) -> tuple:
         """What the memory forms depend on besides the per-layer coefficients (LayerKinds.states, memory)."""
@@ -333,8 +347,12 @@ class StageModel:
         return Position(stage == 0, stage == self.dims.pp - 1, self.inflight(stage))
 
     def inflight(self, stage: int) -> float:
+        return self.inflight_counts()[stage]
+
+    def inflight_counts(self) -> tuple[float, ...]:
+        """memory.inflight_microbatches of every stage."""
         d = self.dims
-        return M.inflight_microbatches(stage, d.pp, d.vpp, self.mb)
+        return _inflight_counts(d.pp, d.vpp, self.mb)
 
     def forms(self, stage: int) -> StageForms:
         """The forms of pipeline stage ``stage``."""
@@ -571,6 +589,10 @@ class StageModel:
 
     def memory(self, stage: int, sp: StagePlan) -> dict[str, float]:
         return self.memory_forms(self.position(stage)).at(sp)
+
+    def peak_memory(self, stage: int, sp: StagePlan) -> float:
+        """Bytes at the stage's peak: the sum of ``memory`` (MemoryForms.peak)."""
+        return self.memory_forms(self.position(stage)).peak(sp)
 
     # ------------------------------------------------------------------ bounds
     def layer_floor(self) -> float:

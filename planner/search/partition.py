@@ -67,15 +67,16 @@ class PartitionVars:
 
     def linear(self, form: Affine, i: int, rounded) -> cp_model.LinearExpr:
         """``form`` of stage i as a linear expression, each coefficient rounded to an integer by ``rounded``."""
-        return (
-            rounded(form.dense) * self.dense_layers[i]
-            + rounded(form.moe) * self.moe_layers[i]
-            + rounded(form.r_dense) * self.recomputed_dense[i]
-            + rounded(form.r_moe) * self.recomputed_moe[i]
-            + rounded(form.any_moe) * self.holds_moe[i]
-            + rounded(form.any_recomputed) * self.recomputes[i]
-            + rounded(form.const)
+        terms = (
+            self.dense_layers[i],
+            self.moe_layers[i],
+            self.recomputed_dense[i],
+            self.recomputed_moe[i],
+            self.holds_moe[i],
+            self.recomputes[i],
         )
+        coeffs = (form.dense, form.moe, form.r_dense, form.r_moe, form.any_moe, form.any_recomputed)
+        return cp_model.LinearExpr.weighted_sum(terms, [rounded(c) for c in coeffs]) + rounded(form.const)
 
     def traffic(self, traffic: Traffic, i: int, rounded) -> cp_model.LinearExpr:
         """Collectives of stage i: each collective's form rounded on its own, then counted."""

@@ -33,13 +33,14 @@ def _capacity(T: float, a: float, c: float, v: int) -> int:
     return max(0, int((T - c) / a / v + 1e-12)) * v
 
 
-def integer_bottleneck(sm: StageModel) -> float:
-    """Smallest T with sum_i floor_v((T - c_i)/a) >= L and every stage holding at least v layers."""
+def integer_bottleneck(sm: StageModel, consts: list[float] | None = None) -> float:
+    """Smallest T with sum_i floor_v((T - c_i)/a) >= L and every stage holding at least v layers (``consts``:
+    _stage_consts(sm) when the caller has them)."""
     d = sm.dims
     L, p, v = sm.job.model.num_layers, d.pp, d.vpp
     a = sm.layer_floor()
     groups: dict[float, int] = {}
-    for c in _stage_consts(sm):
+    for c in consts if consts is not None else _stage_consts(sm):
         groups[c] = groups.get(c, 0) + 1
 
     def holds(T: float) -> int:
@@ -93,14 +94,17 @@ def forced_recompute(sm: StageModel, capacity_gib: float) -> float | None:
     full_total = 0
     memories = _per_stage(p, sm.allocated_memory)
     lines = memories[0].layer_lines(kinds)  # per-layer coefficients: the same at every position
-    for i, memory in enumerate(memories):
-        n = sm.inflight(i)
+    for memory, n in zip(memories, sm.inflight_counts()):
         rows = [(s + (m * n + e), sr + (mr * n + er)) for s, m, e, sr, mr, er in lines]  # per layer, recomputed
         alpha, saved = rows[heavy]
         lean = alpha + saved
-        beta = max(-rc for _, rc in rows)
+        if len(rows) == 1:
+            beta, lightest = -saved, lean
+        else:
+            beta = max(-rc for _, rc in rows)
+            lightest = min(layer + rc for layer, rc in rows)
         room = cap - memory.const(n)
-        if room < min(layer + rc for layer, rc in rows) * d.vpp:
+        if room < lightest * d.vpp:
             return None
         full = int(room / lean) if lean > 0 else L
         free = min(room / alpha, full) if alpha > 0 else L
@@ -227,7 +231,8 @@ def lower_bound(sm: StageModel, capacity_gib: float | None = None, cutoff: float
     plan) the memory bottleneck is only probed at the value that would reach it."""
     d, m = sm.dims, sm.job.model
     p, v = d.pp, d.vpp
-    total = m.num_layers * sm.layer_floor() + sum(_stage_consts(sm))
+    consts = _stage_consts(sm)
+    total = m.num_layers * sm.layer_floor() + sum(consts)
     # the whole model as one stage that is first and last: the aggregate of every stage's forms
     whole = sm.whole_model()
     time, tail = sm.time_forms(True, True), sm.tail_forms(True, True)
@@ -241,7 +246,7 @@ def lower_bound(sm: StageModel, capacity_gib: float | None = None, cutoff: float
             comp += forced * min(k.recompute_extra for k in sm.kinds.values())
     if time.zero is not None:
         total += time.zero.exposed(time.zero.traffic.at(whole), comp)
-    T = max(integer_bottleneck(sm), total / p)
+    T = max(integer_bottleneck(sm, consts), total / p)
     rest = total / v + tail.exposed(whole, comp, fwd) / p + tail.optimizer.at(whole) / p
     slope = sm.mb - 1 / v
     if capacity_gib is not None and slope * T + rest < cutoff:
@@ -284,7 +289,7 @@ def greedy_partition(sm: StageModel, capacity_gib: float) -> list[StagePlan] | N
     for i in range(p):
         while counts[i] >= v:
             plans = split_kinds(sm.job, tuple(counts), None, d.recompute == "full")
-            if sum(sm.memory(i, plans[i]).values()) <= cap:
+            if sm.peak_memory(i, plans[i]) <= cap:
                 break
             counts[i] -= v
         if counts[i] < v:
@@ -292,7 +297,7 @@ def greedy_partition(sm: StageModel, capacity_gib: float) -> list[StagePlan] | N
     if sum(counts) < L or not _trim_surplus(sm, counts, L):
         return None
     plans = split_kinds(sm.job, tuple(counts), None, d.recompute == "full")
-    if any(sum(sm.memory(i, pl).values()) > cap for i, pl in enumerate(plans)):
+    if any(sm.peak_memory(i, pl) > cap for i, pl in enumerate(plans)):
         return None
     return plans
 
@@ -322,7 +327,7 @@ def greedy_recompute_partition(sm: StageModel, capacity_gib: float) -> list[Stag
     for i in range(p):
         while True:
             plan = split_kinds(sm.job, tuple(counts), tuple(recompute), False)[i]
-            if sum(sm.memory(i, plan).values()) <= cap:
+            if sm.peak_memory(i, plan) <= cap:
                 break
             if recompute[i] >= counts[i]:
                 return None

@@ -141,7 +141,7 @@ def _min_recompute(job, sms: list[StageModel], layers, caps: list[float], base_f
     bare = split_kinds(job, layers, None, False)
     for s, (sm, n) in enumerate(zip(sms, layers)):
         for r in range(n + 1):
-            if sum(sm.memory(s, bare[s].with_recompute(r)).values()) / GIB <= caps[s]:
+            if sm.peak_memory(s, bare[s].with_recompute(r)) / GIB <= caps[s]:
                 rec.append(r)
                 break
         else:
