@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from planner.errors import SpecError
+from planner.errors import Inexpressible, SpecError
 
 
 @dataclass(frozen=True)
@@ -20,6 +20,7 @@ class Framework:
     per_stage_tp: bool  # stages may use different TP degrees (heterogeneous meshes)
     uneven_layers: bool  # stages may hold different layer counts
     per_stage_recompute: bool  # a different number of fully recomputed layers per stage
+    partial_recompute: bool  # some layers of a stage fully recomputed, the others not (Megatron --recompute-num-layers)
     zero_with_pp: frozenset  # ZeRO stages usable with pp > 1
     zero_without_pp: frozenset  # ZeRO stages usable with pp == 1
     interleaving: bool  # interleaved (virtual-pipeline) 1F1B schedule
@@ -47,6 +48,7 @@ FRAMEWORKS = {
         per_stage_tp=False,
         uneven_layers=True,
         per_stage_recompute=False,
+        partial_recompute=True,
         zero_with_pp=frozenset({0, 1}),
         zero_without_pp=frozenset({0, 1, 3}),
         interleaving=True,
@@ -60,6 +62,7 @@ FRAMEWORKS = {
         per_stage_tp=False,
         uneven_layers=True,
         per_stage_recompute=False,
+        partial_recompute=False,  # activation_checkpoint_interval checkpoints every k-th layer, not a count
         zero_with_pp=frozenset({0, 1}),
         zero_without_pp=frozenset({0, 1, 2, 3}),
         interleaving=False,
@@ -72,6 +75,7 @@ FRAMEWORKS = {
         per_stage_tp=False,
         uneven_layers=True,
         per_stage_recompute=False,
+        partial_recompute=False,  # activation checkpointing is full, selective (per op / every N-th layer) or none
         zero_with_pp=frozenset({0, 3}),
         zero_without_pp=frozenset({0, 3}),
         interleaving=True,
@@ -79,6 +83,9 @@ FRAMEWORKS = {
         expert_parallel=True,
     ),
 }
+
+
+FRAMEWORKS["megatron-bridge"] = Framework(**{**FRAMEWORKS["megatron"].__dict__, "name": "megatron-bridge"})
 
 
 def get_framework(name: str | None) -> Framework | None:
@@ -89,3 +96,41 @@ def get_framework(name: str | None) -> Framework | None:
     if fw is None:
         raise SpecError("--framework", f"unknown framework '{name}'; choose one of {', '.join(sorted(FRAMEWORKS))}")
     return fw
+
+
+def check_runnable(framework: str, plan, target: str | None = None) -> None:
+    """Raise errors.Inexpressible (exit 4) when ``framework`` cannot run ``plan`` (a planner.emit.LaunchPlan): the
+    limits of FRAMEWORKS, which the search obeys under `--framework`, and the rules the framework's own parsers
+    miss (emitters.md section 5). ``target`` names the emit target in the message (default: the framework)."""
+    fw = FRAMEWORKS[framework]
+    name = target or framework
+    redo = f"re-plan with `planner plan JOB --framework {name}`"
+    field = f"plans[{plan.plan_rank - 1}].layout"
+    if plan.zero_stage not in fw.zero_stages(plan.pp):
+        ok = ", ".join(map(str, sorted(fw.zero_stages(plan.pp))))
+        with_pp = "with pipeline parallelism" if plan.pp > 1 else "without pipeline parallelism"
+        raise Inexpressible(
+            f"{field}.zero_stage", f"{name} runs ZeRO stage {ok} {with_pp}, not {plan.zero_stage}; {redo}"
+        )
+    if plan.vpp > 1 and not fw.interleaving:
+        raise Inexpressible(f"{field}.vpp", f"{name} has no interleaved pipeline schedule (vpp {plan.vpp}); {redo}")
+    if plan.cp > 1 and not fw.context_parallel:
+        raise Inexpressible(f"{field}.cp", f"{name} has no context parallelism (cp {plan.cp}); {redo}")
+    if plan.ep > 1 and not fw.expert_parallel:
+        raise Inexpressible(f"{field}.ep", f"{name} has no expert parallelism here (ep {plan.ep}); {redo}")
+    if not plan.even_split and not fw.uneven_layers:
+        raise Inexpressible(f"{field}.stages", f"{name} splits layers evenly over stages; {redo}")
+    partial = plan.recompute != "full" and 0 < plan.recompute_layers < max(plan.stage_layers)
+    if partial and not fw.partial_recompute:
+        raise Inexpressible(
+            f"{field}.stages",
+            f"{name} recomputes all layers of a stage or none ({plan.recompute_layers} of {max(plan.stage_layers)} "
+            f"planned); {redo}",
+        )
+    if plan.recompute_layers and plan.recompute == "selective" and plan.training.attention != "flash":
+        # Megatron: one --recompute-granularity; with flash attention selective recompute is a no-op to drop
+        raise Inexpressible(
+            f"{field}.recompute",
+            f"{name} takes one recompute granularity: selective on some layers and full on others is not a setting; "
+            f"{redo}",
+        )

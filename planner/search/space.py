@@ -71,6 +71,10 @@ class SearchOptions:
     tp_comm_overlap: bool = False  # the framework overlaps TP collectives with GEMMs (Megatron + Transformer Engine)
     framework: Framework | None = None  # restrict to what this framework runs (planner/frameworks.py)
 
+    def __post_init__(self) -> None:
+        if self.framework is not None and not self.framework.partial_recompute:
+            self.partial_recompute = False
+
     @property
     def uniform_recompute(self) -> bool:
         """The framework takes one recompute count for all stages."""
