@@ -26,6 +26,7 @@ class Framework:
     interleaving: bool  # interleaved (virtual-pipeline) 1F1B schedule
     context_parallel: bool
     expert_parallel: bool
+    fsdp_with_ep: bool = True  # ZeRO-3 (FSDP) together with expert parallelism
 
     def zero_stages(self, pp: int) -> frozenset:
         return self.zero_with_pp if pp > 1 else self.zero_without_pp
@@ -37,6 +38,7 @@ class Framework:
             and (vpp == 1 or self.interleaving)
             and (cp == 1 or self.context_parallel)
             and (ep == 1 or self.expert_parallel)
+            and (ep == 1 or zero != 3 or self.fsdp_with_ep)
         )
 
 
@@ -54,6 +56,7 @@ FRAMEWORKS = {
         interleaving=True,
         context_parallel=True,
         expert_parallel=True,
+        fsdp_with_ep=False,  # --use-torch-fsdp2 needs ep == 1 (emitters.md 1.2)
     ),
     # PipelineEngine: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism" (emitters.md 2.2); no
     # interleaved schedule, no ring-attention CP, no MoE EP inside the pipeline engine.
@@ -114,6 +117,8 @@ def check_runnable(framework: str, plan, target: str | None = None) -> None:
         )
     if plan.vpp > 1 and not fw.interleaving:
         raise Inexpressible(f"{field}.vpp", f"{name} has no interleaved pipeline schedule (vpp {plan.vpp}); {redo}")
+    if plan.ep > 1 and plan.zero_stage == 3 and not fw.fsdp_with_ep:
+        raise Inexpressible(f"{field}.zero_stage", f"{name} runs ZeRO-3 (FSDP) only without expert parallelism; {redo}")
     if plan.cp > 1 and not fw.context_parallel:
         raise Inexpressible(f"{field}.cp", f"{name} has no context parallelism (cp {plan.cp}); {redo}")
     if plan.ep > 1 and not fw.expert_parallel:
