@@ -22,10 +22,13 @@ class Bundle:
     ``files``: relative path -> text (configs, argument files). ``program``: what the launcher starts on each
     GPU, as an argv after the launcher (e.g. ["pretrain_gpt.py", "--tensor-model-parallel-size", "8", ...] or
     ["-m", "torchtitan.train", "--module", "plan_config", "--config", "plan"]); the launcher script quotes it.
-    ``env``: environment variables every rank needs (CUDA_DEVICE_MAX_CONNECTIONS, ...). ``notes``: Markdown lines
-    for the README (what to edit: data paths, tokenizer; how a rule was met)."""
+    ``env``: environment variables every rank needs (CUDA_DEVICE_MAX_CONNECTIONS, ...). ``workdir``: a shell
+    expression for the folder the program runs in (e.g. '"${MEGATRON_LM:?set MEGATRON_LM to a Megatron-LM
+    checkout}"'; None: the bundle's own folder, which is also put on PYTHONPATH). ``notes``: Markdown lines for the
+    README (what to edit: data paths, tokenizer; how a rule was met)."""
 
     files: dict[str, str] = field(default_factory=dict)
     program: list[str] = field(default_factory=list)
     env: dict[str, str] = field(default_factory=dict)
+    workdir: str | None = None
     notes: list[str] = field(default_factory=list)
