@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 
 from planner.cost.memory import DEFAULT_MEMORY_MARGIN
-from planner.errors import SpecError
+from planner.errors import Inexpressible, SpecError
 
 app = typer.Typer(
     no_args_is_help=True,
@@ -178,6 +178,13 @@ def plan(
         help="megatron|deepspeed|torchtitan: only plans that framework runs (`planner list frameworks`)",
     ),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="report the search's phases on stderr"),
+    emit_targets: str | None = typer.Option(
+        None, "--emit", help="also write launch files of the best plan: megatron,megatron-bridge,deepspeed,torchtitan"
+    ),
+    emit_dir: Path | None = typer.Option(
+        None, "--emit-dir", "-o", help="folder for --emit (one subfolder per framework)"
+    ),
+    launcher: str = typer.Option("torchrun", "--launcher", help="for --emit: torchrun or slurm"),
 ) -> None:
     """Search for the fastest layout that fits: degrees, micro-batch, interleaving, ZeRO, recompute, layer split.
 
@@ -194,6 +201,7 @@ def plan(
 
     started = time.monotonic()
     fw = get_framework(framework)
+    targets = _emit_targets(emit_targets, emit_dir)
     spec = load_job(job)
     warnings = _warn(spec)
     opts = SearchOptions(
@@ -237,6 +245,8 @@ def plan(
         memory_margin=memory_margin,
         warnings=warnings,
     )
+    if targets:
+        _write_launches(doc, targets, emit_dir, launcher, 1, None, plan_file=str(out_path or "plan.json"))
     if json_:
         _emit_json(doc, out_path)
         return
@@ -247,6 +257,105 @@ def plan(
     from planner.report.plan import render_plan
 
     out.print(render_plan(doc))
+
+
+def _emit_targets(names: str | None, folder: Path | None) -> list[str]:
+    """The --emit list, checked before the search runs."""
+    if names is None:
+        return []
+    from planner.emit import target_module
+
+    targets = [n.strip().lower() for n in names.split(",") if n.strip()]
+    if not targets:
+        raise SpecError("--emit", "name at least one framework: megatron, megatron-bridge, deepspeed, torchtitan")
+    for name in targets:
+        target_module(name)
+    if folder is None:
+        raise SpecError("--emit-dir", "--emit needs a folder to write into (-o DIR)")
+    return targets
+
+
+def _write_launches(doc, targets, folder, launcher, plan_rank, version, plan_file) -> None:
+    """Emit plan ``plan_rank`` of ``doc`` for every target into ``folder`` (a subfolder each when several); every
+    target is rendered before any file is written, so a refusal (exit 4) leaves nothing half-written."""
+    from planner.emit import EmitOptions, emit
+    from planner.io import write_folder
+
+    opts = EmitOptions(launcher=launcher, framework_version=version, plan_file=Path(plan_file).name)
+    bundles = {name: emit(doc, name, plan_rank, opts) for name in targets}
+    for name, files in bundles.items():
+        where = folder if len(targets) == 1 else folder / name
+        write_folder(where, files)
+        print(f"planner: wrote {len(files)} files for {name} to {where} (see {where / 'README.md'})", file=sys.stderr)
+
+
+@app.command("emit")
+def emit_command(
+    plan_file: Path = typer.Argument(..., help="plan JSON written by `planner plan --out` (or --json), or -"),
+    framework: str = typer.Option(..., "--framework", help="megatron, megatron-bridge, deepspeed or torchtitan"),
+    out_dir: Path = typer.Option(..., "--out-dir", "-o", help="folder to write the launch files into"),
+    launcher: str = typer.Option("torchrun", "--launcher", help="torchrun (launch.sh per node) or slurm (+ sbatch.sh)"),
+    plan_rank: int = typer.Option(1, "--plan-rank", min=1, help="which plan of the file (1 = the best)"),
+    framework_version: str | None = typer.Option(
+        None, "--framework-version", help="torchtitan: 0.3 (default, Python config) or 0.2 (TOML)"
+    ),
+) -> None:
+    """Write the launch files of a plan for a training framework: its config, launch scripts and a README.
+
+    Example: planner emit plan.json --framework megatron -o launch/
+    """
+    from planner.io import load_json
+
+    doc = load_json(plan_file, "plan")
+    _write_launches(doc, [framework], out_dir, launcher, plan_rank, framework_version, plan_file=str(plan_file))
+
+
+@app.command("import")
+def import_command(
+    framework: str = typer.Argument(..., help="megatron, deepspeed or torchtitan"),
+    config: Path = typer.Argument(
+        ...,
+        help="the framework's config: Megatron args file or launch script, "
+        "ds_config.json, torchtitan TOML or emitted plan_config.py",
+    ),
+    world_size: int | None = typer.Option(None, "--world-size", min=1, help="GPUs the config runs on"),
+    gpu: str | None = typer.Option(None, "--gpu", help="GPU type (`planner list gpus`)"),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", min=1, help="default: the GPU's usual count"),
+    model: str | None = typer.Option(None, "--model", help="model preset when the config has no model shape"),
+    tp: int | None = typer.Option(None, "--tp", min=1, help="DeepSpeed: TP degree when the JSON has none"),
+    pp: int | None = typer.Option(None, "--pp", min=1, help="DeepSpeed: PP degree when the JSON has none"),
+    seq_length: int | None = typer.Option(None, "--seq-length", min=1, help="DeepSpeed: sequence length"),
+    out_path: Path | None = typer.Option(None, "--out", "-o", help="write the job YAML here (atomically)"),
+) -> None:
+    """Read a framework config into a job YAML with a `layout`, for `planner estimate` and `planner check`.
+
+    Example: planner import deepspeed ds_config.json --world-size 64 --gpu h100-sxm --model llama3-8b --seq-length 8192
+    """
+    import inspect
+
+    import yaml
+
+    from planner.emit import target_module
+    from planner.io import path_exists, write_atomic
+    from planner.load import parse_job
+
+    if framework.strip().lower() == "megatron-bridge":
+        raise SpecError("framework", "no importer for megatron-bridge overrides; import the Megatron-LM flags instead")
+    module = target_module(framework)
+    if not path_exists(config, "config"):
+        raise SpecError("config", f"{config}: no such file")
+    given = {"world_size": world_size, "gpu": gpu, "gpus_per_node": gpus_per_node, "model": model, "tp": tp}
+    given.update(pp=pp, seq_length=seq_length)
+    accepted = inspect.signature(module.read).parameters
+    for name, value in given.items():
+        if value is not None and name not in accepted:
+            raise SpecError("--" + name.replace("_", "-"), f"not used by the {framework} importer")
+    job = module.read(config, **{k: v for k, v in given.items() if v is not None})
+    parse_job(job)  # the job must load as it is written
+    text = yaml.safe_dump(job, sort_keys=False, default_flow_style=None, width=120)
+    if out_path is not None:
+        write_atomic(out_path, text)
+    sys.stdout.write(text)
 
 
 @app.command("list")
@@ -331,6 +440,9 @@ def main(argv: list[str] | None = None) -> None:
     except SpecError as exc:
         print(_one_line(exc.line()), file=sys.stderr)
         sys.exit(EXIT_BAD_INPUT)
+    except Inexpressible as exc:
+        print(_one_line(exc.line()), file=sys.stderr)
+        sys.exit(EXIT_UNSUPPORTED)
     except KeyboardInterrupt:
         print("error: interrupted", file=sys.stderr)
         sys.exit(EXIT_INTERRUPTED)

@@ -137,8 +137,9 @@ def dumps_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, indent=2, allow_nan=False) + "\n"
 
 
-def write_atomic(path: str | Path, text: str) -> None:
-    """Write via a temp file in the same folder + rename, so readers never see a partial file."""
+def write_atomic(path: str | Path, text: str, mode: int = 0o644) -> None:
+    """Write via a temp file in the same folder + rename, so readers never see a partial file (permissions
+    ``mode``; the temp file would otherwise keep mkstemp's 0600)."""
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{p.name}.", dir=p.parent)
@@ -147,6 +148,7 @@ def write_atomic(path: str | Path, text: str) -> None:
             fh.write(text)
             fh.flush()
             os.fsync(fh.fileno())
+        os.chmod(tmp, mode)
         os.replace(tmp, p)
     except BaseException:
         try:
@@ -154,3 +156,14 @@ def write_atomic(path: str | Path, text: str) -> None:
         except FileNotFoundError:
             pass
         raise
+
+
+def write_folder(folder: str | Path, files: dict[str, str]) -> list[Path]:
+    """Write ``files`` (relative path -> text) under ``folder``, each atomically; shell scripts executable."""
+    root = Path(folder)
+    written = []
+    for name in sorted(files):
+        target = root / name
+        write_atomic(target, files[name], 0o755 if name.endswith(".sh") else 0o644)
+        written.append(target)
+    return written

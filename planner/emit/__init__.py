@@ -30,15 +30,17 @@ LAUNCHERS = ("torchrun", "slurm")
 __all__ = ["TARGETS", "LAUNCHERS", "Bundle", "EmitOptions", "LaunchPlan", "emit", "target_module"]
 
 
-def target_module(target: str):
-    """The emitter module of ``target`` (bad input when unknown)."""
+def _target_name(target: str) -> str:
     key = target.strip().lower()
     if key not in TARGETS:
-        raise SpecError(
-            "--framework",
-            f"unknown framework '{target}'{did_you_mean(target, TARGETS)}; choose one of {', '.join(TARGETS)}",
-        )
-    return importlib.import_module(f"planner.emit.{TARGETS[key][0]}")
+        hint = did_you_mean(target, TARGETS)
+        raise SpecError("--framework", f"unknown framework '{target}'{hint}; choose one of {', '.join(TARGETS)}")
+    return key
+
+
+def target_module(target: str):
+    """The emitter module of ``target`` (bad input when unknown)."""
+    return importlib.import_module(f"planner.emit.{TARGETS[_target_name(target)][0]}")
 
 
 def emit(doc: dict, target: str, plan_rank: int = 1, options: EmitOptions | None = None) -> dict[str, str]:
@@ -50,11 +52,10 @@ def emit(doc: dict, target: str, plan_rank: int = 1, options: EmitOptions | None
     opts = options or EmitOptions()
     if opts.launcher not in LAUNCHERS:
         raise SpecError("--launcher", f"unknown launcher '{opts.launcher}'; choose one of {', '.join(LAUNCHERS)}")
-    module = target_module(target)
-    name = target.strip().lower()
+    name = _target_name(target)
     plan = LaunchPlan.of(doc, plan_rank, name)
     check_runnable(TARGETS[name][1], plan, name)
-    bundle = module.render(plan, opts)
+    bundle = target_module(name).render(plan, opts)
     files = dict(bundle.files)
     files.update(launch.render(plan, bundle, opts))
     files["README.md"] = readme.render(plan, bundle, opts, name)

@@ -12,6 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from planner.cost.estimate import SCHEMA_VERSION as PLAN_SCHEMA_VERSION
 from planner.errors import Inexpressible, SpecError
 from planner.load import parse_job
 from planner.spec import Job
@@ -109,6 +110,18 @@ class LaunchPlan:
         refusals)."""
         if not isinstance(doc, dict) or "plans" not in doc or "job" not in doc:
             raise SpecError("plan", "not a plan JSON (no `plans` and `job`); write one with `planner plan JOB --out`")
+        if doc.get("schema_version") != PLAN_SCHEMA_VERSION:
+            raise SpecError(
+                "plan.schema_version",
+                f"{doc.get('schema_version')!r} is not {PLAN_SCHEMA_VERSION}; re-plan with this planner version",
+            )
+        try:
+            return cls._read(doc, plan_rank, framework)
+        except (KeyError, TypeError, IndexError) as exc:
+            raise SpecError("plan", f"not a complete plan JSON ({type(exc).__name__}: {exc})") from None
+
+    @classmethod
+    def _read(cls, doc: dict, plan_rank: int, framework: str) -> LaunchPlan:
         plans = doc["plans"]
         if not 1 <= plan_rank <= len(plans):
             raise SpecError("--plan-rank", f"{plan_rank} is not between 1 and {len(plans)} (the plans in the file)")
