@@ -58,6 +58,17 @@ def _root(
 
 
 JOB_HELP = "job YAML, or - to read it from standard input"
+PROFILE_HELP = "measured profile (docs/profiles.md) for every node group of its GPU type"
+
+
+def _with_profile(job, profile: Path | None):
+    if profile is None:
+        return job
+    from planner.load import with_profile
+
+    return with_profile(job, profile)
+
+
 MARGIN_HELP = "share of each GPU's memory kept free (the same default for plan and estimate)"
 
 
@@ -85,6 +96,7 @@ def estimate(
     job: Path = typer.Argument(..., help=JOB_HELP + "; its `layout` is evaluated"),
     json_: bool = typer.Option(False, "--json", help="print one JSON object"),
     memory_margin: float = typer.Option(DEFAULT_MEMORY_MARGIN, "--memory-margin", min=0.0, max=0.9, help=MARGIN_HELP),
+    profile: Path | None = typer.Option(None, "--profile", help=PROFILE_HELP),
 ) -> None:
     """Predict iteration time, throughput and per-GPU memory of the job's layout.
 
@@ -93,7 +105,7 @@ def estimate(
     from planner.cost.estimate import estimate as run_estimate
     from planner.load import load_job
 
-    spec = load_job(job)
+    spec = _with_profile(load_job(job), profile)
     warnings = _warn(spec)
     est = run_estimate(spec, capacity_margin=memory_margin)
     if json_:
@@ -185,6 +197,7 @@ def plan(
         None, "--emit-dir", "-o", help="folder for --emit (one subfolder per framework)"
     ),
     launcher: str = typer.Option("torchrun", "--launcher", help="for --emit: torchrun or slurm"),
+    profile: Path | None = typer.Option(None, "--profile", help=PROFILE_HELP),
 ) -> None:
     """Search for the fastest layout that fits: degrees, micro-batch, interleaving, ZeRO, recompute, layer split.
 
@@ -202,7 +215,7 @@ def plan(
     started = time.monotonic()
     fw = get_framework(framework)
     targets = _emit_targets(emit_targets, emit_dir)
-    spec = load_job(job)
+    spec = _with_profile(load_job(job), profile)
     warnings = _warn(spec)
     opts = SearchOptions(
         allow_cross_node_tp=allow_cross_node_tp,

@@ -156,6 +156,8 @@ def parse_job(raw: Any, base_dir: Path | None = None) -> Job:
         g["gpu"] = resolve_gpu(group["gpu"], field=f"cluster[{i}].gpu")
         if "gpus_per_node" not in g:
             g["gpus_per_node"] = g["gpu"].gpus_per_node
+        if isinstance(g.get("profile"), str):
+            g["profile"] = load_profile(_resolve(g["profile"], base_dir), f"cluster[{i}].profile")
         groups.append(g)
     data["cluster"] = groups
     try:
@@ -163,11 +165,49 @@ def parse_job(raw: Any, base_dir: Path | None = None) -> Job:
     except ValidationError as exc:
         raise format_validation_error(exc)
     _check_links(job)
+    _check_profiles(job)
     if job.layout is not None:
         from planner.parallel import dims_from_layout
 
         dims_from_layout(job.layout, job).check()
     return job
+
+
+def _resolve(path: str, base_dir: Path | None) -> Path:
+    p = Path(path).expanduser()
+    return p if p.is_absolute() or base_dir is None else base_dir / p
+
+
+def load_profile(path: str | Path, field: str = "profile"):
+    """A measured-profile file (planner/profile/schema.py), with errors at its fields (``field.layers[3]...``)."""
+    from planner.io import load_yaml
+    from planner.profile.schema import Profile
+
+    raw = load_yaml(path, field=field)
+    try:
+        return Profile.model_validate(raw)
+    except ValidationError as exc:
+        raise format_validation_error(exc, prefix=f"{field}.")
+
+
+def with_profile(job: Job, path: str | Path) -> Job:
+    """``job`` with the profile at ``path`` on every node group of its GPU type (`--profile`)."""
+    profile = load_profile(path, "--profile")
+    matched = [i for i, g in enumerate(job.cluster) if _same_gpu(g.gpu.name, profile.gpu)]
+    if not matched:
+        names = ", ".join(sorted({g.gpu.name for g in job.cluster}))
+        raise SpecError("--profile", f"the profile was measured on {profile.gpu}; the cluster has {names}")
+    cluster = tuple(g.model_copy(update={"profile": profile}) if i in matched else g for i, g in enumerate(job.cluster))
+    return job.model_copy(update={"cluster": cluster})
+
+
+def _same_gpu(a: str, b: str) -> bool:
+    from planner.catalog import resolve_gpu
+
+    try:
+        return resolve_gpu(a).name == resolve_gpu(b).name
+    except SpecError:
+        return a.strip().lower() == b.strip().lower()
 
 
 def _check_links(job: Job) -> None:
@@ -183,6 +223,15 @@ def _check_links(job: Job) -> None:
         if frozenset((a, b)) in seen:
             raise SpecError(f"links[{i}].groups", f"the link between groups {a} and {b} is given twice")
         seen.add(frozenset((a, b)))
+
+
+def _check_profiles(job: Job) -> None:
+    """A node group's profile was measured on that group's GPU type."""
+    for i, g in enumerate(job.cluster):
+        if g.profile is not None and not _same_gpu(g.profile.gpu, g.gpu.name):
+            raise SpecError(
+                f"cluster[{i}].profile", f"measured on {g.profile.gpu}, but the group's GPU is {g.gpu.name}"
+            )
 
 
 def load_job(path: str | Path) -> Job:

@@ -6,43 +6,19 @@ A pure schema: every field with its unit and range, validated by pydantic. Readi
 
 from __future__ import annotations
 
-import functools
-from typing import Any, Literal, get_args
+from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from planner.profile.schema import Profile
+from planner.strict import StrictModel
 
 # Absurd sizes are rejected up front: nothing real is this big, and the cost model must stay finite.
 MAX_GPUS = 1_000_000
 MAX_LAYERS = 10_000
 
 
-@functools.cache
-def _scalar_kind(annotation: Any) -> type | None:
-    """int, float or bool when a field holds exactly that scalar (or None), else None."""
-    kinds = [a for a in (get_args(annotation) or (annotation,)) if a is not type(None)]
-    return kinds[0] if len(kinds) == 1 and kinds[0] in (int, float, bool) else None
-
-
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
-
-    @field_validator("*", mode="before")
-    @classmethod
-    def _no_lax_scalars(cls, value: Any, info) -> Any:
-        """Refuse pydantic's lax conversions of YAML scalars: ``tp: yes`` -> 1, ``seq_length: '4k'``-like strings,
-        ``sequence_parallel: 'on'`` -> True. Numbers must be numbers and switches true/false."""
-        kind = _scalar_kind(cls.model_fields[info.field_name].annotation)
-        if kind is None or value is None:
-            return value
-        if kind is bool:
-            if isinstance(value, (str, int, float)) and not isinstance(value, bool):
-                raise ValueError("expected true or false")
-        elif isinstance(value, (bool, str)):
-            raise ValueError("expected an integer" if kind is int else "expected a number")
-        return value
-
-
-class MoESpec(_Strict):
+class MoESpec(StrictModel):
     num_experts: int = Field(ge=1, le=100_000)
     top_k: int = Field(ge=1, le=1024)
     expert_ffn_hidden_size: int = Field(ge=1, le=10_000_000)
@@ -57,7 +33,7 @@ class MoESpec(_Strict):
         return self
 
 
-class ModelSpec(_Strict):
+class ModelSpec(StrictModel):
     name: str = "custom"
     num_layers: int = Field(ge=1, le=MAX_LAYERS)
     hidden_size: int = Field(ge=1, le=1_000_000)
@@ -113,7 +89,7 @@ class ModelSpec(_Strict):
         return self.moe_layers_before(self.num_layers)
 
 
-class GpuSpec(_Strict):
+class GpuSpec(StrictModel):
     """One GPU type. Bandwidth units follow vendor usage: NVLink in GB/s, NICs in Gb/s."""
 
     name: str = "custom-gpu"
@@ -139,11 +115,14 @@ class GpuSpec(_Strict):
     source: str = "user supplied"
 
 
-class NodeGroup(_Strict):
+class NodeGroup(StrictModel):
     gpu: GpuSpec
     nodes: int = Field(ge=1, le=MAX_GPUS)
     gpus_per_node: int = Field(ge=1, le=1024)
     inter_node_gbps: float | None = Field(None, gt=0, le=1_000_000, description="override of the GPU's NIC rate, Gb/s")
+    profile: Profile | None = Field(
+        None, description="costs measured on this group's GPUs (a profile file path in the job YAML; docs/profiles.md)"
+    )
 
     @property
     def num_gpus(self) -> int:
@@ -154,7 +133,7 @@ class NodeGroup(_Strict):
         return self.inter_node_gbps or self.gpu.inter_node_gbps
 
 
-class Training(_Strict):
+class Training(StrictModel):
     seq_length: int = Field(ge=1, le=100_000_000)
     global_batch_size: int = Field(ge=1, le=1_000_000_000, description="sequences per iteration")
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
@@ -169,7 +148,7 @@ class Training(_Strict):
     )
 
 
-class StageSpec(_Strict):
+class StageSpec(StrictModel):
     layers: int = Field(ge=1, le=MAX_LAYERS)
     recompute_layers: int | None = Field(
         None, ge=0, le=MAX_LAYERS, description="layers of this stage fully recomputed (the rest use layout.recompute)"
@@ -203,7 +182,7 @@ class StageSpec(_Strict):
         return self.group is not None
 
 
-class ReplicaSpec(_Strict):
+class ReplicaSpec(StrictModel):
     """``count`` identical data-parallel replicas of one pipeline; replicas of different entries may place their
     stages on other node groups and run a different number of micro-batches per iteration."""
 
@@ -214,7 +193,7 @@ class ReplicaSpec(_Strict):
     count: int = Field(1, ge=1, le=MAX_GPUS, description="identical replicas of this pipeline")
 
 
-class Layout(_Strict):
+class Layout(StrictModel):
     tp: int = Field(1, ge=1, le=MAX_GPUS)
     pp: int = Field(1, ge=1, le=MAX_GPUS)
     dp: int | None = Field(None, ge=1, le=MAX_GPUS, description="defaults to GPUs / (tp*pp*cp)")
@@ -242,14 +221,14 @@ class Layout(_Strict):
     # Rules between degrees (stages vs pp, products, divisibility) live in planner.parallel.ParallelDims.check.
 
 
-class LinkSpec(_Strict):
+class LinkSpec(StrictModel):
     """The network between the nodes of two node groups, per GPU (overrides the slower of their NICs)."""
 
     groups: tuple[int, int] = Field(description="the two node-group indices")
     gbps: float = Field(gt=0, le=1_000_000, description="line rate per GPU between the two groups, Gb/s")
 
 
-class Job(_Strict):
+class Job(StrictModel):
     model: ModelSpec
     cluster: tuple[NodeGroup, ...] = Field(min_length=1)
     training: Training

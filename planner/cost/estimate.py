@@ -28,6 +28,7 @@ class StageEstimate:
     memory_bytes: dict[str, float]
     peak_bytes: float
     replica: int | None = None  # plans with layout.replicas: which replica entry
+    layer_times_s: dict[str, dict[str, float]] | None = None  # per layer kind: forward, backward of one layer
 
 
 @dataclass
@@ -41,6 +42,7 @@ class Estimate:
     peak_tflops_per_gpu: float
     stage_capacity_gib: list[float] | None = None  # heterogeneous plans: each stage's own GPU capacity
     calibration: Calibration | None = None  # the cost model's efficiencies this estimate was priced with
+    cost_sources: dict[int, dict[str, str]] | None = None  # node groups priced from a profile: component -> source
 
     def capacity_of(self, position: int) -> float:
         """Capacity of ``stages[position]``'s GPU."""
@@ -97,6 +99,7 @@ class Estimate:
             "time_breakdown_s": {k: r(v) for k, v in self.time_breakdown_s.items()},
             "memory_breakdown_gib": {k: r(v / M.GIB, 3) for k, v in self.peak_stage.memory_bytes.items()},
             "stages": [self._stage_json(i, r) for i in range(len(self.stages))],
+            "cost_sources": {str(g): v for g, v in sorted((self.cost_sources or {}).items())},
         }
         return out
 
@@ -107,6 +110,9 @@ class Estimate:
             "layers": s.layers,
             "microbatch_time_s": r(s.microbatch_time_s),
             "peak_memory_gib": r(s.peak_bytes / M.GIB, 3),
+            "layer_times_s": {
+                kind: {k: r(v, 9) for k, v in times.items()} for kind, times in (s.layer_times_s or {}).items()
+            },
         }
         if s.replica is not None:
             out["replica"] = s.replica
@@ -240,7 +246,9 @@ def evaluate_stages(
             "zero_comm": mt["zero_comm"],
         }
         mem = model.memory(s, sp)
-        stages.append(StageEstimate(s, sp.layers, mt["total"], comp, mem, sum(mem.values())))
+        stages.append(
+            StageEstimate(s, sp.layers, mt["total"], comp, mem, sum(mem.values()), layer_times_s=layer_times(model))
+        )
         tails.append(model.iteration_tail(s, sp))
     mb = dims.num_microbatches
     steady, bubble = pipeline_time([st.microbatch_time_s for st in stages], dims.vpp, mb)
@@ -266,7 +274,21 @@ def evaluate_stages(
         peak_tflops_per_gpu=peak,
         stage_capacity_gib=caps if hetero else None,
         calibration=models[0].cal,
+        cost_sources=measured_sources(models),
     )
+
+
+def layer_times(model: StageModel) -> dict[str, dict[str, float]]:
+    """Forward and backward seconds of one layer of each kind (dense, moe) of a stage, one micro-batch."""
+    return {kind: {"forward": k.forward, "backward": k.backward} for kind, k in model.kinds.items()}
+
+
+def measured_sources(models: list[StageModel]) -> dict[int, dict[str, str]]:
+    """Per node group priced from a measured profile, which components came from it (CostSource.measured_sources)."""
+    out: dict[int, dict[str, str]] = {}
+    for source in {id(m.costs.source): m.costs.source for m in models if m.costs.source is not None}.values():
+        out.update(source.measured_sources())
+    return out
 
 
 def mean_peak_tflops(gpus, weights, precision: str) -> float:

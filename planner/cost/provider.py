@@ -12,10 +12,11 @@ layers:
 ``CostSource`` holds one provider per node group of a job and prices the links between node groups
 (``between``, ``spanning``, ``spanning_ceiling``) from the rates of the groups' providers.
 
-Measured profiles (layer timings, nccl-tests bus bandwidths) plug in by subclassing: override rates, or whole
-costs (``layer``, ``link``, ...), in an ``AnalyticCosts`` subclass and name it as the ``provider`` of a
-``CostSource`` subclass. The estimator and every search get their costs from ``cost_source(job, cal)``, so
-``with use_cost_source(MySource): ...`` prices everything inside the block with it.
+Measured profiles plug in by subclassing: a node group with a ``profile`` is priced by
+planner/profile/measured.MeasuredCosts, which overrides whole costs (``layer``, ``embedding``, ``logits``,
+``link``, ``p2p``) where the profile covers them; other sources can override rates or costs the same way and be
+named as the ``provider`` of a ``CostSource`` subclass. The estimator and every search get their costs from
+``cost_source(job, cal)``, so ``with use_cost_source(MySource): ...`` prices everything inside the block with it.
 """
 
 from __future__ import annotations
@@ -184,9 +185,19 @@ class CostSource:
         """The provider of node group ``group`` (an index into ``job.cluster``)."""
         hit = self._groups.get(group)
         if hit is None:
-            hit = self._groups[group] = self.provider(self.job.cluster[group], self.job.training.precision, self.cal)
+            node_group = self.job.cluster[group]
+            provider = self.provider
+            if node_group.profile is not None and provider is AnalyticCosts:
+                from planner.profile.measured import MeasuredCosts  # the group's measured profile, read first
+
+                provider = MeasuredCosts
+            hit = self._groups[group] = provider(node_group, self.job.training.precision, self.cal)
             hit.source = self
         return hit
+
+    def measured_sources(self) -> dict[int, dict[str, str]]:
+        """Per node group priced from a profile: which components came from measurement (MeasuredCosts)."""
+        return {g: c.source_report() for g, c in sorted(self._groups.items()) if hasattr(c, "source_report")}
 
     def between(self, a: int, b: int) -> comm.Link:
         """Point-to-point from a GPU of group ``a`` to one of group ``b`` over the network between their nodes

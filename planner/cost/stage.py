@@ -73,6 +73,7 @@ class KindCoeffs:
 
     compute: float  # forward + backward (+ baseline recompute) seconds
     forward: float  # forward part of compute
+    backward: float  # backward part of compute (without recompute)
     recompute_extra: float  # extra seconds when the layer is fully recomputed
     tp: float  # TP collective seconds
     tp_recompute: float  # extra TP seconds when fully recomputed
@@ -176,6 +177,7 @@ def kind_coeffs(
         kinds[kind] = KindCoeffs(
             compute=lt.forward + lt.backward + lt.recompute,
             forward=lt.forward,
+            backward=lt.backward,
             recompute_extra=full.recompute - lt.recompute,
             tp=2 * ar,
             tp_recompute=ar,

@@ -120,6 +120,11 @@ class StageEstimateOut(_Out):
     replica: int | None = _d(
         "plans with replicas: which replica entry (index into layout.replicas); absent otherwise", None
     )
+    layer_times_s: dict[str, dict[str, float]] = _d(
+        "seconds of one layer for one micro-batch on this stage's GPUs, by layer kind (dense, moe: present when the "
+        "model has MoE layers), each with forward and backward (without recompute): measured where the node group's "
+        "profile covers the point (see cost_sources), analytic otherwise"
+    )
 
 
 _TIME_KEYS = (
@@ -176,6 +181,12 @@ class EstimateOut(_Out):
     )
     stages: list[StageEstimateOut] = _d(
         "every stage in pipeline order (with replicas: replica entry after replica entry)"
+    )
+    cost_sources: dict[str, dict[str, str]] = _d(
+        "node groups priced from a measured profile (key: index into job.cluster, as a string): per cost component "
+        "(layer, embedding, logits, collective <op>, collectives, pipeline sends) where its values came from: "
+        "measured, scaled (the analytic value times the profile's median measured/analytic ratio, where no point "
+        "covers it), analytic, or several joined by + (some points one way, others another). Empty without profiles"
     )
 
 
@@ -360,6 +371,10 @@ class NodeGroupOut(_Out):
     gpus_per_node: int = _d("GPUs per node in this group")
     inter_node_gbps: float | None = _d(
         "this group's NIC line rate per GPU, Gb/s, overriding gpu.inter_node_gbps; null: gpu.inter_node_gbps"
+    )
+    profile: dict | None = _d(
+        "the measured profile this group's costs were read from (the profile file's content, docs/profiles.md); "
+        "null: priced by the analytic model"
     )
 
 
