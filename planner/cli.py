@@ -59,14 +59,38 @@ def _root(
 
 JOB_HELP = "job YAML, or - to read it from standard input"
 PROFILE_HELP = "measured profile (docs/profiles.md) for every node group of its GPU type"
+CALIBRATION_HELP = "cost-model efficiencies to price with (a `planner calibrate` file) instead of the built-in ones"
 
 
-def _with_profile(job, profile: Path | None):
-    if profile is None:
-        return job
-    from planner.load import with_profile
+def _calibration(path: Path | None):
+    """The Calibration of a `planner calibrate` file (None: the default)."""
+    if path is None:
+        return None
+    from planner.cost.calibration import job_calibration
 
-    return with_profile(job, profile)
+    class _Bare:  # job_calibration reads only `.calibration`
+        calibration = None
+
+    bare = _Bare()
+    bare.calibration = with_calibration_spec(path)
+    return job_calibration(bare)
+
+
+def with_calibration_spec(path: Path):
+    from planner.load import load_calibration
+
+    return load_calibration(path)
+
+
+def _with_profile(job, profile: Path | None, calibration: Path | None = None):
+    """The job with `--profile` on its node groups of the profile's GPU type and `--calibration` as its own."""
+    if profile is not None:
+        from planner.load import with_profile
+
+        job = with_profile(job, profile)
+    if calibration is not None:
+        job = job.model_copy(update={"calibration": with_calibration_spec(calibration)})
+    return job
 
 
 MARGIN_HELP = "share of each GPU's memory kept free (the same default for plan and estimate)"
@@ -97,6 +121,7 @@ def estimate(
     json_: bool = typer.Option(False, "--json", help="print one JSON object"),
     memory_margin: float = typer.Option(DEFAULT_MEMORY_MARGIN, "--memory-margin", min=0.0, max=0.9, help=MARGIN_HELP),
     profile: Path | None = typer.Option(None, "--profile", help=PROFILE_HELP),
+    calibration: Path | None = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
 ) -> None:
     """Predict iteration time, throughput and per-GPU memory of the job's layout.
 
@@ -105,7 +130,7 @@ def estimate(
     from planner.cost.estimate import estimate as run_estimate
     from planner.load import load_job
 
-    spec = _with_profile(load_job(job), profile)
+    spec = _with_profile(load_job(job), profile, calibration)
     warnings = _warn(spec)
     est = run_estimate(spec, capacity_margin=memory_margin)
     if json_:
@@ -122,6 +147,7 @@ def estimate(
 def validate(
     runs: Path = typer.Argument(..., help="measured runs YAML (format: docs/measured-runs.md)"),
     json_: bool = typer.Option(False, "--json", help="print one JSON object"),
+    calibration: Path | None = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
 ) -> None:
     """Predict published or your own measured runs and report the error against what was measured.
 
@@ -130,13 +156,54 @@ def validate(
     from planner.runs import load_runs
     from planner.validate import run_validation, to_json
 
-    doc = to_json(run_validation(load_runs(runs)))
+    doc = to_json(run_validation(load_runs(runs), _calibration(calibration)))
     if json_:
         _emit_json(doc)
     else:
         from planner.report.validate import render_validation
 
         out.print(render_validation(doc))
+
+
+@app.command()
+def calibrate(
+    runs: list[Path] = typer.Argument(..., help="measured-runs YAML file(s) (format: docs/measured-runs.md)"),
+    out_path: Path = typer.Option(
+        ...,
+        "--out",
+        "-o",
+        help="calibration file to write (name it in a job as `calibration: FILE`, or pass --calibration FILE)",
+    ),
+    start: Path | None = typer.Option(None, "--calibration", help="start from this calibration (default: built-in)"),
+) -> None:
+    """Fit the cost model's global efficiencies to your measured runs and write them to a file of your own.
+
+    Example: planner calibrate my-runs.yaml -o calib.yaml && planner plan job.yaml --calibration calib.yaml
+    """
+    from planner.cost.calibration import default_calibration
+    from planner.io import write_atomic
+    from planner.profile.calibrate import calibrate as fit
+    from planner.profile.calibrate import calibration_yaml
+    from planner.runs import RunCase, load_runs
+
+    cases = [c for path in runs for c in load_runs(path) if isinstance(c, RunCase)]
+    if not cases:
+        raise SpecError("runs", "no run the planner can express (see `planner validate RUNS.yaml` for why)")
+    cal0 = _calibration(start) or default_calibration()
+    cal, before, after = fit(cases, cal0)
+    write_atomic(out_path, calibration_yaml(cal, ", ".join(map(str, runs)), len(cases)))
+    rows = [
+        ("time median |error| %", "time", "median_abs_error_pct"),
+        ("time p90 |error| %", "time", "p90_abs_error_pct"),
+    ]
+    rows.append(("memory median |error| %", "memory", "median_abs_error_pct"))
+    print(f"{len(cases)} runs{'':17s}{'before':>10s}{'after':>10s}")
+    for label, group, key in rows:
+        print(f"{label:27s}{before[group][key]!s:>10s}{after[group][key]!s:>10s}")
+    for k, v in cal.as_dict().items():
+        if v != getattr(cal0, k):
+            print(f"  {k:24s} {getattr(cal0, k):.4g} -> {v:.4g}")
+    print(f"wrote {out_path}")
 
 
 def _one_line(text: str) -> str:
@@ -198,6 +265,7 @@ def plan(
     ),
     launcher: str = typer.Option("torchrun", "--launcher", help="for --emit: torchrun or slurm"),
     profile: Path | None = typer.Option(None, "--profile", help=PROFILE_HELP),
+    calibration: Path | None = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
 ) -> None:
     """Search for the fastest layout that fits: degrees, micro-batch, interleaving, ZeRO, recompute, layer split.
 
@@ -215,7 +283,7 @@ def plan(
     started = time.monotonic()
     fw = get_framework(framework)
     targets = _emit_targets(emit_targets, emit_dir)
-    spec = _with_profile(load_job(job), profile)
+    spec = _with_profile(load_job(job), profile, calibration)
     warnings = _warn(spec)
     opts = SearchOptions(
         allow_cross_node_tp=allow_cross_node_tp,

@@ -121,7 +121,7 @@ def parse_job(raw: Any, base_dir: Path | None = None) -> Job:
 
     if not isinstance(raw, dict):
         raise SpecError("job", f"expected a mapping with model, cluster, training; got {type(raw).__name__}")
-    allowed = {"version", "model", "cluster", "training", "links", "layout"}
+    allowed = {"version", "model", "cluster", "training", "links", "layout", "calibration"}
     for key in raw:
         if key not in allowed:
             hint = did_you_mean(str(key), allowed)
@@ -160,6 +160,8 @@ def parse_job(raw: Any, base_dir: Path | None = None) -> Job:
             g["profile"] = load_profile(_resolve(g["profile"], base_dir), f"cluster[{i}].profile")
         groups.append(g)
     data["cluster"] = groups
+    if isinstance(raw.get("calibration"), str):
+        data["calibration"] = load_calibration_file(_resolve(raw["calibration"], base_dir), "calibration")
     try:
         job = Job.model_validate(data)
     except ValidationError as exc:
@@ -208,6 +210,29 @@ def _same_gpu(a: str, b: str) -> bool:
         return resolve_gpu(a).name == resolve_gpu(b).name
     except SpecError:
         return a.strip().lower() == b.strip().lower()
+
+
+def load_calibration_file(path: str | Path, field: str = "calibration") -> dict:
+    """A calibration file (the format of planner/data/calibration.yaml; `planner calibrate -o`) as the mapping of a
+    job's ``calibration``, with its path as ``source``."""
+    from planner.io import load_yaml
+
+    raw = load_yaml(path, field=field)
+    if not isinstance(raw, dict):
+        raise SpecError(field, f"'{path}' is not a mapping of efficiencies")
+    data = {k: v for k, v in raw.items() if k != "schema_version"}
+    data["source"] = str(path)
+    return data
+
+
+def load_calibration(path: str | Path, field: str = "--calibration"):
+    """A calibration file as a validated planner.spec.CalibrationSpec (`--calibration FILE`)."""
+    from planner.spec import CalibrationSpec
+
+    try:
+        return CalibrationSpec.model_validate(load_calibration_file(path, field))
+    except ValidationError as exc:
+        raise format_validation_error(exc, prefix=f"{field}.")
 
 
 def _check_links(job: Job) -> None:

@@ -228,12 +228,32 @@ class LinkSpec(StrictModel):
     gbps: float = Field(gt=0, le=1_000_000, description="line rate per GPU between the two groups, Gb/s")
 
 
+class CalibrationSpec(StrictModel):
+    """A job's own efficiencies of the analytic cost model (planner/cost/calibration.py), e.g. written by
+    `planner calibrate`; each one left out keeps the built-in value."""
+
+    gemm_efficiency: float | None = Field(None, gt=0, le=1)
+    attention_efficiency: float | None = Field(None, gt=0, le=1)
+    hbm_efficiency: float | None = Field(None, gt=0, le=1)
+    nvlink_efficiency: float | None = Field(None, gt=0, le=1)
+    network_efficiency: float | None = Field(None, gt=0, le=1)
+    dp_overlap: float | None = Field(None, ge=0, le=1)
+    fsdp_overlap: float | None = Field(None, ge=0, le=1)
+    layer_overhead_s: float | None = Field(None, ge=0, le=1)
+    memory_fixed_gib: float | None = Field(None, ge=0, le=1000)
+    memory_fragmentation: float | None = Field(None, ge=0, le=1)
+    source: str | None = Field(None, description="the calibration file it was read from")
+
+
 class Job(StrictModel):
     model: ModelSpec
     cluster: tuple[NodeGroup, ...] = Field(min_length=1)
     training: Training
     links: tuple[LinkSpec, ...] = Field((), description="network between node groups; default: the slower NIC")
     layout: Layout | None = None
+    calibration: CalibrationSpec | None = Field(
+        None, description="the cost model's efficiencies for this job (a calibration file path in the job YAML)"
+    )
 
     def ring_gbps(self, groups) -> float:
         """Per-GPU rate of a ring over the nodes of several groups: its slowest NIC or link between them (Gb/s)."""

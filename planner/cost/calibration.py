@@ -47,3 +47,13 @@ def _default():
     path = data_file("calibration.yaml")
     data = load_yaml(path, field=str(path))
     return Calibration(**{f.name: float(data[f.name]) for f in fields(Calibration)}), path
+
+
+def job_calibration(job) -> Calibration:
+    """The efficiencies ``job`` is priced with: its own ``calibration`` (planner.spec.CalibrationSpec) over the
+    default, field by field."""
+    spec = getattr(job, "calibration", None)
+    base = default_calibration()
+    if spec is None:
+        return base
+    return base.replace(**{k: v for k, v in spec.model_dump().items() if k != "source" and v is not None})

@@ -26,7 +26,7 @@ import functools
 from collections.abc import Iterator
 
 from planner.cost import comm, compute
-from planner.cost.calibration import Calibration, default_calibration
+from planner.cost.calibration import Calibration, default_calibration, job_calibration
 from planner.spec import Job, ModelSpec, NodeGroup
 
 
@@ -177,7 +177,7 @@ class CostSource:
 
     def __init__(self, job: Job, cal: Calibration | None = None):
         self.job = job
-        self.cal = cal or default_calibration()
+        self.cal = cal or job_calibration(job)
         self._groups: dict[int, AnalyticCosts] = {}
         self._links: dict = {}  # between and spanning links (comm.Link, immutable)
 

@@ -448,6 +448,10 @@ class JobOut(_Out):
     training: TrainingOut = _d("training settings")
     links: list[LinkOut] = _d("network between node groups; empty: the slower NIC of the two groups")
     layout: JobLayoutOut | None = _d("the job's own layout as written (compared as `current`); null if none")
+    calibration: dict | None = _d(
+        "the job's own cost-model efficiencies (a `planner calibrate` file; fields left null keep the built-in "
+        "value; `source`: the file); null: the built-in calibration (see cost_model)"
+    )
 
 
 class CalibrationOut(_Out):

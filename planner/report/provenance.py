@@ -52,4 +52,13 @@ def provenance(job: Job, cal: Calibration | None = None) -> dict:
     """The ``job``, ``planner_version`` and ``cost_model`` keys shared by the plan and estimate JSON."""
     from planner import __version__
 
+    if job.calibration is not None:
+        from planner.cost.calibration import job_calibration
+
+        used = cal or job_calibration(job)
+        model = {
+            "calibration_file": job.calibration.source,
+            "calibration": {k: float(v) for k, v in used.as_dict().items()},
+        }
+        return {"job": job_json(job), "planner_version": __version__, "cost_model": model}
     return {"job": job_json(job), "planner_version": __version__, "cost_model": cost_model_json(cal)}
