@@ -148,8 +148,14 @@ def _wrap(words: list[str]) -> list[str]:
 
 def stage_range(plan: LaunchPlan, first: int, count: int) -> tuple[int, int] | None:
     """The first and last pipeline stage on node ranks first .. first+count-1 (None: no stage)."""
-    lo, hi = first * plan.gpus_per_node, (first + count) * plan.gpus_per_node - 1
-    stages = sorted({s.stage for s in plan.stages if s.first_rank <= hi and s.last_rank >= lo})
+    nodes = range(first, first + count)
+    stages = sorted(
+        {
+            s.stage
+            for s in plan.stages
+            if plan.node_of_rank(s.first_rank) in nodes or plan.node_of_rank(s.last_rank) in nodes
+        }
+    )
     return (stages[0], stages[-1]) if stages else None
 
 

@@ -53,7 +53,7 @@ class LaunchPlan:
     stage_layers: tuple[int, ...]
     tp_comm_overlap: bool
     stages: tuple[StagePlacement, ...]  # by stage, then replica
-    gpus_per_node: int
+    gpus_per_node: int | None  # None: node groups with different GPUs per node (see node_gpus)
     world_size: int
     plan_rank: int  # 1 = the best plan of the file
     predicted: dict[str, Any]  # iteration_time_s, peak_memory_gib, tokens_per_s, mfu of the plan's estimate
@@ -86,7 +86,21 @@ class LaunchPlan:
 
     @property
     def nodes(self) -> int:
-        return self.world_size // self.gpus_per_node
+        """Nodes the plan runs on (idle nodes of the cluster not counted)."""
+        return len(self.node_order())
+
+    def node_gpus(self) -> list[int]:
+        """GPUs of each node in launch order (its node group's gpus_per_node)."""
+        return [self.job.cluster[g].gpus_per_node for g, _ in self.node_order()]
+
+    def node_of_rank(self, rank: int) -> int:
+        """The node rank (launch order) that holds global rank ``rank``: nodes take consecutive ranks."""
+        start = 0
+        for node, gpus in enumerate(self.node_gpus()):
+            if rank < start + gpus:
+                return node
+            start += gpus
+        raise ValueError(f"rank {rank} beyond the plan's {start} GPUs")
 
     def chunk_layers(self) -> list[int]:
         """Layers of each model chunk in Megatron's virtual-stage order (index = vpp_rank * pp + pp_rank): stage i
@@ -191,7 +205,7 @@ class LaunchPlan:
             tp_comm_overlap=bool(lay.get("tp_comm_overlap", False)),
             stages=tuple(placed),
             gpus_per_node=placement["gpus_per_node"],
-            world_size=placement["world_size"] - placement.get("idle_gpus", 0),
+            world_size=placement["world_size"],
             plan_rank=plan_rank,
             predicted={k: est.get(k) for k in ("iteration_time_s", "peak_memory_gib", "tokens_per_s", "mfu")},
         )
