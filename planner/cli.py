@@ -167,7 +167,9 @@ def validate(
 
 @app.command()
 def calibrate(
-    runs: list[Path] = typer.Argument(..., help="measured-runs YAML file(s) (format: docs/measured-runs.md)"),
+    runs: list[Path] = typer.Argument(
+        ..., help="measured-runs YAML file(s) (format: docs/measured-runs.md) and/or Megatron-LM training logs"
+    ),
     out_path: Path = typer.Option(
         ...,
         "--out",
@@ -175,18 +177,26 @@ def calibrate(
         help="calibration file to write (name it in a job as `calibration: FILE`, or pass --calibration FILE)",
     ),
     start: Path | None = typer.Option(None, "--calibration", help="start from this calibration (default: built-in)"),
+    gpu: str | None = typer.Option(None, "--gpu", help="GPU type of the Megatron-LM logs (`planner list gpus`)"),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", min=1, help="for logs: default the GPU's"),
 ) -> None:
     """Fit the cost model's global efficiencies to your measured runs and write them to a file of your own.
 
     Example: planner calibrate my-runs.yaml -o calib.yaml && planner plan job.yaml --calibration calib.yaml
     """
     from planner.cost.calibration import default_calibration
-    from planner.io import write_atomic
+    from planner.io import read_text, write_atomic
     from planner.profile.calibrate import calibrate as fit
     from planner.profile.calibrate import calibration_yaml
+    from planner.profile.megatron_log import is_megatron_log, read_log
     from planner.runs import RunCase, load_runs
 
-    cases = [c for path in runs for c in load_runs(path) if isinstance(c, RunCase)]
+    cases = []
+    for path in runs:
+        if is_megatron_log(read_text(path, "runs")):
+            cases.append(read_log(path, gpu=gpu, gpus_per_node=gpus_per_node))
+        else:
+            cases += [c for c in load_runs(path) if isinstance(c, RunCase)]
     if not cases:
         raise SpecError("runs", "no run the planner can express (see `planner validate RUNS.yaml` for why)")
     cal0 = _calibration(start) or default_calibration()

@@ -72,3 +72,29 @@ def test_bad_calibration_file_names_the_field(tmp_path):
     (tmp_path / "c.yaml").write_text("gemm_efficiency: 3\n")
     out = cli("estimate", "examples/llama3-70b-h100.yaml", "--calibration", str(tmp_path / "c.yaml"))
     assert out.returncode == 2 and out.stderr.startswith("error: --calibration.gemm_efficiency: ")
+
+
+LOG = ROOT / "tests" / "fixtures" / "logs" / "megatron-llama3-8b-tp2.log"
+
+
+def test_a_megatron_log_is_a_measured_run():
+    from planner.profile.megatron_log import read_log
+
+    case = read_log(LOG, gpu="h100-sxm")
+    lay = case.job.layout
+    assert (lay.tp, lay.pp, lay.dp, lay.micro_batch_size, lay.zero_stage) == (2, 1, 4, 1, 1)
+    assert case.job.model.num_layers == 32 and case.job.model.vocab_size == 128256
+    assert abs(case.measured.iteration_time_s - 5.00865) < 1e-12  # median after the first (warm-up) interval
+    assert case.measured.memory_gib == 61100.0 / 1024  # the largest max reserved over ranks
+
+
+def test_calibrate_reads_megatron_logs(tmp_path):
+    out = cli("calibrate", str(LOG), "--gpu", "h100-sxm", "-o", str(tmp_path / "c.yaml"))
+    assert out.returncode == 0, out.stderr
+    assert "1 runs" in out.stdout and (tmp_path / "c.yaml").exists()
+    no_gpu = cli("calibrate", str(LOG), "-o", str(tmp_path / "d.yaml"))
+    assert no_gpu.returncode == 2 and no_gpu.stderr.startswith("error: --gpu: ")
+    truncated = tmp_path / "cut.log"
+    truncated.write_text("\n".join(LOG.read_text().splitlines()[:10]) + "\n elapsed time per iteration (ms): 1.0\n")
+    bad = cli("calibrate", str(truncated), "--gpu", "h100-sxm", "-o", str(tmp_path / "e.yaml"))
+    assert bad.returncode == 2 and "cut.log" in bad.stderr and "truncated" in bad.stderr

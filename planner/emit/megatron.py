@@ -887,6 +887,36 @@ def read(
     return _job(opts, script, world_size=world_size, gpu=gpu, gpus_per_node=gpus_per_node, model=model)
 
 
+def read_arguments(arguments: dict[str, str], where: str, **given) -> dict:
+    """A job dict from the argument values a Megatron-LM run prints at start (``arguments`` block of its log:
+    dest -> printed value), through the same rules as ``read``. Only the arguments the importer reads are taken:
+    a True switch becomes its flag, False/None are left out, lists become several values. The world size comes
+    from ``world_size`` unless given."""
+    flags: list[str] = []
+    dests = dict(arguments)
+    if dests.get("vocab_size", "None") == "None" and dests.get("padded_vocab_size", "None") != "None":
+        dests["vocab_size"] = dests["padded_vocab_size"]  # a real tokenizer: the padded size is what was trained
+    vpp = dests.pop("virtual_pipeline_model_parallel_size", "None")
+    if vpp not in ("None", "1") and dests.get("pipeline_model_parallel_layout", "None") == "None":
+        dests.setdefault("num_virtual_stages_per_pipeline_rank", vpp)
+    for dest, value in dests.items():
+        flag = "--" + dest.replace("_", "-")
+        if flag not in _RELEVANT or value in ("None", "False", ""):
+            continue
+        if value == "True":
+            flags.append(flag)
+        elif value.startswith("[") and value.endswith("]"):
+            flags += [flag, *(v.strip(" '\"") for v in value[1:-1].split(",") if v.strip())]
+        else:
+            flags += [flag, value]
+    if given.get("world_size") is None and arguments.get("world_size", "None").isdigit():
+        given["world_size"] = int(arguments["world_size"])
+    script = _Script(flags, [], {}, where)
+    return _job(
+        _parse_flags(flags), script, **{k: given.get(k) for k in ("world_size", "gpu", "gpus_per_node", "model")}
+    )
+
+
 @dataclass
 class _Script:
     flags: list[str]
