@@ -216,6 +216,52 @@ def calibrate(
     print(f"wrote {out_path}")
 
 
+profile_app = typer.Typer(no_args_is_help=True, help="Measured costs: run the layer profiler, ingest measurements.")
+app.add_typer(profile_app, name="profile")
+
+
+@profile_app.command("run")
+def profile_run(
+    job: Path = typer.Option(..., "--job", help="job YAML whose model is profiled (its GPU: node group --group)"),
+    out_path: Path | None = typer.Option(None, "--out", "-o", help="profile file to write (default: stdout)"),
+    micro_batches: str = typer.Option("1,2,4", "--micro-batches", help="micro-batch sizes to time, e.g. 1,2,4"),
+    seq_lengths: str | None = typer.Option(None, "--seq-lengths", help="sequence lengths (default: the job's)"),
+    tps: str | None = typer.Option(None, "--tp", help="TP shards to time (default: every TP degree within a node)"),
+    device: str = typer.Option("auto", "--device", help="auto, cpu, cuda or cuda:N"),
+    warmup: int = typer.Option(3, "--warmup", min=0, max=1000, help="untimed passes before each point"),
+    repeats: int = typer.Option(10, "--repeats", min=1, max=10000, help="timed passes per point (median kept)"),
+    group: int = typer.Option(0, "--group", min=0, help="the job's node group whose GPU this is"),
+) -> None:
+    """Time one transformer layer of the job's model on this machine's GPU and write a profile (needs torch).
+
+    Example: planner profile run --job job.yaml --micro-batches 1,2,4 -o profiles/h100.yaml
+    """
+    import shlex
+
+    from planner.load import load_job
+    from planner.profile.runner import parse_ints, profile_yaml, run_profile, write_profile
+
+    spec = load_job(job)
+    profile = run_profile(
+        spec,
+        micro_batches=parse_ints(micro_batches, "--micro-batches"),
+        seq_lengths=parse_ints(seq_lengths, "--seq-lengths") if seq_lengths else None,
+        tps=parse_ints(tps, "--tp") if tps else None,
+        device=device,
+        warmup=warmup,
+        repeats=repeats,
+        group=group,
+        command=shlex.join(["planner", *sys.argv[1:]]),
+        progress=lambda done, total: print(f"planner: profiled {done}/{total} points", file=sys.stderr, flush=True),
+        warn=lambda message: print(_one_line(f"warning: {message}"), file=sys.stderr),
+    )
+    if out_path is None:
+        sys.stdout.write(profile_yaml(profile))
+    else:
+        write_profile(profile, out_path)
+        print(f"planner: wrote {len(profile.layers)} layer points to {out_path}", file=sys.stderr)
+
+
 def _one_line(text: str) -> str:
     """Whitespace runs collapsed, other control characters escaped: stderr gets exactly one printable line."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in " ".join(str(text).split()))

@@ -27,19 +27,58 @@ class Framework:
     context_parallel: bool
     expert_parallel: bool
     fsdp_with_ep: bool = True  # ZeRO-3 (FSDP) together with expert parallelism
+    sequence_parallel_without_pp: bool = True  # TP with sequence parallelism when there is no pipeline
+    selective_recompute: bool = True  # selective (attention-core) recompute as a setting of its own
+    ep_within_shard: bool = False  # EP divides the FSDP shard * CP * TP ranks (torchtitan's MoE mesh)
+    microbatches_cover_pp: bool = False  # a pipeline needs at least as many micro-batches as stages
+    precisions: frozenset = frozenset({"bf16", "fp16", "fp8"})
 
     def zero_stages(self, pp: int) -> frozenset:
         return self.zero_with_pp if pp > 1 else self.zero_without_pp
 
-    def allows(self, *, pp: int = 1, vpp: int = 1, zero: int | None = None, cp: int = 1, ep: int = 1) -> bool:
-        """Whether these degrees are runnable by this framework; a degree not given is not asked about."""
-        return (
-            (zero is None or zero in self.zero_stages(pp))
-            and (vpp == 1 or self.interleaving)
-            and (cp == 1 or self.context_parallel)
-            and (ep == 1 or self.expert_parallel)
-            and (ep == 1 or zero != 3 or self.fsdp_with_ep)
-        )
+    def rejects(
+        self,
+        *,
+        pp: int = 1,
+        vpp: int = 1,
+        zero: int | None = None,
+        cp: int = 1,
+        ep: int = 1,
+        tp: int = 1,
+        dp: int | None = None,
+        recompute: str | None = None,
+        microbatches: int | None = None,
+        sequence_parallel: bool | None = None,
+    ) -> tuple[str, str] | None:
+        """(layout field, why) when these degrees are not runnable by this framework, None when they are; a degree
+        not given is not asked about. The one rule set `plan --framework` and `emit` share."""
+        if zero is not None and zero not in self.zero_stages(pp):
+            ok = ", ".join(map(str, sorted(self.zero_stages(pp))))
+            where = "with pipeline parallelism" if pp > 1 else "without pipeline parallelism"
+            return "zero_stage", f"runs ZeRO stage {ok} {where}, not {zero}"
+        if vpp > 1 and not self.interleaving:
+            return "vpp", f"has no interleaved pipeline schedule (vpp {vpp})"
+        if cp > 1 and not self.context_parallel:
+            return "cp", f"has no context parallelism (cp {cp})"
+        if ep > 1 and not self.expert_parallel:
+            return "ep", f"has no expert parallelism (ep {ep})"
+        if ep > 1 and zero == 3 and not self.fsdp_with_ep:
+            return "zero_stage", "runs ZeRO-3 (FSDP) only without expert parallelism"
+        if tp > 1 and pp == 1 and sequence_parallel and not self.sequence_parallel_without_pp:
+            return "sequence_parallel", "runs TP without a pipeline only as AutoTP, which has no sequence parallelism"
+        if recompute == "selective" and not self.selective_recompute:
+            return "recompute", "has no selective (attention-core) recompute setting"
+        if self.ep_within_shard and ep > 1 and dp is not None and zero is not None:
+            shard = dp if zero == 3 else 1
+            if (shard * cp * tp) % ep:
+                return "ep", f"needs ep ({ep}) to divide the FSDP shard * cp * tp ranks ({shard} * {cp} * {tp})"
+        if self.microbatches_cover_pp and microbatches is not None and pp > 1 and microbatches < pp:
+            return "num_microbatches", f"needs at least as many micro-batches ({microbatches}) as stages ({pp})"
+        return None
+
+    def allows(self, **degrees) -> bool:
+        """Whether these degrees are runnable by this framework (``rejects`` finds nothing)."""
+        return self.rejects(**degrees) is None
 
 
 FRAMEWORKS = {
@@ -71,6 +110,10 @@ FRAMEWORKS = {
         interleaving=False,
         context_parallel=False,
         expert_parallel=False,
+        # AutoTP (tensor_parallel.autotp_size) all-reduces: no sequence parallelism without a pipeline; eager
+        # attention's selective recompute has no DeepSpeed setting (activation_checkpointing is per layer)
+        sequence_parallel_without_pp=False,
+        selective_recompute=False,
     ),
     # FSDP2 shards fully (ZeRO-3) or replicates (ZeRO-0), with or without PP; Interleaved1F1B is available.
     "torchtitan": Framework(
@@ -84,6 +127,11 @@ FRAMEWORKS = {
         interleaving=True,
         context_parallel=True,
         expert_parallel=True,
+        # the MoE mesh unflattens dp_shard*cp*tp by ep (emitters.md 3.3); torch's 1F1B/Interleaved1F1B need
+        # micro-batches >= stages; no fp16 mixed precision (training.mixed_precision_param: bfloat16 or float32)
+        ep_within_shard=True,
+        microbatches_cover_pp=True,
+        precisions=frozenset({"bf16", "fp8"}),
     ),
 }
 
@@ -103,26 +151,29 @@ def get_framework(name: str | None) -> Framework | None:
 
 def check_runnable(framework: str, plan, target: str | None = None) -> None:
     """Raise errors.Inexpressible (exit 4) when ``framework`` cannot run ``plan`` (a planner.emit.LaunchPlan): the
-    limits of FRAMEWORKS, which the search obeys under `--framework`, and the rules the framework's own parsers
-    miss (emitters.md section 5). ``target`` names the emit target in the message (default: the framework)."""
+    rules of ``Framework.rejects``, which the search obeys under `--framework`, and what one global shape cannot
+    say. ``target`` names the emit target in the message (default: the framework)."""
     fw = FRAMEWORKS[framework]
     name = target or framework
     redo = f"re-plan with `planner plan JOB --framework {name}`"
     field = f"plans[{plan.plan_rank - 1}].layout"
-    if plan.zero_stage not in fw.zero_stages(plan.pp):
-        ok = ", ".join(map(str, sorted(fw.zero_stages(plan.pp))))
-        with_pp = "with pipeline parallelism" if plan.pp > 1 else "without pipeline parallelism"
-        raise Inexpressible(
-            f"{field}.zero_stage", f"{name} runs ZeRO stage {ok} {with_pp}, not {plan.zero_stage}; {redo}"
-        )
-    if plan.vpp > 1 and not fw.interleaving:
-        raise Inexpressible(f"{field}.vpp", f"{name} has no interleaved pipeline schedule (vpp {plan.vpp}); {redo}")
-    if plan.ep > 1 and plan.zero_stage == 3 and not fw.fsdp_with_ep:
-        raise Inexpressible(f"{field}.zero_stage", f"{name} runs ZeRO-3 (FSDP) only without expert parallelism; {redo}")
-    if plan.cp > 1 and not fw.context_parallel:
-        raise Inexpressible(f"{field}.cp", f"{name} has no context parallelism (cp {plan.cp}); {redo}")
-    if plan.ep > 1 and not fw.expert_parallel:
-        raise Inexpressible(f"{field}.ep", f"{name} has no expert parallelism here (ep {plan.ep}); {redo}")
+    found = fw.rejects(
+        pp=plan.pp,
+        vpp=plan.vpp,
+        zero=plan.zero_stage,
+        cp=plan.cp,
+        ep=plan.ep,
+        tp=plan.tp,
+        dp=plan.dp,
+        # with flash attention selective recompute is none (baseline_recompute_modes): nothing to express
+        recompute="none" if plan.training.attention == "flash" and plan.recompute == "selective" else plan.recompute,
+        microbatches=plan.num_microbatches,
+        sequence_parallel=plan.sequence_parallel,
+    )
+    if found is not None:
+        raise Inexpressible(f"{field}.{found[0]}", f"{name} {found[1]}; {redo}")
+    if plan.training.precision not in fw.precisions:
+        raise Inexpressible("job.training.precision", f"{name} has no {plan.training.precision} training")
     if not plan.even_split and not fw.uneven_layers:
         raise Inexpressible(f"{field}.stages", f"{name} splits layers evenly over stages; {redo}")
     partial = plan.recompute != "full" and 0 < plan.recompute_layers < max(plan.stage_layers)
@@ -139,3 +190,10 @@ def check_runnable(framework: str, plan, target: str | None = None) -> None:
             f"{name} takes one recompute granularity: selective on some layers and full on others is not a setting; "
             f"{redo}",
         )
+
+
+def check_precision(fw: Framework | None, precision: str) -> None:
+    """Bad input for `plan --framework`: a precision the framework cannot train in (no layout changes that)."""
+    if fw is not None and precision not in fw.precisions:
+        ok = ", ".join(sorted(fw.precisions))
+        raise SpecError("training.precision", f"{fw.name} has no {precision} training ({ok}); change the job")

@@ -137,7 +137,9 @@ def test_every_script_is_covered_and_documented():
         "calibrate.py",
         "compare_revisions.py",
         "fuzz.py",
+        "layer_fidelity.py",
         "plan_quality.py",
+        "validate_emitters.py",
     ]
     for name in scripts:
         text = (SCRIPTS / name).read_text()

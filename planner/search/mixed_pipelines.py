@@ -381,8 +381,11 @@ class _Family:
         L = ctx.job.model.num_layers
         if P > L or (ctx.opts.even_layers and L % P):
             return []
-        if ctx.fw is not None and not ctx.fw.allows(pp=P, zero=self.zero):
-            return []
+        if ctx.fw is not None:
+            tps = {tp for _, tp in self.used}
+            degrees = {"pp": P, "zero": self.zero, "cp": self.cp, "dp": self.dp, "recompute": self.base}
+            if not ctx.fw.allows(**degrees, tp=max(tps), microbatches=self.mb, sequence_parallel=max(tps) > 1):
+                return []
         groups = tuple((g, tp, k) for (g, tp), k in zip(self.used, ks))
         return [HeteroCandidate(self.dp, self.cp, self.mbs, self.zero, self.base, groups, lb)]
 

@@ -179,7 +179,10 @@ def _enumerate_world(
                                 lb = lb_stage / pp * (nmb + (pp - 1) / vpp)
                                 for zero in opts.zero_stages:
                                     fw = opts.framework
-                                    if fw is not None and not fw.allows(pp=pp, vpp=vpp, zero=zero, cp=cp, ep=ep):
+                                    if fw is not None and not fw.allows(
+                                        pp=pp, vpp=vpp, zero=zero, cp=cp, ep=ep, tp=tp, dp=dp, recompute=base,
+                                        microbatches=nmb, sequence_parallel=tp > 1,
+                                    ):  # fmt: skip
                                         continue
                                     out.append(Candidate(tp, cp, pp, dp, ep, mbs, vpp, zero, base, lb, world))
                         pruned += len(vpps) * len(opts.zero_stages) * (1 if flash else 0)  # selective == none
