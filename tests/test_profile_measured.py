@@ -146,3 +146,53 @@ def test_profile_errors_name_the_field(tmp_path):
     (tmp_path / "h100.yaml").write_text(yaml.safe_dump(other.model_dump(mode="json")))
     with pytest.raises(SpecError, match="measured on h100-sxm"):
         with_profile(job, tmp_path / "h100.yaml")
+
+
+def test_a_slower_measured_gpu_moves_work_off_it_in_a_mixed_cluster():
+    """A profile that finds the A100 three times slower than the datasheet model: its layers are priced 3x (scaled
+    where the profile has no point, e.g. with CP) and the mixed plan gives it a smaller share of the work."""
+    from planner.search import run_search
+    from planner.search.space import SearchOptions
+
+    raw = {
+        "model": "llama2-7b",
+        "cluster": [{"gpu": "h100-sxm", "nodes": 2}, {"gpu": "a100-80gb", "nodes": 2}],
+        "training": {"seq_length": 4096, "global_batch_size": 64},
+    }
+    job = parse_job(raw)
+    a100_only = parse_job({**raw, "cluster": [raw["cluster"][1]]})
+    measured_raw = json.loads(json.dumps(raw))
+    measured_raw["cluster"][1]["profile"] = scaled_profile(a100_only, 3.0).model_dump()
+    measured = parse_job(measured_raw)
+
+    def a100_share(plan) -> float:
+        """Share of the micro-batches (or layers) that run on the A100 group."""
+        d = plan.estimate.dims
+        if hasattr(d, "replicas"):
+            runs = [(r.stage_groups[0], r.num_microbatches * r.dp) for r in d.replicas]
+        else:
+            runs = [(g, n) for g, n in zip(d.stage_groups, d.stage_layers)]
+        return sum(n for g, n in runs if g == 1) / sum(n for _, n in runs)
+
+    base = run_search(job, SearchOptions(), top=1, time_limit_s=60).plans[0]
+    slow = run_search(measured, SearchOptions(), top=1, time_limit_s=60).plans[0]
+    assert slow.estimate.cost_sources[1]["layer"] in ("measured", "scaled", "measured+scaled")
+    assert a100_share(slow) < a100_share(base)
+    # every A100 stage's layer time is 3x the analytic one at its own shape
+    analytic = cost_source(job)(1)
+    for st, d in zip(slow.estimate.stages, _stage_dims(slow.estimate.dims)):
+        if d["group"] != 1:
+            continue
+        tokens = d["mbs"] * 4096 // d["cp"]
+        a = analytic.layer(job.model, tokens, 4096, d["tp"], d["tp"] > 1, d["cp"], 1, False, True, "none")
+        assert math.isclose(st.layer_times_s["dense"]["forward"], 3 * a.forward, rel_tol=1e-9)
+
+
+def _stage_dims(dims) -> list[dict]:
+    """Group, TP, CP and micro-batch of each estimate stage (replica entry after replica entry)."""
+    reps = dims.replicas if hasattr(dims, "replicas") else [dims]
+    return [
+        {"group": r.stage_groups[s], "tp": r.stage_tp[s], "cp": r.cp, "mbs": r.micro_batch_size}
+        for r in reps
+        for s in range(len(r.stage_groups))
+    ]

@@ -348,4 +348,5 @@ def estimate_replicas(
         peak_tflops_per_gpu=peak,
         stage_capacity_gib=caps,
         calibration=ests[slow].calibration,
+        cost_sources={g: v for e in ests for g, v in (e.cost_sources or {}).items()},
     )
