@@ -31,6 +31,7 @@ class Framework:
     selective_recompute: bool = True  # selective (attention-core) recompute as a setting of its own
     ep_within_shard: bool = False  # EP divides the FSDP shard * CP * TP ranks (torchtitan's MoE mesh)
     microbatches_cover_pp: bool = False  # a pipeline needs at least as many micro-batches as stages
+    cp_needs_fsdp: bool = False  # FSDP shards over the CP ranks whenever cp > 1: with CP only ZeRO-3 is as planned
     precisions: frozenset = frozenset({"bf16", "fp16", "fp8"})
 
     def zero_stages(self, pp: int) -> frozenset:
@@ -72,6 +73,9 @@ class Framework:
             shard = dp if zero == 3 else 1
             if (shard * cp * tp) % ep:
                 return "ep", f"needs ep ({ep}) to divide the FSDP shard * cp * tp ranks ({shard} * {cp} * {tp})"
+        if self.cp_needs_fsdp and cp > 1 and zero is not None and zero != 3:
+            why = f"shards weights over the context-parallel ranks whenever cp > 1 (cp {cp}): ZeRO-3 only"
+            return "zero_stage", why
         if self.microbatches_cover_pp and microbatches is not None and pp > 1 and microbatches < pp:
             return "num_microbatches", f"needs at least as many micro-batches ({microbatches}) as stages ({pp})"
         return None
@@ -131,6 +135,7 @@ FRAMEWORKS = {
         # micro-batches >= stages; no fp16 mixed precision (training.mixed_precision_param: bfloat16 or float32)
         ep_within_shard=True,
         microbatches_cover_pp=True,
+        cp_needs_fsdp=True,  # parallel_dims.fsdp_enabled: dp_shard * cp > 1
         precisions=frozenset({"bf16", "fp8"}),
     ),
 }

@@ -29,7 +29,7 @@ GOLDEN_STEMS = (
     "llama3-70b-h100",
     "mixtral-h100-megatron",  # MoE, EP 4 with TP 2
     "llama3-405b-3types-megatron",  # 64 stages over three GPU types, one TP
-    "llama3-70b-h100-torchtitan",  # even split with vpp 2, ZeRO-0
+    "llama3-70b-h100-vpp2-cp4",  # even split with vpp 2, CP 4, ZeRO-0
 )
 
 
@@ -125,7 +125,7 @@ def test_uneven_split_uses_the_layout_never_the_vpp_flag():
 
 
 def test_even_split_with_vpp_uses_virtual_stages():
-    bundle = render(load("llama3-70b-h100-torchtitan"))
+    bundle = render(load("llama3-70b-h100-vpp2-cp4"))
     assert flag_values(bundle, "--num-virtual-stages-per-pipeline-rank") == ["2"]
     assert flag_values(bundle, "--pipeline-model-parallel-layout") is None
     assert flag_values(bundle, "--use-distributed-optimizer") is None  # ZeRO-0
@@ -375,10 +375,10 @@ def test_zero2_refused_by_the_framework_rules():
 
 def test_interleaving_needs_microbatches_in_rounds_of_pp():
     # pp 8, vpp 2: 12 micro-batches per replica are not rounds of 8, and 4 are fewer than 8
-    doc = variant("llama3-70b-h100-torchtitan", 1, num_microbatches=12)
+    doc = variant("llama3-70b-h100-vpp2-cp4", 1, num_microbatches=12)
     err = refused(doc)
     assert err.field == "plans[0].layout.vpp" and "--framework megatron" in err.message
-    few = variant("llama3-70b-h100-torchtitan", 1, num_microbatches=4)
+    few = variant("llama3-70b-h100-vpp2-cp4", 1, num_microbatches=4)
     assert refused(few).field == "plans[0].layout.vpp"
 
 
@@ -728,7 +728,7 @@ torchrun --nproc_per_node $GPUS_PER_NODE --nnodes $NUM_NODES pretrain_gpt.py \\
 
 
 def test_bridge_keys_for_interleaving_recompute_and_fsdp():
-    vpp = megatron_bridge.render(plan_of(load("llama3-70b-h100-torchtitan"), 1, "megatron-bridge"), EmitOptions())
+    vpp = megatron_bridge.render(plan_of(load("llama3-70b-h100-vpp2-cp4"), 1, "megatron-bridge"), EmitOptions())
     assert "model.virtual_pipeline_model_parallel_size=2" in vpp.program
     assert not any(o.startswith("model.pipeline_model_parallel_layout") for o in vpp.program)
     assert "ddp.use_distributed_optimizer=false" in vpp.program  # ZeRO-0

@@ -282,11 +282,11 @@ def test_zero_1_is_refused():
 
 
 def test_expert_parallelism_must_divide_the_dense_ranks():
-    doc = load("qwen3-30b-a3b-h100-torchtitan")
-    assert doc["plans"][0]["layout"]["zero_stage"] == 0  # ZeRO-0: dp_shard 1, so ep 4 needs cp*tp divisible by 4
-    with pytest.raises(
-        Inexpressible, match=r"needs ep \(4\) to divide the FSDP shard \* cp \* tp.*--framework torchtitan"
-    ) as info:
+    doc = copy.deepcopy(load("qwen3-30b-a3b-h100-torchtitan"))
+    lay = doc["plans"][0]["layout"]
+    assert (lay["zero_stage"], lay["dp"], lay["ep"]) == (3, 2, 4)
+    lay["cp"] = 1  # dp_shard * cp * tp = 2 * 1 * 1: not divisible by ep 4
+    with pytest.raises(Inexpressible, match=r"needs ep \(4\) to divide the FSDP shard \* cp \* tp.*--framework torchtitan") as info:
         emit(doc, "torchtitan", 1)
     assert info.value.field == "plans[0].layout.ep"
 

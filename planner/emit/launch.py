@@ -84,16 +84,12 @@ def launch_script(plan: LaunchPlan, bundle: Bundle) -> str:
     ]
     for key, value in sorted(bundle.env.items()):
         lines.append(f"export {key}={shlex.quote(value)}")
-    nprocs = {gpus_per_node(plan, g) for g, _, _ in runs}
-    if len(nprocs) == 1:
-        lines.append(f"NPROC={nprocs.pop()}")
-    else:  # node groups with different GPUs per node: torch elastic numbers ranks cumulatively over the nodes
-        lines.append("case 1 in")
-        for group, first, count in runs:
-            lines.append(
-                f"  $(( NODE_RANK >= {first} && NODE_RANK < {first + count} ))) NPROC={gpus_per_node(plan, group)} ;;"
-            )
-        lines.append("esac")
+    nprocs = plan.node_gpus()
+    if len(set(nprocs)) == 1:
+        lines.append(f"NPROC={nprocs[0]}")
+    else:  # nodes the plan uses partly, or groups with other GPU counts: torch elastic numbers ranks cumulatively
+        lines.append(f"NPROCS=({' '.join(map(str, nprocs))})  # processes of each node rank")
+        lines.append('NPROC="${NPROCS[$NODE_RANK]}"')
     lines.append(f"cd {bundle.workdir}" if bundle.workdir else 'cd "$HERE"')
     words = torchrun_command(plan, bundle, "$NPROC")
     head, program = words[: len(words) - len(bundle.program)], words[len(words) - len(bundle.program) :]

@@ -90,8 +90,19 @@ class LaunchPlan:
         return len(self.node_order())
 
     def node_gpus(self) -> list[int]:
-        """GPUs of each node in launch order (its node group's gpus_per_node)."""
-        return [self.job.cluster[g].gpus_per_node for g, _ in self.node_order()]
+        """GPUs the plan uses on each node, in launch order: the node's share of the stages it hosts (a stage fills
+        its nodes in order, at most the group's gpus_per_node each), so a node the plan only partly uses starts
+        only as many processes as it has ranks."""
+        used: dict[tuple[int, int], int] = {}
+        for s in self.stages:
+            left = s.last_rank - s.first_rank + 1
+            per_node = self.job.cluster[s.group].gpus_per_node
+            for node in range(s.first_node, s.last_node + 1):
+                room = per_node - used.get((s.group, node), 0)
+                take = min(left, room)
+                used[(s.group, node)] = used.get((s.group, node), 0) + take
+                left -= take
+        return [used[key] for key in self.node_order()]
 
     def node_of_rank(self, rank: int) -> int:
         """The node rank (launch order) that holds global rank ``rank``: nodes take consecutive ranks."""

@@ -227,6 +227,12 @@ def render(plan: LaunchPlan, options: EmitOptions) -> Bundle:
     version = version_of(options)
     check_runnable("torchtitan", plan, "torchtitan")
     check_torchtitan(plan)
+    if version == "0.2" and plan.tp > 1 and not plan.sequence_parallel:
+        raise Inexpressible(
+            f"plans[{plan.plan_rank - 1}].layout.sequence_parallel",
+            "torchtitan 0.2.2 always runs sequence parallelism with TP (no switch), which this plan has off; emit "
+            "for torchtitan 0.3 (the default --framework-version)",
+        )
     model = model_source(plan, version)
     if version == "0.3":
         files = {f"{CONFIG_MODULE}.py": config_module(plan, model)}
@@ -643,12 +649,6 @@ def notes(plan: LaunchPlan, version: str, model: ModelSource) -> list[str]:
         + ("FSDP2 shards weights, gradients and optimizer states" if plan.zero_stage == 3 else "replicated weights")
         + ").",
     ]
-    if plan.zero_stage == 0 and plan.cp > 1:
-        out.append(
-            f"torchtitan applies FSDP over the context-parallel ranks whenever cp > 1 (parallel_dims.fsdp_enabled), "
-            f"so weights are also sharded over the {plan.cp} CP ranks: less memory than the plan counts, more "
-            "all-gathers."
-        )
     if plan.pp > 1:
         out.append(
             f"Pipeline: {plan.pp} stages with {', '.join(map(str, plan.stage_layers))} layers "
@@ -675,8 +675,6 @@ def notes(plan: LaunchPlan, version: str, model: ModelSource) -> list[str]:
         )
     if model.fp8:
         out.append("fp8: Float8 linear layers (torchao) with torch.compile; they need an SM89+ GPU (H100 or newer).")
-    if version == "0.2" and plan.tp > 1 and not plan.sequence_parallel:
-        out.append("torchtitan 0.2.2 always runs sequence parallelism with TP (it only saves memory over the plan).")
     return out
 
 
@@ -957,7 +955,13 @@ def _job(f: _Found, *, world_size, gpu, gpus_per_node, model) -> dict:
     if ep > 1 and (shard * cp * tp) % ep:
         raise SpecError("parallelism.expert_parallel_degree", f"ep {ep} does not divide dp_shard*cp*tp")
     dp = replicate * shard
-    zero = 3 if shard > 1 else 0
+    if cp > 1 and replicate > 1:
+        raise SpecError(
+            "parallelism.data_parallel_replicate_degree",
+            "with cp > 1 torchtitan shards over the context-parallel ranks of each replica (HSDP-like): the "
+            "planner's ZeRO stages shard over all data-parallel ranks or none",
+        )
+    zero = 3 if shard * cp > 1 else 0  # parallel_dims.fsdp_enabled: FSDP over dp_shard * cp
 
     if model is None:
         model = f.model
