@@ -286,7 +286,9 @@ def test_expert_parallelism_must_divide_the_dense_ranks():
     lay = doc["plans"][0]["layout"]
     assert (lay["zero_stage"], lay["dp"], lay["ep"]) == (3, 2, 4)
     lay["cp"] = 1  # dp_shard * cp * tp = 2 * 1 * 1: not divisible by ep 4
-    with pytest.raises(Inexpressible, match=r"needs ep \(4\) to divide the FSDP shard \* cp \* tp.*--framework torchtitan") as info:
+    with pytest.raises(
+        Inexpressible, match=r"needs ep \(4\) to divide the FSDP shard \* cp \* tp.*--framework torchtitan"
+    ) as info:
         emit(doc, "torchtitan", 1)
     assert info.value.field == "plans[0].layout.ep"
 
