@@ -262,6 +262,58 @@ def profile_run(
         print(f"planner: wrote {len(profile.layers)} layer points to {out_path}", file=sys.stderr)
 
 
+@profile_app.command("ingest")
+def profile_ingest(
+    files: list[Path] = typer.Argument(..., help="nccl-tests outputs, torch.profiler traces, other planners' profiles"),
+    gpu: str = typer.Option(..., "--gpu", help="the GPU type they were measured on (`planner list gpus`)"),
+    out_path: Path | None = typer.Option(None, "--out", "-o", help="profile file to write (default: stdout)"),
+    model: str | None = typer.Option(None, "--model", help="model shape of layer points (preset or config path)"),
+    micro_batch_size: int | None = typer.Option(None, "--micro-batch-size", min=1, help="of layer points, if unstated"),
+    seq_length: int | None = typer.Option(None, "--seq-length", min=1, help="of layer points, if unstated"),
+    tp: int | None = typer.Option(None, "--tp", min=1, help="TP shard of layer points, if unstated"),
+    precision: str | None = typer.Option(None, "--precision", help="bf16, fp16, fp8 or fp32, if unstated"),
+    layer_pattern: str | None = typer.Option(
+        None, "--layer-pattern", help="regex with named groups kind and pass for trace range labels"
+    ),
+    backward_ratio: float = typer.Option(
+        2.0, "--backward-ratio", min=0.1, max=10.0, help="backward/forward for forward-only sources"
+    ),
+) -> None:
+    """Read measurements other tools wrote (format detected from the content) into one measured profile.
+
+    Example: planner profile ingest ar_1x8.txt ar_2x8.txt --gpu h100-sxm -o profiles/h100.yaml
+    """
+    import yaml
+
+    from planner.io import write_atomic
+    from planner.profile.ingest import ingest
+
+    notes: list[str] = []
+    profile = ingest(
+        files,
+        gpu,
+        layer_pattern=layer_pattern,
+        model=model,
+        micro_batch_size=micro_batch_size,
+        seq_length=seq_length,
+        tp=tp,
+        precision=precision,
+        backward_ratio=backward_ratio,
+        notes=notes,
+    )
+    for note in notes:
+        print(_one_line(f"warning: {note}"), file=sys.stderr)
+    text = "# Written by `planner profile ingest` (docs/profiles.md).\n" + yaml.safe_dump(
+        profile.model_dump(mode="json", exclude_none=True), sort_keys=False
+    )
+    if out_path is None:
+        sys.stdout.write(text)
+    else:
+        write_atomic(out_path, text)
+        counts = f"{len(profile.layers)} layer and {len(profile.collectives)} collective points"
+        print(f"planner: wrote {counts} to {out_path}", file=sys.stderr)
+
+
 def _one_line(text: str) -> str:
     """Whitespace runs collapsed, other control characters escaped: stderr gets exactly one printable line."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in " ".join(str(text).split()))

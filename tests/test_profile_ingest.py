@@ -424,3 +424,27 @@ def test_device_names_that_do_not_fit_the_gpu_are_noted():
     notes = []
     ingest([SAMPLES / "nccl_allreduce_h100_2x8_roce_oci.txt"], "h100-sxm", notes=notes)
     assert not any("check --gpu" in n for n in notes)
+
+
+def test_cli_ingest_writes_a_profile_a_job_can_name(tmp_path):
+    """`planner profile ingest` end to end: the written file loads as a profile and prices the matching group."""
+    import subprocess
+    import sys
+
+    src = tmp_path / "ar.txt"
+    src.write_text((Path(__file__).parent / "fixtures" / "profiles" / "nccl_srun_label_old_layout.txt").read_text())
+    out = tmp_path / "gpu.yaml"
+    proc = subprocess.run(
+        [sys.executable, "-m", "planner", "profile", "ingest", str(src), "--gpu", "h100-sxm", "-o", str(out)],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    from planner.load import load_profile
+
+    profile = load_profile(out)
+    assert profile.collectives and profile.gpu == "h100-sxm"
+    bad = subprocess.run(
+        [sys.executable, "-m", "planner", "profile", "ingest", str(tmp_path / "gpu.yaml"), "--gpu", "h100-sxm"],
+        capture_output=True, text=True, check=False,
+    )  # fmt: skip
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1 and bad.stderr.startswith("error: ")
