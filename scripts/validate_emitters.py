@@ -864,8 +864,9 @@ def expected_differences(bundle: Bundle, facts: dict) -> list[str]:
 
 
 def launcher_differences(bundle: Bundle, node_facts: list[tuple[dict, dict]]) -> list[str]:
-    """Checks of the torchrun lines against the plan: every node rank once, node count, processes per node = the
-    node group's GPUs per node, static rendezvous with pinned node ranks for mixed plans, one program."""
+    """Checks of the torchrun lines against the plan: every node rank once, node count, processes per node within
+    the node group's GPUs per node and adding up to the plan's GPUs, static rendezvous with pinned node ranks for
+    mixed plans, one program."""
     p = bundle.launch_plan
     doc = bundle.plan.doc
     nodes, world = len(plan_nodes(doc)), plan_world(doc)
@@ -878,9 +879,11 @@ def launcher_differences(bundle: Bundle, node_facts: list[tuple[dict, dict]]) ->
         if facts.get("min_nodes") != nodes or facts.get("max_nodes") != nodes:
             d.append(f"node {node['tag']}: --nnodes {facts.get('min_nodes')}:{facts.get('max_nodes')}, plan {nodes}")
         if isinstance(rank, int) and 0 <= rank < nodes:
-            want = p.job.cluster[_node_group(doc, rank)].gpus_per_node
-            if facts.get("nproc_per_node") != want:
-                d.append(f"node rank {rank}: --nproc-per-node {facts.get('nproc_per_node')}, its GPUs per node {want}")
+            # a node the plan uses partly starts only its ranks (the total is checked against the plan below)
+            most = p.job.cluster[_node_group(doc, rank)].gpus_per_node
+            nproc = facts.get("nproc_per_node")
+            if not isinstance(nproc, int) or not 1 <= nproc <= most:
+                d.append(f"node rank {rank}: --nproc-per-node {nproc}, its node has {most} GPUs")
         if p.mixed and facts.get("rdzv_backend") != "static":
             d.append(f"node {node['tag']}: rendezvous {facts.get('rdzv_backend')} ignores --node-rank (mixed plan)")
         programs.add(json.dumps([facts.get("training_script"), facts.get("training_script_args")]))
