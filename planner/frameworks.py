@@ -31,6 +31,7 @@ class Framework:
     selective_recompute: bool = True  # selective (attention-core) recompute as a setting of its own
     ep_within_shard: bool = False  # EP divides the FSDP shard * CP * TP ranks (torchtitan's MoE mesh)
     microbatches_cover_pp: bool = False  # a pipeline needs at least as many micro-batches as stages
+    recompute_per_chunk: bool = False  # a stage's recompute count is per interleaved chunk: a multiple of vpp
     cp_needs_fsdp: bool = False  # FSDP shards over the CP ranks whenever cp > 1: with CP only ZeRO-3 is as planned
     precisions: frozenset = frozenset({"bf16", "fp16", "fp8"})
 
@@ -100,6 +101,7 @@ FRAMEWORKS = {
         context_parallel=True,
         expert_parallel=True,
         fsdp_with_ep=False,  # --use-torch-fsdp2 needs ep == 1 (emitters.md 1.2)
+        recompute_per_chunk=True,  # --recompute-num-layers counts within one model chunk (megatron/core/recompute)
     ),
     # PipelineEngine: "ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism" (emitters.md 2.2); no
     # interleaved schedule, no ring-attention CP, no MoE EP inside the pipeline engine.
@@ -187,6 +189,12 @@ def check_runnable(framework: str, plan, target: str | None = None) -> None:
             f"{field}.stages",
             f"{name} recomputes all layers of a stage or none ({plan.recompute_layers} of {max(plan.stage_layers)} "
             f"planned); {redo}",
+        )
+    if partial and fw.recompute_per_chunk and plan.recompute_layers % plan.vpp:
+        raise Inexpressible(
+            f"{field}.stages",
+            f"{name} counts recomputed layers per model chunk: {plan.recompute_layers} per stage do not split over "
+            f"{plan.vpp} chunks; {redo}",
         )
     if plan.recompute_layers and plan.recompute == "selective" and plan.training.attention != "flash":
         # Megatron: one --recompute-granularity; with flash attention selective recompute is a no-op to drop

@@ -204,3 +204,27 @@ def test_written_files_are_not_private(tmp_path):
     )
     mode = os.stat(out / "README.md").st_mode
     assert mode & stat.S_IRGRP and mode & stat.S_IROTH
+
+
+def test_a_plan_found_under_framework_always_emits_for_it(tmp_path):
+    """`plan --framework X` and `emit --framework X` read one rule set: the top plans under a framework restriction
+    emit without refusal (Megatron: recompute counts in whole interleaved chunks, one count for all stages)."""
+    from planner.frameworks import get_framework
+    from planner.load import parse_job
+    from planner.report.plan_json import plan_document
+    from planner.search import run_search
+    from planner.search.space import SearchOptions
+
+    job = parse_job(
+        {
+            "model": "llama3-70b",
+            "cluster": [{"gpu": "h100-sxm", "nodes": 16}],
+            "training": {"seq_length": 8192, "global_batch_size": 256},
+        }
+    )
+    for name in ("megatron", "deepspeed", "torchtitan"):
+        opts = SearchOptions(framework=get_framework(name))
+        result = run_search(job, opts, top=5, time_limit_s=120)
+        doc = plan_document(job, result, None, timing=False, framework=name)
+        for rank in range(1, len(doc["plans"]) + 1):
+            assert emit(doc, name, plan_rank=rank)["README.md"]

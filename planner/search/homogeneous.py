@@ -102,6 +102,7 @@ def search(
             even_layers=opts.even_layers,
             uniform_recompute=opts.uniform_recompute,
             hint=greedy,
+            recompute_step=sm.dims.vpp if opts.recompute_in_chunks else 1,
         )
         solved += 1
         if res.plans is None:

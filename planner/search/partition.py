@@ -207,16 +207,20 @@ def _add_layer_counts(m: cp_model.CpModel, pv: PartitionVars, i: int, s0: StageM
 
 
 def _add_recompute_counts(
-    m: cp_model.CpModel, pv: PartitionVars, i: int, L: int, full_only: bool, partial_recompute: bool
+    m: cp_model.CpModel, pv: PartitionVars, i: int, L: int, full_only: bool, partial_recompute: bool, step: int = 1
 ) -> None:
-    """Stage i fully recomputes every layer (baseline full), any number of them (partial recompute) or none, MoE
-    layers first (StagePlan.with_recompute)."""
+    """Stage i fully recomputes every layer (baseline full), any number of them (partial recompute; a multiple of
+    ``step`` where the framework counts recomputed layers per model chunk) or none, MoE layers first
+    (StagePlan.with_recompute)."""
     layers = pv.layers[i]
     if full_only:
         recomputed = layers
     elif partial_recompute:
         recomputed = m.NewIntVar(0, L, f"recomputed[{i}]")
         m.Add(recomputed <= layers)
+        if step > 1:
+            chunks = m.NewIntVar(0, L // step, f"recomputed_per_chunk[{i}]")
+            m.Add(recomputed == step * chunks)
     else:
         recomputed = m.NewConstant(0)
     recomputed_moe = m.NewIntVar(0, L, f"recomputed_moe[{i}]")
@@ -369,6 +373,7 @@ def build_partition_model(
     even_layers: bool = False,
     uniform_recompute: bool = False,
     hint: list[StagePlan] | None = None,
+    recompute_step: int = 1,
 ) -> PartitionModel:
     """The CP-SAT model of solve_partition (see there for the arguments)."""
     sms = sm if isinstance(sm, list) else [sm] * sm.dims.pp
@@ -386,7 +391,7 @@ def build_partition_model(
     before = (None, None)
     for i in range(p):
         before = _add_layer_counts(m, pv, i, s0, before)
-        _add_recompute_counts(m, pv, i, L, d.recompute == "full", partial_recompute)
+        _add_recompute_counts(m, pv, i, L, d.recompute == "full", partial_recompute, recompute_step)
     _add_layer_totals(m, pv, before[0], L, even_layers, uniform_recompute)
 
     pv.bottleneck = m.NewIntVar(0, scale.big_t, "T")
@@ -417,6 +422,7 @@ def solve_partition(
     even_layers: bool = False,
     uniform_recompute: bool = False,
     hint: list[StagePlan] | None = None,
+    recompute_step: int = 1,
 ) -> PartitionResult:
     """Best layer partition and recompute placement.
 
@@ -427,8 +433,10 @@ def solve_partition(
     PRECISION above it may still be returned).
     ``even_layers`` forces the same layer count on every stage (frameworks without uneven splits);
     ``uniform_recompute`` the same number of fully recomputed layers on every stage (Megatron's
-    ``--recompute-num-layers`` applies to each stage alike). ``hint`` (a known feasible split) seeds the search;
-    it changes how fast the optimum is found, not which optimum (ties are broken in the objective)."""
+    ``--recompute-num-layers`` applies to each stage alike); ``recompute_step`` makes every recompute count a
+    multiple of it (Megatron counts per model chunk: the interleaving degree). ``hint`` (a known feasible split)
+    seeds the search; it changes how fast the optimum is found, not which optimum (ties are broken in the
+    objective)."""
     built = build_partition_model(
         sm,
         capacity_gib,
@@ -437,6 +445,7 @@ def solve_partition(
         even_layers=even_layers,
         uniform_recompute=uniform_recompute,
         hint=hint,
+        recompute_step=recompute_step,
     )
     if os.environ.get(DUMP_ENV):
         folder = Path(os.environ[DUMP_ENV])

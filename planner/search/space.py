@@ -81,6 +81,11 @@ class SearchOptions:
         return self.framework is not None and not self.framework.per_stage_recompute
 
     @property
+    def recompute_in_chunks(self) -> bool:
+        """The framework counts recomputed layers per interleaved model chunk (a multiple of vpp per stage)."""
+        return self.framework is not None and self.framework.recompute_per_chunk
+
+    @property
     def even_layers(self) -> bool:
         return self.framework is not None and not self.framework.uneven_layers
 
