@@ -148,15 +148,23 @@ def validate(
     runs: Path = typer.Argument(..., help="measured runs YAML (format: docs/measured-runs.md)"),
     json_: bool = typer.Option(False, "--json", help="print one JSON object"),
     calibration: Path | None = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
+    profile: Path | None = typer.Option(None, "--profile", help="measured profile for the runs on its GPU type"),
 ) -> None:
     """Predict published or your own measured runs and report the error against what was measured.
 
     Example: planner validate ../shared/reference/measured-runs.yaml
     """
-    from planner.runs import load_runs
+    from dataclasses import replace
+
+    from planner.load import apply_profile, load_profile
+    from planner.runs import RunCase, load_runs
     from planner.validate import run_validation, to_json
 
-    doc = to_json(run_validation(load_runs(runs), _calibration(calibration)))
+    cases = load_runs(runs)
+    if profile is not None:
+        measured = load_profile(profile, "--profile")
+        cases = [replace(c, job=apply_profile(c.job, measured)) if isinstance(c, RunCase) else c for c in cases]
+    doc = to_json(run_validation(cases, _calibration(calibration)))
     if json_:
         _emit_json(doc)
     else:

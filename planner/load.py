@@ -195,10 +195,18 @@ def load_profile(path: str | Path, field: str = "profile"):
 def with_profile(job: Job, path: str | Path) -> Job:
     """``job`` with the profile at ``path`` on every node group of its GPU type (`--profile`)."""
     profile = load_profile(path, "--profile")
-    matched = [i for i, g in enumerate(job.cluster) if _same_gpu(g.gpu.name, profile.gpu)]
-    if not matched:
+    out = apply_profile(job, profile)
+    if out is job:
         names = ", ".join(sorted({g.gpu.name for g in job.cluster}))
         raise SpecError("--profile", f"the profile was measured on {profile.gpu}; the cluster has {names}")
+    return out
+
+
+def apply_profile(job: Job, profile) -> Job:
+    """``job`` with ``profile`` on every node group of the profile's GPU type (``job`` itself when there is none)."""
+    matched = [i for i, g in enumerate(job.cluster) if _same_gpu(g.gpu.name, profile.gpu)]
+    if not matched:
+        return job
     cluster = tuple(g.model_copy(update={"profile": profile}) if i in matched else g for i, g in enumerate(job.cluster))
     return job.model_copy(update={"cluster": cluster})
 
