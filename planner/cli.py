@@ -555,6 +555,100 @@ def import_command(
     sys.stdout.write(text)
 
 
+@app.command("check")
+def check_command(
+    targets: list[Path] = typer.Argument(
+        ...,
+        help="job YAML with a layout, plan JSON (`planner plan --out`), or a Megatron-LM, DeepSpeed or torchtitan "
+        "config (recognized by content)",
+    ),
+    baseline: Path | None = typer.Option(
+        None, "--baseline", help="lock file (written by --update-baseline) or a plan JSON to compare times with"
+    ),
+    max_regression: float = typer.Option(
+        0.05, "--max-regression", min=0.0, max=100.0, help="allowed iteration-time increase over the baseline"
+    ),
+    min_efficiency: float | None = typer.Option(
+        None,
+        "--min-efficiency",
+        min=0.0,
+        max=1.0,
+        help="opt-in: least share of the best plan's throughput (runs a search per job, --time-limit)",
+    ),
+    memory_margin: float = typer.Option(DEFAULT_MEMORY_MARGIN, "--memory-margin", min=0.0, max=0.9, help=MARGIN_HELP),
+    format_: str = typer.Option("text", "--format", help="text, json, github (annotations + step summary) or junit"),
+    output: Path | None = typer.Option(None, "--output", help="write the report to this file (atomically)"),
+    update_baseline: bool = typer.Option(
+        False, "--update-baseline", help="record the targets' predictions in the --baseline lock file"
+    ),
+    framework: str | None = typer.Option(
+        None, "--framework", help="also check what this framework runs (default: an imported config's framework)"
+    ),
+    time_limit: float = typer.Option(
+        10.0, "--time-limit", min=0.1, max=86400.0, help="search budget per job for --min-efficiency, seconds"
+    ),
+    gpu: str | None = typer.Option(None, "--gpu", help="framework configs: GPU type (`planner list gpus`)"),
+    world_size: int | None = typer.Option(None, "--world-size", min=1, help="framework configs: GPUs they run on"),
+    gpus_per_node: int | None = typer.Option(None, "--gpus-per-node", min=1, help="framework configs: per node"),
+    model: str | None = typer.Option(None, "--model", help="framework configs: model preset when they name none"),
+    seq_length: int | None = typer.Option(None, "--seq-length", min=1, help="DeepSpeed configs: sequence length"),
+) -> None:
+    """Gate configs in CI: valid layout, fits in memory, no time regression against a baseline, and (opt-in)
+    efficiency against the best plan. Exit 0 all pass, 1 a check failed, 2 bad input.
+
+    Example: planner check configs/*.yaml --baseline configs/plan.lock.json --format github
+    """
+    from planner.gate import GateOptions, run_gate
+    from planner.io import dumps_json, write_atomic
+    from planner.report import check as report_check
+
+    fmt = format_.strip().lower()
+    if fmt not in report_check.FORMATS:
+        raise SpecError("--format", f"unknown format '{format_}'; choose one of {', '.join(report_check.FORMATS)}")
+    given = {"gpu": gpu, "world_size": world_size, "gpus_per_node": gpus_per_node, "model": model}
+    given["seq_length"] = seq_length
+    options = GateOptions(
+        baseline=baseline,
+        max_regression=max_regression,
+        min_efficiency=min_efficiency,
+        memory_margin=memory_margin,
+        framework=framework,
+        time_limit_s=time_limit,
+        update_baseline=update_baseline,
+        given=given,
+    )
+    report = run_gate([str(t) for t in targets], options)
+    if report.lock is not None:
+        write_atomic(baseline, dumps_json(report.lock))
+        entries = len(report.lock["targets"])
+        print(f"planner: wrote {entries} baseline entr{'y' if entries == 1 else 'ies'} to {baseline}", file=sys.stderr)
+    if fmt == "github":
+        sys.stdout.write(report_check.github_annotations(report))
+        summary = report_check.markdown_summary(report)
+        step_summary = os.environ.get("GITHUB_STEP_SUMMARY")
+        if step_summary:
+            with open(step_summary, "a", encoding="utf-8") as fh:
+                fh.write(summary)
+        if output is not None:
+            write_atomic(output, summary)
+        if not step_summary and output is None:
+            sys.stdout.write(summary)
+    elif fmt in ("json", "junit"):
+        text = dumps_json(report_check.check_document(report)) if fmt == "json" else report_check.junit_xml(report)
+        if output is not None:
+            write_atomic(output, text)
+        else:
+            sys.stdout.write(text)
+    elif output is not None:
+        write_atomic(output, report_check.plain_text(report_check.render_table(report)))
+    else:
+        out.print(report_check.render_table(report))
+    if output is not None:
+        print(f"planner: wrote the {fmt} report to {output} ({report_check.tally(report)})", file=sys.stderr)
+    if report.failed:
+        sys.exit(EXIT_CHECK_FAILED)
+
+
 @app.command("list")
 def list_presets(
     what: str = typer.Argument(..., help="gpus, models or frameworks"),
@@ -579,14 +673,19 @@ def list_presets(
 
 
 @app.command()
-def schema(kind: str = typer.Argument("plan", help="which output: plan or estimate")) -> None:
+def schema(kind: str = typer.Argument("plan", help="which output: plan, estimate or check")) -> None:
     """Print the JSON Schema of a versioned output.
 
     Example: planner schema plan > plan.schema.json
     """
     from planner.report.plan_json import estimate_schema, plan_schema
 
-    schemas = {"plan": plan_schema, "estimate": estimate_schema}
+    def check_schema() -> dict:
+        from planner.report.check import check_schema as schema_of_check
+
+        return schema_of_check()
+
+    schemas = {"plan": plan_schema, "estimate": estimate_schema, "check": check_schema}
     if kind not in schemas:
         raise SpecError("kind", f"unknown schema '{kind}'; available: {', '.join(schemas)}")
     _emit_json(schemas[kind]())

@@ -131,6 +131,7 @@ def test_default_files_missing(script, fragments, bare_checkout):
 def test_every_script_is_covered_and_documented():
     scripts = sorted(p.name for p in SCRIPTS.glob("*.py") if not p.name.startswith("_"))
     assert scripts == [
+        "bench_check.py",
         "bench_hetero.py",
         "bench_search.py",
         "bench_time_limit.py",
