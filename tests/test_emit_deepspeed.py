@@ -1,10 +1,11 @@
-"""DeepSpeed emitter and importer (planner/emit/deepspeed.py): golden ds_config.json files, DeepSpeed's batch rule,
-no "auto", the refusals (exit 4), the round trip plan -> ds_config.json -> job, and reading configs as DeepSpeed's
-docs write them. Regenerate the golden files with UPDATE_GOLDEN=1."""
+"""DeepSpeed emitter and importer (planner/emit/deepspeed.py, deepspeed_import.py): golden ds_config.json files,
+DeepSpeed's batch rule, no "auto", the refusals (exit 4), the round trip plan -> ds_config.json -> job, and reading
+configs as DeepSpeed's docs write them. Regenerate the golden files with UPDATE_GOLDEN=1."""
 
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import os
 from pathlib import Path
@@ -13,7 +14,7 @@ import pytest
 import yaml
 
 from planner.catalog import resolve_model
-from planner.emit import EmitOptions, emit
+from planner.emit import EmitOptions, deepspeed_import, emit
 from planner.emit import deepspeed as ds
 from planner.emit.launch_plan import LaunchPlan
 from planner.errors import Inexpressible, SpecError
@@ -212,9 +213,9 @@ def test_pipeline_with_zero_2_is_refused():
     with pytest.raises(Inexpressible, match=r"--framework deepspeed") as info:
         emit(doc, "deepspeed")
     assert info.value.field == "plans[0].layout.zero_stage"
-    plan = LaunchPlan.of(doc, 1, "deepspeed")  # the emitter's own rule, without check_runnable in front
-    with pytest.raises(Inexpressible, match=r"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism"):
-        ds.check_deepspeed(plan)
+    plan = LaunchPlan.of(doc, 1, "deepspeed")  # render alone refuses it too: it runs check_runnable first
+    with pytest.raises(Inexpressible, match=r"runs ZeRO stage 0, 1 with pipeline parallelism, not 2"):
+        ds.render(plan, EmitOptions())
 
 
 def test_autotp_with_sequence_parallelism_is_refused():
@@ -250,6 +251,12 @@ def test_framework_limits_are_refused(change, field):
 
 # ---------------------------------------------------------------------------------------------------------------
 # round trip and import
+
+
+def test_read_forwards_to_the_importer_with_its_parameters():
+    # `planner import` and scripts/validate_emitters.py pass only the options the signature of planner.emit.<fw>.read
+    # names, so the emitter module's read keeps the importer's parameters exactly
+    assert inspect.signature(ds.read) == inspect.signature(deepspeed_import.read)
 
 
 @pytest.mark.parametrize("stem, rank", RUNNABLE)

@@ -1,10 +1,12 @@
 """Megatron-LM and Megatron-Bridge emitters (planner/emit/megatron.py, megatron_bridge.py): golden flag files, the
-rules that refuse a plan (exit 4), the import of Megatron-LM launch scripts and args files, and the round trip
-render -> read on every fixture plan Megatron can run. Regenerate the golden files with UPDATE_GOLDEN=1."""
+rules that refuse a plan (exit 4), the import of Megatron-LM launch scripts and args files (megatron_import.py,
+shell_script.py), and the round trip render -> read on every fixture plan Megatron can run. Regenerate the golden
+files with UPDATE_GOLDEN=1."""
 
 from __future__ import annotations
 
 import copy
+import inspect
 import json
 import os
 import shlex
@@ -12,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.emit import EmitOptions, LaunchPlan, megatron, megatron_bridge
+from planner.emit import EmitOptions, LaunchPlan, megatron, megatron_bridge, megatron_import
 from planner.errors import Inexpressible, SpecError
 from planner.frameworks import check_runnable
 from planner.load import parse_job
@@ -216,7 +218,7 @@ def test_moe_pattern_strings(dense, freq, layers):
     )
     expected = [1 if model.is_moe_layer(i) else 0 for i in range(layers)]
     assert megatron.eval_pattern(megatron.pattern_string(model)) == expected
-    form = megatron._pattern_form(expected, "p")
+    form = megatron_import.pattern_form(expected, "p")
     if not any(expected):  # every layer dense
         assert form == (layers, 1)
     else:
@@ -502,6 +504,12 @@ def test_round_trip_through_a_torchrun_script(tmp_path):
 # --------------------------------------------------------------------------------------------- importer
 
 
+def test_read_forwards_to_the_importer_with_its_parameters():
+    # `planner import` and scripts/validate_emitters.py pass only the options the signature of planner.emit.<fw>.read
+    # names, so the emitter module's read keeps the importer's parameters exactly
+    assert inspect.signature(megatron.read) == inspect.signature(megatron_import.read)
+
+
 def test_import_llama3_script_with_arrays_and_variables():
     job = megatron.read(CONFIGS / "train_llama3_8b_distributed.sh", gpu="h100-sxm")
     assert job["cluster"] == [{"gpu": "h100-sxm", "nodes": 2, "gpus_per_node": 8}]
@@ -683,7 +691,7 @@ def test_import_preset_disagreement_and_missing_file(tmp_path):
 
 
 def test_import_ignores_flags_that_do_not_shape_the_plan(tmp_path):
-    noise = " ".join(sorted(megatron._KNOWN_OTHER - {"--bf16"}))
+    noise = " ".join(sorted(megatron_import.KNOWN_OTHER - {"--bf16"}))
     # store_true flags given without values; a few value flags get one (the reader takes any following words)
     job = megatron.read(write(tmp_path, BASE + noise + " --lr 1e-4 --data-path a b c"), gpu="h100-sxm", world_size=8)
     assert job["layout"]["tp"] == 1 and job["training"]["precision"] == "bf16"

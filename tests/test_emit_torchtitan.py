@@ -1,11 +1,12 @@
-"""torchtitan emitter and importer (planner/emit/torchtitan.py): golden 0.3 plan_config.py and 0.2 plan.toml files,
-the refusals (exit 4), the round trip plan -> config -> job for both versions, and reading 0.2.2 TOML files as
-torchtitan's train_configs write them. Regenerate the golden files with UPDATE_GOLDEN=1."""
+"""torchtitan emitter and importer (planner/emit/torchtitan.py, torchtitan_import.py): golden 0.3 plan_config.py
+and 0.2 plan.toml files, the refusals (exit 4), the round trip plan -> config -> job for both versions, and reading
+0.2.2 TOML files as torchtitan's train_configs write them. Regenerate the golden files with UPDATE_GOLDEN=1."""
 
 from __future__ import annotations
 
 import ast
 import copy
+import inspect
 import json
 import os
 import tomllib
@@ -15,6 +16,7 @@ import pytest
 
 from planner.emit import EmitOptions, emit
 from planner.emit import torchtitan as tt
+from planner.emit import torchtitan_import as tt_import
 from planner.emit.launch_plan import LaunchPlan
 from planner.errors import Inexpressible, SpecError
 from planner.load import parse_job
@@ -152,7 +154,7 @@ def test_emitted_files_parse_and_carry_the_plan(stem, rank, version):
         doc = tomllib.loads(files["plan.toml"])
         par, train = doc["parallelism"], doc["training"]
         assert "enable_sequence_parallel" not in par and "disable_cuda_graphs" not in train  # not 0.2.2 keys
-        for section, fields in (("parallelism", tt.PARALLELISM_02), ("training", tt.TRAINING_02)):
+        for section, fields in (("parallelism", tt_import.PARALLELISM_02), ("training", tt_import.TRAINING_02)):
             assert set(doc[section]) <= set(fields)
     else:
         par, train = _plan_assignments(files["plan_config.py"])
@@ -326,6 +328,12 @@ def test_fp16_is_refused():
 
 # ---------------------------------------------------------------------------------------------------------------
 # round trip and import
+
+
+def test_read_forwards_to_the_importer_with_its_parameters():
+    # `planner import` and scripts/validate_emitters.py pass only the options the signature of planner.emit.<fw>.read
+    # names, so the emitter module's read keeps the importer's parameters exactly
+    assert inspect.signature(tt.read) == inspect.signature(tt_import.read)
 
 
 @pytest.mark.parametrize("stem, rank", RUNNABLE)

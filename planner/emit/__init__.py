@@ -1,10 +1,10 @@
 """Emitters: a plan becomes a launch a stock framework accepts (`planner emit`, `planner plan --emit`), and the
 importers read those frameworks' configs back into a job with a `layout` (`planner import`).
 
-One module per framework holds both directions of its configuration surface (flag and key names in one place):
-``megatron.py`` (Megatron-LM `pretrain_gpt.py` flags), ``megatron_bridge.py`` (Megatron-Bridge `run_recipe.py`
-overrides), ``deepspeed.py`` (`ds_config.json`), ``torchtitan.py`` (0.3 Python config, 0.2 TOML). Each has
-``render(plan: LaunchPlan, options: EmitOptions) -> Bundle`` and ``read(path, **given) -> dict`` (a job dict).
+One emitter module per framework (flag and key names in one place): ``megatron.py`` (Megatron-LM `pretrain_gpt.py`
+flags), ``megatron_bridge.py`` (Megatron-Bridge `run_recipe.py` overrides), ``deepspeed.py`` (`ds_config.json`),
+``torchtitan.py`` (0.3 Python config, 0.2 TOML). Each has ``render(plan: LaunchPlan, options: EmitOptions) ->
+Bundle`` and ``read(path, **given) -> dict`` (a job dict), which forwards to its importer ``<name>_import.py``.
 ``launch.py`` wraps a bundle's program in torchrun or Slurm scripts that put each pipeline stage on the node group
 the plan placed it on. What a framework cannot run is refused with exit code 4 (errors.Inexpressible): the shape
 rules in ``launch_plan.py`` (one global shape) and the framework's own rules in planner/frameworks.py (the rules

@@ -1,5 +1,5 @@
 """Megatron-LM training logs as measured runs (`planner calibrate LOG...`): the job from the ``arguments`` block
-the run prints at start (read by planner/emit/megatron.read_arguments, the importer of the same flags), the
+the run prints at start (read by planner/emit/megatron_import.read_arguments, the importer of the same flags), the
 iteration time from the ``elapsed time per iteration (ms)`` lines and the peak memory from the ``memory (MB)``
 report lines (formats: shared/reference/profiling.md 3.3; megatron/training/training.py, utils report_memory).
 
@@ -30,7 +30,7 @@ def is_megatron_log(text: str) -> bool:
 
 def read_log(path: Path, *, gpu: str | None, gpus_per_node: int | None = None):
     """A planner.runs.RunCase from one Megatron-LM log (the GPU type is not in the log: ``gpu`` names it)."""
-    from planner.emit.megatron import read_arguments
+    from planner.emit.megatron_import import read_arguments
     from planner.io import read_text
     from planner.load import parse_job
     from planner.runs import Measured, RunCase
