@@ -8,8 +8,10 @@ Where a source leaves a setting unstated, the reader fills the framework's docum
 - ffn_hidden -> 4*hidden (GPT/Megatron default); kv_heads -> heads (MHA); cp, ep, vpp -> 1; micro_batch -> 1;
 - sequence parallelism -> on when tp > 1 (Megatron-Core default practice);
 - recompute -> the least of none/selective/full with which the layout fits in memory;
-- attention kernel -> flash when the architecture or framework names a fused kernel (flash, Megatron-Core),
-  else the materialized softmax of pre-2022 Megatron/DeepSpeed.
+- attention kernel -> flash when the architecture or framework names a fused kernel (flash, Megatron-Core) or the
+  run comes from a stack whose default it is (NeMo, Megatron-Bridge, torchtitan: ``training_stack``), else the
+  materialized softmax of pre-2022 Megatron/DeepSpeed;
+- distributed optimizer -> on for NeMo and Megatron-Bridge runs that do not state it (their recipes' default).
 """
 
 from __future__ import annotations
@@ -195,7 +197,11 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
     precision = "fp8" if "fp8" in prec_text else ("fp16" if "fp16" in prec_text or "mixed 16" in prec_text else "bf16")
     seq = model_s.int("seq_len", required=True)
     gbs = par.int("global_batch", required=True)
+    stack = training_stack(e, par)
     flash = "flash" in arch or "megatron-core" in arch or par.bool("flash_attention", False)
+    if not flash and stack in FUSED_ATTENTION_STACKS:
+        flash = True
+        assumed.append(f"attention=flash ({stack} default)")
     training = {
         "seq_length": seq,
         "global_batch_size": gbs,
@@ -235,6 +241,9 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
         or "overlap-param-gather" in _text(par.get("overlap"))
     ):
         zero = 1  # --overlap-param-gather only exists with Megatron's distributed optimizer
+    elif par.get("distributed_optimizer") is None and not zero_text and stack in DISTRIBUTED_OPTIMIZER_STACKS:
+        zero = 1
+        assumed.append(f"distributed_optimizer=true ({stack} default)")
     else:
         zero = 0
     layout = {
@@ -290,6 +299,38 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
         raise _Skip(f"cannot express the run: {exc.field}: {exc.message}")
     layouts = [Layout.model_validate({**layout, "recompute": c}) for c in choices]
     return RunCase(run_id, job, layouts, _measured(e, job, meas, hw), assumed)
+
+
+# The training stacks whose defaults fill what a run leaves unstated, recognised by name in the run's
+# `parallel.framework` or, where that is not stated, in its `source` (title, group): the source names the
+# framework whose published numbers these are.
+STACK_NAMES = (
+    ("nemo", ("nemo",)),
+    ("megatron-bridge", ("megatron-bridge",)),
+    ("torchtitan", ("torchtitan",)),
+    ("megatron-core", ("megatron-core", "mcore")),
+)
+# Fused attention is the default: NeMo and Megatron-Core/Bridge run Transformer Engine's fused attention
+# (cuDNN/flash) unless disabled; torchtitan's attention is torch SDPA (flash kernels).
+FUSED_ATTENTION_STACKS = frozenset({"nemo", "megatron-bridge", "torchtitan", "megatron-core"})
+# The distributed optimizer (ZeRO-1) is on in NeMo's and Megatron-Bridge's pretraining recipes
+# (OptimizerConfig use_distributed_optimizer=True).
+DISTRIBUTED_OPTIMIZER_STACKS = frozenset({"nemo", "megatron-bridge"})
+
+
+def training_stack(e: dict[str, Any], par: _Section) -> str | None:
+    """The training stack a run was measured on: named in parallel.framework, else in its source; None if neither
+    names one of STACK_NAMES."""
+    stated = _text(par.get("framework"))
+    source = e.get("source")
+    cited = _text(e.get("source_group"), *(source.values() if isinstance(source, dict) else [source]))
+    for text in (stated, cited):
+        for stack, names in STACK_NAMES:
+            if any(n in text for n in names):
+                return stack
+        if stated:
+            return None  # a stated framework that is none of these: no source-based guess
+    return None
 
 
 def _match_gpu(hw: _Section):
