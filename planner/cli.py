@@ -66,17 +66,12 @@ def _calibration(path: Path | None):
     """The Calibration of a `planner calibrate` file (None: the default)."""
     if path is None:
         return None
-    from planner.cost.calibration import job_calibration
+    from planner.cost.calibration import calibration_from
 
-    class _Bare:  # job_calibration reads only `.calibration`
-        calibration = None
-
-    bare = _Bare()
-    bare.calibration = with_calibration_spec(path)
-    return job_calibration(bare)
+    return calibration_from(_calibration_spec(path))
 
 
-def with_calibration_spec(path: Path):
+def _calibration_spec(path: Path):
     from planner.load import load_calibration
 
     return load_calibration(path)
@@ -89,7 +84,7 @@ def _with_profile(job, profile: Path | None, calibration: Path | None = None):
 
         job = with_profile(job, profile)
     if calibration is not None:
-        job = job.model_copy(update={"calibration": with_calibration_spec(calibration)})
+        job = job.model_copy(update={"calibration": _calibration_spec(calibration)})
     return job
 
 

@@ -50,9 +50,12 @@ def _default():
 
 
 def job_calibration(job) -> Calibration:
-    """The efficiencies ``job`` is priced with: its own ``calibration`` (planner.spec.CalibrationSpec) over the
-    default, field by field."""
-    spec = getattr(job, "calibration", None)
+    """The efficiencies ``job`` is priced with: its own ``calibration`` over the default (calibration_from)."""
+    return calibration_from(getattr(job, "calibration", None))
+
+
+def calibration_from(spec) -> Calibration:
+    """A planner.spec.CalibrationSpec (None: the default) over the default calibration, field by field."""
     base = default_calibration()
     if spec is None:
         return base
