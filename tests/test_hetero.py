@@ -421,3 +421,16 @@ def test_nothing_fits_on_mixed_cluster_says_what_would(tmp_path):
     assert proc.returncode == 3, proc.stderr
     assert proc.stderr.startswith("error: nothing fits:") and "To make it fit: use at least" in proc.stderr
     assert proc.stderr.count("\n") == 1
+
+
+def test_replica_balance_bounds_the_choices_it_tries(monkeypatch):
+    """With four or more replica groups the integer neighbourhood grows as window^(groups-1); the widening stops
+    at MAX_BALANCE_CHOICES instead of running past the search's time limit (it once ran for minutes)."""
+    from planner.search import replicas
+
+    windows = []
+    monkeypatch.setattr(replicas, "_balance_within", lambda M, c, s, o, window: windows.append(window))
+    counts = [(0, 1), (1, 1), (2, 1), (3, 1)]
+    assert replicas._balance(10**9, counts, [1.0] * 4, [0.0] * 4) is None
+    assert windows and all((2 * w + 1) ** 3 <= replicas.MAX_BALANCE_CHOICES for w in windows)
+    assert replicas._balance(40, counts, [1.0, 2.0, 3.0, 4.0], [0.0] * 4) is None  # the recorder found nothing

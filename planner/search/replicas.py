@@ -149,20 +149,26 @@ def _min_recompute(job, sms: list[StageModel], layers, caps: list[float], base_f
     return tuple(rec)
 
 
+MAX_BALANCE_CHOICES = 1_000_000  # integer micro-batch choices one widening may try (4 groups: a window of 49)
+
+
 def _balance(M: int, counts, slopes: list[float], offsets: list[float]):
     """Micro-batch counts m_g >= 1 with sum d_g m_g = M minimizing max_g (slope_g m_g + offset_g): the continuous
     optimum, then every integer choice near it for all groups but the last (which is implied), widening the
     neighbourhood until one splits the batch exactly; None when none can (every replica runs >= 1 micro-batch, and
-    sum d_g m_g is a multiple of the counts' gcd)."""
+    sum d_g m_g is a multiple of the counts' gcd), or when the neighbourhood that would have to be tried grows past
+    MAX_BALANCE_CHOICES (with four or more groups the choices grow as window^(groups-1): unbounded, one call ran for
+    minutes past the search's time limit)."""
     d = [c for _, c in counts]
     if M < sum(d) or M % math.gcd(*d):
         return None
     window = 4
-    while True:
+    while (2 * window + 1) ** (len(d) - 1) <= MAX_BALANCE_CHOICES:
         best = _balance_within(M, counts, slopes, offsets, window)
         if best is not None or window > M:
             return best
         window *= 4
+    return None
 
 
 def _balance_within(M: int, counts, slopes: list[float], offsets: list[float], window: int):
