@@ -112,6 +112,7 @@ class MeasuredCosts(AnalyticCosts):
         self.profile: Profile = group.profile
         self.sources: dict[str, set[str]] = {}  # component -> {"measured", "scaled", "analytic"}
         self._ratios: dict = {}
+        self._built: dict = {}  # _memo: ends and links by what they depend on
 
     def note(self, component: str, measured: bool | str) -> None:
         how = measured if isinstance(measured, str) else "measured" if measured else "analytic"
@@ -197,21 +198,35 @@ class MeasuredCosts(AnalyticCosts):
             self._ratios[key] = (statistics.median(fwd), statistics.median(bwd) if bwd else 1.0) if fwd else None
         return self._ratios[key]
 
+    def _memo(self, key: tuple, build):
+        """``build()`` once per key: the searches ask for the same ends and links for thousands of candidates."""
+        hit = self._built.get(key)
+        if hit is None:
+            hit = self._built[key] = build()
+        return hit
+
     def _end(self, kind: str, model: ModelSpec, tokens: int, tp: int, analytic: compute.PassTime) -> compute.PassTime:
         shape = self.profile.model
         found = None
         if shape is not None and shape.vocab_size == model.vocab_size and shape.hidden_size == model.hidden_size:
             seqs = sorted({p.seq_length for p in self.profile.layers if p.kind == kind and p.tp == tp})
-            for seq in seqs:
-                found = found or self._read(kind, tokens, seq, tp)
+            found = next((hit for seq in seqs if (hit := self._read(kind, tokens, seq, tp)) is not None), None)
         self.note(kind, found is not None)
         return analytic if found is None else compute.PassTime(found[0], found[1], 0.0)
 
     def embedding(self, model, tokens, tp, sp) -> compute.PassTime:
-        return self._end("embedding", model, tokens, tp, super().embedding(model, tokens, tp, sp))
+        return self._memo(
+            ("embedding", id(model), tokens, tp, sp),
+            lambda: self._end(
+                "embedding", model, tokens, tp, super(MeasuredCosts, self).embedding(model, tokens, tp, sp)
+            ),
+        )
 
     def logits(self, model, tokens, tp) -> compute.PassTime:
-        return self._end("logits", model, tokens, tp, super().logits(model, tokens, tp))
+        return self._memo(
+            ("logits", id(model), tokens, tp),
+            lambda: self._end("logits", model, tokens, tp, super(MeasuredCosts, self).logits(model, tokens, tp)),
+        )
 
     # ------------------------------------------------------------------ collectives
     def _curves(self, size: int, nodes: int) -> dict[str, list[tuple[float, float]]]:
@@ -222,6 +237,9 @@ class MeasuredCosts(AnalyticCosts):
         return out
 
     def link(self, size: int, per_node: int) -> comm.Link:
+        return self._memo(("link", size, per_node), lambda: self._measured_link(size, per_node))
+
+    def _measured_link(self, size: int, per_node: int) -> comm.Link:
         base = super().link(size, per_node)
         curves = self._curves(size, math.ceil(size / max(1, per_node)))
         curves.pop("send_recv", None)
@@ -231,6 +249,9 @@ class MeasuredCosts(AnalyticCosts):
         return MeasuredLink(base.busbw, base.latency, base.size, curves, self.profile.extrapolation, self.note)
 
     def p2p(self, crosses_node: bool) -> comm.Link:
+        return self._memo(("p2p", crosses_node), lambda: self._measured_p2p(crosses_node))
+
+    def _measured_p2p(self, crosses_node: bool) -> comm.Link:
         base = super().p2p(crosses_node)
         rows = [p for p in self.profile.collectives if p.op == "send_recv" and (p.nodes > 1) == crosses_node]
         if not rows:
