@@ -39,10 +39,6 @@ def node_runs(plan: LaunchPlan) -> list[tuple[int, int, int]]:
     return [(g, first, count) for g, first, count in runs]
 
 
-def gpus_per_node(plan: LaunchPlan, group: int) -> int:
-    return plan.job.cluster[group].gpus_per_node
-
-
 def torchrun_command(plan: LaunchPlan, bundle: Bundle, nproc: str) -> list[str]:
     """The torchrun line of one node, as shell words (the node rank and master address come from the script's
     arguments). torchrun flags: torch/distributed/run.py (emitters.md 4.3)."""
@@ -112,7 +108,7 @@ def sbatch_script(plan: LaunchPlan) -> str:
     for i, (group, _, count) in enumerate(runs):
         if i:
             lines.append("#SBATCH hetjob")
-        gpn = gpus_per_node(plan, group)
+        gpn = plan.job.cluster[group].gpus_per_node
         lines += [f"#SBATCH --nodes={count}", "#SBATCH --ntasks-per-node=1", f"#SBATCH --gpus-per-node={gpn}"]
         lines.append("#SBATCH --exclusive")
         if len(runs) > 1:
@@ -142,8 +138,8 @@ def _wrap(words: list[str]) -> list[str]:
     return out
 
 
-def stage_range(plan: LaunchPlan, first: int, count: int) -> tuple[int, int] | None:
-    """The first and last pipeline stage on node ranks first .. first+count-1 (None: no stage)."""
+def stage_span(plan: LaunchPlan, first: int, count: int) -> str | None:
+    """The pipeline stages on node ranks first .. first+count-1 as "3" or "0-19" (None: no stage)."""
     nodes = range(first, first + count)
     stages = sorted(
         {
@@ -152,14 +148,14 @@ def stage_range(plan: LaunchPlan, first: int, count: int) -> tuple[int, int] | N
             if plan.node_of_rank(s.first_rank) in nodes or plan.node_of_rank(s.last_rank) in nodes
         }
     )
-    return (stages[0], stages[-1]) if stages else None
+    if not stages:
+        return None
+    return str(stages[0]) if stages[0] == stages[-1] else f"{stages[0]}-{stages[-1]}"
 
 
 def _stages_on(plan: LaunchPlan, first: int, count: int) -> str:
-    found = stage_range(plan, first, count)
-    if found is None:
-        return "no stage"
-    return f"stage {found[0]}" if found[0] == found[1] else f"stages {found[0]}-{found[1]}"
+    span = stage_span(plan, first, count)
+    return "no stage" if span is None else f"stage{'' if '-' not in span else 's'} {span}"
 
 
 def _summary(plan: LaunchPlan) -> str:

@@ -9,6 +9,9 @@ frameworks take one count for all stages). Every framework emitter (planner/emit
 
 from __future__ import annotations
 
+import bisect
+import functools
+import itertools
 from dataclasses import dataclass
 from typing import Any
 
@@ -106,12 +109,16 @@ class LaunchPlan:
 
     def node_of_rank(self, rank: int) -> int:
         """The node rank (launch order) that holds global rank ``rank``: nodes take consecutive ranks."""
-        start = 0
-        for node, gpus in enumerate(self.node_gpus()):
-            if rank < start + gpus:
-                return node
-            start += gpus
-        raise ValueError(f"rank {rank} beyond the plan's {start} GPUs")
+        ends = self._rank_ends
+        node = bisect.bisect_right(ends, rank)
+        if node >= len(ends):
+            raise ValueError(f"rank {rank} beyond the plan's {ends[-1] if ends else 0} GPUs")
+        return node
+
+    @functools.cached_property
+    def _rank_ends(self) -> list[int]:
+        """One past the last global rank of each node, in launch order."""
+        return list(itertools.accumulate(self.node_gpus()))
 
     def chunk_layers(self) -> list[int]:
         """Layers of each model chunk in Megatron's virtual-stage order (index = vpp_rank * pp + pp_rank): stage i
@@ -121,12 +128,8 @@ class LaunchPlan:
     def node_order(self) -> list[tuple[int, int]]:
         """(node group, node index within the group) of every node in launch order (node rank 0 first): the stages'
         nodes in pipeline order, PP being the outermost rank dimension."""
-        order: list[tuple[int, int]] = []
-        for s in self.stages:
-            for node in range(s.first_node, s.last_node + 1):
-                if (s.group, node) not in order:
-                    order.append((s.group, node))
-        return order
+        order = dict.fromkeys((s.group, node) for s in self.stages for node in range(s.first_node, s.last_node + 1))
+        return list(order)
 
     # ------------------------------------------------------------------ reading a plan JSON
     @classmethod

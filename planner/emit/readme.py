@@ -4,7 +4,7 @@ node (GPU type) each node rank must run."""
 from __future__ import annotations
 
 from planner.emit.bundle import Bundle, EmitOptions
-from planner.emit.launch import node_runs, stage_range
+from planner.emit.launch import node_runs, stage_span
 from planner.emit.launch_plan import LaunchPlan
 
 FILE_ROLES = {
@@ -73,7 +73,7 @@ def render(plan: LaunchPlan, bundle: Bundle, options: EmitOptions, target: str) 
     ]
     for group, first, count in node_runs(p):
         gpu = p.job.cluster[group].gpu.name
-        lines.append(f"| {first}-{first + count - 1} | {gpu} | {group} | {_stages(p, first, count)} |")
+        lines.append(f"| {first}-{first + count - 1} | {gpu} | {group} | {stage_span(p, first, count) or '-'} |")
     if bundle.workdir:
         lines += ["", f"The program runs in {bundle.workdir.strip(chr(34))}."]
     if bundle.env:
@@ -90,10 +90,3 @@ def _recompute(p: LaunchPlan) -> str:
     if p.recompute_layers:
         return f"{p.recompute_layers} layers of every stage fully recomputed, the others {p.recompute}"
     return p.recompute
-
-
-def _stages(p: LaunchPlan, first: int, count: int) -> str:
-    found = stage_range(p, first, count)
-    if found is None:
-        return "-"
-    return str(found[0]) if found[0] == found[1] else f"{found[0]}-{found[1]}"
