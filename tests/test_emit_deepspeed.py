@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from emit_fixtures import load, runnable
 
 from planner.catalog import resolve_model
 from planner.emit import EmitOptions, deepspeed_import, emit
@@ -22,31 +23,12 @@ from planner.load import parse_job
 from planner.parallel import dims_from_layout
 
 HERE = Path(__file__).parent
-PLANS = HERE / "fixtures" / "plans"
 CONFIGS = HERE / "fixtures" / "configs" / "deepspeed"
 GOLDEN = HERE / "golden" / "emit" / "deepspeed"
 GOLDEN_PLANS = {"gpt-13b-a100-deepspeed": 2, "gpt-13b-a100-40gb-deepspeed-pp": 1}  # fixture stem -> plan rank
 
 
-def load(stem: str) -> dict:
-    return json.loads((PLANS / f"{stem}.json").read_text())
-
-
-def runnable() -> list[tuple[str, int]]:
-    """(fixture stem, plan rank) of every fixture plan DeepSpeed can run (emit refuses the others)."""
-    out = []
-    for path in sorted(PLANS.glob("*.json")):
-        doc = json.loads(path.read_text())
-        for rank in range(1, len(doc["plans"]) + 1):
-            try:
-                emit(doc, "deepspeed", rank)
-            except Inexpressible:
-                continue
-            out.append((path.stem, rank))
-    return out
-
-
-RUNNABLE = runnable()
+RUNNABLE = runnable("deepspeed")
 
 
 def write_bundle(plan: LaunchPlan, folder: Path) -> dict[str, str]:

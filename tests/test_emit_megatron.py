@@ -13,6 +13,7 @@ import shlex
 from pathlib import Path
 
 import pytest
+from emit_fixtures import load
 
 from planner.emit import EmitOptions, LaunchPlan, megatron, megatron_bridge, megatron_import
 from planner.errors import Inexpressible, SpecError
@@ -33,10 +34,6 @@ GOLDEN_STEMS = (
     "llama3-405b-3types-megatron",  # 64 stages over three GPU types, one TP
     "llama3-70b-h100-vpp2-cp4",  # even split with vpp 2, CP 4, ZeRO-0
 )
-
-
-def load(stem: str) -> dict:
-    return json.loads((PLANS / f"{stem}.json").read_text())
 
 
 def plan_of(doc: dict, rank: int = 1, target: str = "megatron") -> LaunchPlan:

@@ -7,12 +7,12 @@ from __future__ import annotations
 import ast
 import copy
 import inspect
-import json
 import os
 import tomllib
 from pathlib import Path
 
 import pytest
+from emit_fixtures import load, runnable
 
 from planner.emit import EmitOptions, emit
 from planner.emit import torchtitan as tt
@@ -23,31 +23,13 @@ from planner.load import parse_job
 from planner.parallel import dims_from_layout
 
 HERE = Path(__file__).parent
-PLANS = HERE / "fixtures" / "plans"
 CONFIGS = HERE / "fixtures" / "configs" / "torchtitan"
 GOLDEN = HERE / "golden" / "emit" / "torchtitan"
 GOLDEN_PLANS = {"llama3-70b-h100-torchtitan": 1, "llama2-7b-a100-torchtitan": 1}  # fixture stem -> plan rank
 VERSIONS = ("0.3", "0.2")
 
 
-def load(stem: str) -> dict:
-    return json.loads((PLANS / f"{stem}.json").read_text())
-
-
-def runnable() -> list[tuple[str, int]]:
-    out = []
-    for path in sorted(PLANS.glob("*.json")):
-        doc = json.loads(path.read_text())
-        for rank in range(1, len(doc["plans"]) + 1):
-            try:
-                emit(doc, "torchtitan", rank)
-            except Inexpressible:
-                continue
-            out.append((path.stem, rank))
-    return out
-
-
-RUNNABLE = runnable()
+RUNNABLE = runnable("torchtitan")
 
 
 def render(plan: LaunchPlan, version: str | None = None) -> dict[str, str]:
