@@ -140,26 +140,34 @@ def estimate(
 
 @app.command()
 def validate(
-    runs: Path = typer.Argument(..., help="measured runs YAML (format: docs/measured-runs.md)"),
+    runs: list[Path] = typer.Argument(
+        ..., help="measured-runs YAML file(s) (format: docs/measured-runs.md); run ids unique across them"
+    ),
     json_: bool = typer.Option(False, "--json", help="print one JSON object"),
     calibration: Path | None = typer.Option(None, "--calibration", help=CALIBRATION_HELP),
     profile: Path | None = typer.Option(None, "--profile", help="measured profile for the runs on its GPU type"),
 ) -> None:
-    """Predict published or your own measured runs and report the error against what was measured.
+    """Predict published or your own measured runs and report the error against what was measured, over all runs,
+    per source group and (given several files) per file.
 
-    Example: planner validate ../shared/reference/measured-runs.yaml
+    Example: planner validate ../shared/reference/measured-runs.yaml ../shared/reference/measured-runs-modern.yaml
     """
     from dataclasses import replace
 
     from planner.load import apply_profile, load_profile
-    from planner.runs import RunCase, load_runs
-    from planner.validate import run_validation, to_json
+    from planner.runs import RunCase
+    from planner.validate import load_files, run_validation, to_json
 
-    cases = load_runs(runs)
+    by_file = load_files(runs)
     if profile is not None:
         measured = load_profile(profile, "--profile")
-        cases = [replace(c, job=apply_profile(c.job, measured)) if isinstance(c, RunCase) else c for c in cases]
-    doc = to_json(run_validation(cases, _calibration(calibration)))
+        by_file = {
+            path: [replace(c, job=apply_profile(c.job, measured)) if isinstance(c, RunCase) else c for c in cases]
+            for path, cases in by_file.items()
+        }
+    cal = _calibration(calibration)
+    results = {path: run_validation(cases, cal) for path, cases in by_file.items()}
+    doc = to_json([r for rs in results.values() for r in rs], results)
     if json_:
         _emit_json(doc)
     else:

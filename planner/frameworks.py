@@ -173,7 +173,7 @@ def check_runnable(framework: str, plan, target: str | None = None) -> None:
         tp=plan.tp,
         dp=plan.dp,
         # with flash attention selective recompute is none (baseline_recompute_modes): nothing to express
-        recompute="none" if plan.training.attention == "flash" and plan.recompute == "selective" else plan.recompute,
+        recompute="none" if plan.training.fused_attention and plan.recompute == "selective" else plan.recompute,
         microbatches=plan.num_microbatches,
         sequence_parallel=plan.sequence_parallel,
     )
@@ -196,7 +196,7 @@ def check_runnable(framework: str, plan, target: str | None = None) -> None:
             f"{name} counts recomputed layers per model chunk: {plan.recompute_layers} per stage do not split over "
             f"{plan.vpp} chunks; {redo}",
         )
-    if plan.recompute_layers and plan.recompute == "selective" and plan.training.attention != "flash":
+    if plan.recompute_layers and plan.recompute == "selective" and not plan.training.fused_attention:
         # Megatron: one --recompute-granularity; with flash attention selective recompute is a no-op to drop
         raise Inexpressible(
             f"{field}.recompute",

@@ -245,7 +245,7 @@ def micro_batch_options(training: Training, dp: int, max_micro_batch: int) -> li
 def baseline_recompute_modes(training: Training) -> tuple[str, ...]:
     """Recompute modes of the layers not chosen for full recompute: with flash attention selective recompute
     is the same as none (the kernel already recomputes the scores), so only none is searched."""
-    return ("none",) if training.attention == "flash" else ("none", "selective")
+    return ("none",) if training.fused_attention else ("none", "selective")
 
 
 # ---------------------------------------------------------------------------------------------------------------

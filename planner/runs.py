@@ -1,8 +1,8 @@
 """Measured training runs (the format of shared/reference/measured-runs.yaml) -> jobs to predict + what was measured.
 
 A run the planner cannot express becomes a ``Skipped`` with the reason; nothing is dropped silently.
-A malformed file is bad input instead (SpecError, exit 2, naming ``runs[i].<section>.<key>``): a section that is
-not a mapping, or a value of the wrong type (``hidden: big``, ``tp: 0``, ``sp: 'false'``, ``iteration_time_s: -1``).
+A malformed file is bad input instead (SpecError, exit 2, naming ``runs[i]...``): not a list, an entry or section
+that is not a mapping, duplicated ids; a value of the wrong type (``hidden: big``, ``tp: 0``) skips its run.
 Where a source leaves a setting unstated, the reader fills the framework's documented default and records it in
 ``assumed`` so the report can show it:
 - ffn_hidden -> 4*hidden (GPT/Megatron default); kv_heads -> heads (MHA); cp, ep, vpp -> 1; micro_batch -> 1;
@@ -11,7 +11,12 @@ Where a source leaves a setting unstated, the reader fills the framework's docum
 - attention kernel -> flash when the architecture or framework names a fused kernel (flash, Megatron-Core) or the
   run comes from a stack whose default it is (NeMo, Megatron-Bridge, torchtitan: ``training_stack``), else the
   materialized softmax of pre-2022 Megatron/DeepSpeed;
-- distributed optimizer -> on for NeMo and Megatron-Bridge runs that do not state it (their recipes' default).
+- distributed optimizer -> on for NeMo and Megatron-Bridge runs that do not state it (their recipes' default);
+- NeMo/Megatron-Bridge: cuDNN fused attention (flash3); NeMo: bf16 gradient reduction; torchtitan: seq_len 8192;
+- model dimensions -> from the preset the model's name resolves to (planner.catalog.match_model_name);
+- a GPU the catalog does not know -> built from its family's catalog GPU with the stated memory and peak;
+- a run flagged ``inconsistent`` whose degrees divide its GPU count -> the degrees, on as many GPUs.
+A value of the wrong type skips its run (the reason names the field); only a file with no usable run is bad input.
 """
 
 from __future__ import annotations
@@ -41,12 +46,14 @@ class RunCase:
     layout_choices: list[Layout]  # first that fits is the run's layout (unstated recompute)
     measured: Measured
     assumed: list[str] = field(default_factory=list)
+    source_group: str = ""  # the run's `source_group` (validate reports each group on its own)
 
 
 @dataclass
 class Skipped:
     id: str
     reason: str
+    source_group: str = ""
 
 
 def load_runs(path: str | Path) -> list[RunCase | Skipped]:
@@ -59,6 +66,7 @@ def load_runs(path: str | Path) -> list[RunCase | Skipped]:
         raise SpecError("runs", f"'{path}' lists no runs")
     out: list[RunCase | Skipped] = []
     seen: set[str] = set()
+    malformed: list[SpecError] = []
     for i, entry in enumerate(raw):
         if not isinstance(entry, dict):
             raise SpecError(f"runs[{i}]", f"expected a mapping, got {type(entry).__name__}")
@@ -69,7 +77,12 @@ def load_runs(path: str | Path) -> list[RunCase | Skipped]:
         try:
             out.append(_read_run(run_id, entry, where=f"runs[{i}]"))
         except _Skip as skip:
-            out.append(Skipped(run_id, str(skip)))
+            out.append(Skipped(run_id, str(skip), _group(entry)))
+        except SpecError as bad:  # one malformed value skips its run, with the field that is wrong
+            malformed.append(bad)
+            out.append(Skipped(run_id, f"{bad.field}: {bad.message}", _group(entry)))
+    if malformed and not any(isinstance(r, RunCase) for r in out):
+        raise malformed[0]  # nothing in the file is usable: the file itself is bad input
     return out
 
 
@@ -141,31 +154,53 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
     meas = _Section(e, "measured", where)
     assumed: list[str] = []
 
-    # ---- model
-    hidden = model_s.int("hidden", required=True)
-    heads = model_s.int("heads", required=True)
+    # ---- model: the stated dimensions; what is not stated comes from the preset the name resolves to
+    preset = _preset(model_s)
     arch = _text(model_s.get("arch"), par.get("framework"))
-    ffn = model_s.int("ffn_hidden")
-    if ffn is None:
+
+    def dim(key: str, attr: str, default: Any = None) -> Any:
+        value = model_s.int(key)
+        if value is None and preset is not None:
+            value = getattr(preset, attr)
+            if value is not None:
+                filled.append(key)
+        if value is None and default is None:
+            raise _Skip(f"model.{key} is not stated" + ("" if preset else " and the model name is no known preset"))
+        return default if value is None else value
+
+    filled: list[str] = []
+    hidden = dim("hidden", "hidden_size")
+    heads = dim("heads", "num_attention_heads")
+    layers = dim("layers", "num_layers")
+    vocab = dim("vocab", "vocab_size")
+    ffn = dim("ffn_hidden", "ffn_hidden_size", default=-1)
+    if ffn == -1:
         ffn = 4 * hidden
         assumed.append("ffn_hidden=4*hidden")
-    kv = model_s.int("kv_heads")
-    if kv is None:
+    kv = dim("kv_heads", "num_kv_heads", default=-1)
+    if kv == -1:
         kv = heads
         assumed.append("kv_heads=heads")
-    mlp = "swiglu" if ("swiglu" in arch or "geglu" in arch) else ("relu" if "relu" in arch else "gelu")
+    if preset is not None and model_s.get("arch") is None:
+        mlp, tied, dropout = preset.mlp, preset.tie_embeddings, preset.dropout
+    else:
+        mlp = "swiglu" if ("swiglu" in arch or "geglu" in arch) else ("relu" if "relu" in arch else "gelu")
+        tied = "untied" not in arch
+        dropout = "gpt" in arch and "mpt" not in arch  # Megatron GPT defaults: hidden/attention dropout 0.1
     model = {
         "name": str(model_s.get("name") or run_id),
-        "num_layers": model_s.int("layers", required=True),
+        "num_layers": layers,
         "hidden_size": hidden,
         "ffn_hidden_size": ffn,
         "num_attention_heads": heads,
         "num_kv_heads": kv,
-        "vocab_size": model_s.int("vocab", required=True),
+        "vocab_size": vocab,
         "mlp": mlp,
-        "tie_embeddings": "untied" not in arch,
-        "dropout": "gpt" in arch and "mpt" not in arch,  # Megatron GPT defaults: hidden/attention dropout 0.1
+        "tie_embeddings": tied,
+        "dropout": dropout,
     }
+    if preset is not None and preset.head_dim and "head_dim" not in model_s.raw and hidden == preset.hidden_size:
+        model["head_dim"] = preset.head_dim
     if model_s.int("num_experts", minimum=0):
         model["moe"] = {
             "num_experts": model_s.int("num_experts"),
@@ -173,6 +208,11 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
             "expert_ffn_hidden_size": model_s.int("expert_ffn_hidden") or ffn,
             "shared_experts": model_s.int("shared_experts", 0, minimum=0),
         }
+    elif preset is not None and preset.moe is not None and model_s.get("num_experts") is None:
+        model["moe"] = preset.moe.model_dump()
+        filled.append("moe")
+    if filled:
+        assumed.append(f"model {', '.join(filled)} from preset {preset.name}")
 
     # ---- hardware: catalog name, else the catalog GPU with the same memory and 16-bit peak
     gpu_name = str(hw.need("gpu"))
@@ -180,36 +220,52 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
         gpu = resolve_gpu(gpu_name)
     except SpecError:
         gpu = _match_gpu(hw)
-        if gpu is None:
-            raise _Skip(f"GPU '{gpu_name}' is not in the catalog and no catalog GPU has its memory and peak")
-        assumed.append(f"gpu={gpu.name}")
+        if gpu is not None:
+            assumed.append(f"gpu={gpu.name}")
+        else:
+            gpu, note = _family_gpu(gpu_name, hw)
+            assumed.append(note)
     n_gpus = hw.int("n_gpus", required=True)
     gpn = hw.int("gpus_per_node") or gpu.gpus_per_node
-    if n_gpus % gpn:
-        gpn = 1 if n_gpus < gpn else gpn
-    group = {"gpu": gpu.model_dump(), "nodes": max(1, n_gpus // gpn), "gpus_per_node": min(gpn, n_gpus)}
+    group = {"gpu": gpu.model_dump(), **_node_group(n_gpus, gpn)}
     nic = _nic_gbps(hw.get("interconnect"), gpn)
     if nic:
         group["inter_node_gbps"] = nic
 
     # ---- training
     prec_text = _text(par.get("precision"))
-    precision = "fp8" if "fp8" in prec_text else ("fp16" if "fp16" in prec_text or "mixed 16" in prec_text else "bf16")
-    seq = model_s.int("seq_len", required=True)
-    gbs = par.int("global_batch", required=True)
+    precision = (
+        "fp8"
+        if ("fp8" in prec_text or "float8" in prec_text)
+        else ("fp16" if "fp16" in prec_text or "mixed 16" in prec_text else "bf16")
+    )
     stack = training_stack(e, par)
+    seq = model_s.int("seq_len")
+    if seq is None:
+        seq = SEQ_LEN_DEFAULTS.get(stack)
+        if seq is None:
+            raise _Skip("model.seq_len is not stated")
+        assumed.append(f"seq_len={seq} ({stack} default)")
+    gbs = par.int("global_batch", required=True)
     flash = "flash" in arch or "megatron-core" in arch or par.bool("flash_attention", False)
     if not flash and stack in FUSED_ATTENTION_STACKS:
         flash = True
         assumed.append(f"attention=flash ({stack} default)")
+    attention = "flash" if flash else "eager"
+    if flash and stack in FLASH3_STACKS and _text(model_s.get("attention_kernel")) in ("", "flash3", "cudnn"):
+        attention = "flash3"
+        assumed.append(f"attention=flash3 (cuDNN fused attention, {stack} default)")
     training = {
         "seq_length": seq,
         "global_batch_size": gbs,
         "precision": precision,
-        "attention": "flash" if flash else "eager",
+        "attention": attention,
     }
     if "fp32 grad accumulation" in prec_text and "bf16" in prec_text:
         training["grad_dtype"] = "bf16+fp32"  # DeepSpeed BF16_Optimizer
+    elif stack in BF16_GRADIENT_STACKS and "grad" not in prec_text:
+        training["grad_dtype"] = "bf16"
+        assumed.append(f"gradients reduced in bf16 ({stack} default)")
 
     # ---- layout
     tp = par.int("tp")
@@ -218,6 +274,13 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
         raise _Skip("parallel.tp/pp are not stated")
     cp = par.int("cp", 1)
     dp = par.int("dp", n_gpus // (tp * pp * cp))
+    if tp * pp * dp * cp != n_gpus and _flagged_inconsistent(e) and n_gpus % (tp * pp * cp * dp) == 0:
+        # The source's degrees and GPU count disagree and the run says so. The degrees are kept (they are what the
+        # framework was configured with; at the longest sequences a larger DP would exceed the global batch) and
+        # the GPU count follows them: a per-GPU measurement (TFLOP/s per GPU) does not depend on which is wrong.
+        stated, n_gpus = n_gpus, tp * pp * dp * cp
+        group.update(_node_group(n_gpus, gpn))
+        assumed.append(f"n_gpus={n_gpus} (stated {stated}; flagged inconsistent: TP*PP*DP*CP is kept)")
     vpp = par.int("vpp")
     if vpp is None:
         vpp = 1
@@ -256,7 +319,9 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
         "micro_batch_size": mbs,
         "sequence_parallel": sp,
         "zero_stage": zero,
-        "tp_comm_overlap": "tp-comm-overlap" in _text(par.get("overlap")),
+        # Megatron's --tp-comm-overlap (Transformer Engine userbuffers) and torchtitan's async TP
+        # (torch.distributed._symmetric_memory micro-pipelining) both overlap TP collectives with the GEMMs
+        "tp_comm_overlap": "tp-comm-overlap" in _text(par.get("overlap")) or bool(par.bool("async_tp", False)),
     }
     from planner.parallel import balanced_split
 
@@ -298,7 +363,12 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
     except SpecError as exc:
         raise _Skip(f"cannot express the run: {exc.field}: {exc.message}")
     layouts = [Layout.model_validate({**layout, "recompute": c}) for c in choices]
-    return RunCase(run_id, job, layouts, _measured(e, job, meas, hw), assumed)
+    megatron_flops = stack in MEGATRON_FLOPS_STACKS
+    return RunCase(run_id, job, layouts, _measured(e, job, meas, hw, megatron_flops), assumed, _group(e))
+
+
+def _group(e: dict) -> str:
+    return str(e.get("source_group") or "")
 
 
 # The training stacks whose defaults fill what a run leaves unstated, recognised by name in the run's
@@ -313,6 +383,19 @@ STACK_NAMES = (
 # Fused attention is the default: NeMo and Megatron-Core/Bridge run Transformer Engine's fused attention
 # (cuDNN/flash) unless disabled; torchtitan's attention is torch SDPA (flash kernels).
 FUSED_ATTENTION_STACKS = frozenset({"nemo", "megatron-bridge", "torchtitan", "megatron-core"})
+# Stacks whose TFLOP/s per GPU are Megatron's model FLOPs (megatron/training/training.py
+# num_floating_point_operations; NeMo's flops callback, nemo/utils/flops_formulas.py, uses the same terms).
+MEGATRON_FLOPS_STACKS = frozenset({"nemo", "megatron-bridge", "megatron-core"})
+# NeMo's published performance runs reduce gradients in bf16: NeMo-Framework-Launcher
+# examples/training/*/h100/*.sh set `training.model.optim.grad_sync_dtype=bf16` (2-byte main grads).
+BF16_GRADIENT_STACKS = frozenset({"nemo"})
+# Sequence length of the stack's reference configs where a run leaves it unstated: torchtitan's Llama 3
+# train_configs (llama3_8b.toml, llama3_70b.toml, llama3_405b.toml: [training] seq_len = 8192).
+SEQ_LEN_DEFAULTS = {"torchtitan": 8192}
+# Transformer Engine's DotProductAttention picks cuDNN fused attention (FlashAttention-3 class on Hopper) by
+# default with cuDNN 9 (TE >= 1.x, 2024); NeMo's and Megatron-Bridge's recipes run it. Megatron-Core runs are
+# not assumed to (the published Megatron-LM H100 tables predate it).
+FLASH3_STACKS = frozenset({"nemo", "megatron-bridge"})
 # The distributed optimizer (ZeRO-1) is on in NeMo's and Megatron-Bridge's pretraining recipes
 # (OptimizerConfig use_distributed_optimizer=True).
 DISTRIBUTED_OPTIMIZER_STACKS = frozenset({"nemo", "megatron-bridge"})
@@ -333,6 +416,16 @@ def training_stack(e: dict[str, Any], par: _Section) -> str | None:
     return None
 
 
+def _preset(model_s: _Section):
+    """The catalog preset the run's model name resolves to (loose matching: case, separators, suffixes such as
+    "(174.6B)"), or None."""
+    from planner.catalog import match_model_name, resolve_model
+
+    name = model_s.get("name")
+    found = match_model_name(str(name)) if name else None
+    return None if found is None else resolve_model(found)
+
+
 def _match_gpu(hw: _Section):
     from planner.catalog import gpu_names, resolve_gpu
 
@@ -346,6 +439,58 @@ def _match_gpu(hw: _Section):
     return None
 
 
+def _node_group(n_gpus: int, gpus_per_node: int) -> dict[str, int]:
+    """nodes and GPUs per node of ``n_gpus`` GPUs on nodes of ``gpus_per_node``: fewer GPUs than a node holds
+    are one node; a count that does not fill whole nodes is not a cluster the run can be read as."""
+    if n_gpus <= gpus_per_node:
+        return {"nodes": 1, "gpus_per_node": n_gpus}
+    if n_gpus % gpus_per_node:
+        raise _Skip(f"hardware.n_gpus ({n_gpus}) does not fill whole nodes of {gpus_per_node} GPUs")
+    return {"nodes": n_gpus // gpus_per_node, "gpus_per_node": gpus_per_node}
+
+
+def _flagged_inconsistent(e: dict) -> bool:
+    return any("inconsistent" in str(f).lower() for f in (e.get("flags") or []))
+
+
+def _family_gpu(name: str, hw: _Section):
+    """A GPU the catalog does not know, built from the catalog GPU of its family (the name's leading model
+    number: 'H100-96GB-HBM2e' -> h100) with the stated memory and 16-bit peak; rates scale with the peak.
+    Skips the run when no catalog GPU shares the family."""
+    from planner.catalog import gpu_names, resolve_gpu
+
+    m = re.match(r"[a-z]+\d+[a-z]*", name.strip().lower().replace("nvidia", "").replace("amd", "").strip(" -_"))
+    family = [g for g in gpu_names() if m and g.startswith(m.group(0))]
+    if not family:
+        raise _Skip(f"GPU '{name}' is not in the catalog and no catalog GPU is of its family")
+    mem, peak = hw.num("mem_gb"), hw.num("peak_tflops_16bit")
+    # the family member closest in memory; among equals the flagship (highest peak, then fastest scale-up link)
+    base = min(
+        (resolve_gpu(g) for g in family),
+        key=lambda g: (abs(g.memory_gib - (mem or g.memory_gib)), -g.peak_tflops_bf16, -g.intra_node_gbps, g.name),
+    )
+    data = base.model_dump()
+    data["name"] = name
+    if mem:
+        data["memory_gib"] = mem
+    if peak:
+        k = peak / base.peak_tflops_bf16
+        for key in (
+            "peak_tflops_bf16",
+            "peak_tflops_fp16",
+            "peak_tflops_fp8",
+            "matmul_tflops_bf16",
+            "attention_tflops_bf16",
+        ):
+            if data.get(key):
+                data[key] = data[key] * k
+    note = (
+        f"gpu={name} built from {base.name} with {data['memory_gib']:g} GiB and "
+        f"{data['peak_tflops_bf16']:g} TFLOP/s 16-bit peak" + ("" if peak else f" ({base.name}'s: not stated)")
+    )
+    return resolve_gpu(data), note
+
+
 def _nic_gbps(interconnect: Any, gpus_per_node: int) -> float | None:
     """Per-GPU NIC rate when the interconnect text states a fabric different from the catalog's typical one:
     Omni-Path (100 Gb/s per link) with N links per node."""
@@ -356,8 +501,10 @@ def _nic_gbps(interconnect: Any, gpus_per_node: int) -> float | None:
     return None
 
 
-def _measured(e: dict, job: Job, meas: _Section, hw: _Section) -> Measured:
-    """Iteration time from what the source measured, converting with the source's own FLOP convention."""
+def _measured(e: dict, job: Job, meas: _Section, hw: _Section, megatron_flops: bool = False) -> Measured:
+    """Iteration time from what the source measured, converting with the source's own FLOP convention.
+    ``megatron_flops``: the run's stack reports TFLOP/s with Megatron's model-FLOP formula (NeMo's FLOPs
+    callback and Megatron-Core/Bridge use it), which stands for an unstated definition."""
     t, m = job.training, job.model
     n = job.num_gpus
     tokens = t.global_batch_size * t.seq_length
@@ -376,7 +523,7 @@ def _measured(e: dict, job: Job, meas: _Section, hw: _Section) -> Measured:
                 F.narayanan_hardware_flops(m, t.seq_length, t.global_batch_size) / x,
                 "tflops_per_gpu (Narayanan Eq. 3)",
             )
-        elif e.get("source_group") == "megatron-lm-h100" or "megatron" in defn:
+        elif e.get("source_group") == "megatron-lm-h100" or "megatron" in defn or (not defn and megatron_flops):
             time, src = (
                 F.model_flops_per_iteration(m, t.seq_length, t.global_batch_size) / x,
                 "tflops_per_gpu (Megatron model FLOPs)",

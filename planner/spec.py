@@ -106,6 +106,13 @@ class GpuSpec(StrictModel):
         le=1_000_000,
         description="measured fused-attention (flash) rate, forward+backward; defaults to the GEMM rate",
     )
+    attention3_tflops_bf16: float | None = Field(
+        None,
+        gt=0,
+        le=1_000_000,
+        description="rate of the newer-generation fused attention (FlashAttention-3, cuDNN fused attention) where "
+        "the GPU has one, forward+backward; defaults to attention_tflops_bf16",
+    )
     hbm_tbps: float = Field(gt=0, le=10_000, description="HBM bandwidth, TB/s")
     intra_node_gbps: float = Field(
         gt=0, le=1_000_000, description="scale-up (NVLink) bandwidth per GPU per direction, GB/s"
@@ -138,14 +145,22 @@ class Training(StrictModel):
     global_batch_size: int = Field(ge=1, le=1_000_000_000, description="sequences per iteration")
     precision: Literal["bf16", "fp16", "fp8"] = "bf16"
     optimizer: Literal["adam", "adamw", "sgd"] = "adam"
-    attention: Literal["flash", "eager"] = Field(
-        "flash", description="fused (flash/cuDNN/SDPA) attention, or the materialized s^2 softmax"
+    attention: Literal["flash", "flash3", "eager"] = Field(
+        "flash",
+        description="fused attention: flash (FlashAttention-2 class: flash-attn 2, PyTorch SDPA) or flash3 "
+        "(FlashAttention-3 / cuDNN fused attention, Hopper and newer: Transformer Engine in Megatron-Core and NeMo); "
+        "or eager, the materialized s^2 softmax",
     )
     grad_dtype: Literal["fp32", "bf16", "bf16+fp32"] = Field(
         "fp32",
         description="gradient buffers: fp32 (Megatron main_grad), bf16, or bf16+fp32 (16-bit .grad plus an "
         "unsharded fp32 accumulation buffer, DeepSpeed BF16_Optimizer)",
     )
+
+    @property
+    def fused_attention(self) -> bool:
+        """A fused (flash-style) kernel: no s^2 scores kept or recomputed."""
+        return self.attention != "eager"
 
 
 class StageSpec(StrictModel):

@@ -2,13 +2,18 @@
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
 from planner.cost.calibration import Calibration
 from planner.cost.estimate import SCHEMA_VERSION, Estimate, estimate
-from planner.runs import RunCase, Skipped
+from planner.errors import SpecError
+from planner.runs import RunCase, Skipped, load_runs
+
+NO_GROUP = "(none)"  # the group of runs that name no source_group
 
 
 @dataclass
@@ -35,6 +40,24 @@ def predict(case: RunCase, cal: Calibration | None = None) -> RunResult:
         if est.fits:
             break
     return RunResult(case, est)
+
+
+def load_files(paths: Sequence[str | Path]) -> dict[str, list[RunCase | Skipped]]:
+    """Each measured-runs file's runs, keyed by its path as given, in the order given. A run id is unique across all
+    the files: one that two files share is bad input (SpecError naming both files)."""
+    by_file: dict[str, list[RunCase | Skipped]] = {}
+    first: dict[str, str] = {}
+    for path in paths:
+        name = str(path)
+        if name in by_file:
+            raise SpecError("runs", f"'{name}' is given twice")
+        cases = load_runs(path)
+        for c in cases:
+            if c.id in first:
+                raise SpecError("runs", f"run id '{c.id}' is in both '{first[c.id]}' and '{name}'")
+            first[c.id] = name
+        by_file[name] = cases
+    return by_file
 
 
 def run_validation(cases: list[RunCase | Skipped], cal: Calibration | None = None) -> list[RunResult | Skipped]:
@@ -70,11 +93,30 @@ def summarize(results: list[RunResult | Skipped]) -> dict:
     }
 
 
-def to_json(results: list[RunResult | Skipped]) -> dict:
+def group_of(r: RunResult | Skipped) -> str:
+    """The run's source_group, NO_GROUP when it names none."""
+    return (r.source_group if isinstance(r, Skipped) else r.case.source_group) or NO_GROUP
+
+
+def summarize_groups(results: Sequence[RunResult | Skipped]) -> dict[str, dict]:
+    """summarize() of each source group's runs, by group name (sorted; runs without a group under NO_GROUP)."""
+    groups: dict[str, list[RunResult | Skipped]] = {}
+    for r in results:
+        groups.setdefault(group_of(r), []).append(r)
+    return {g: summarize(groups[g]) for g in sorted(groups)}
+
+
+def to_json(
+    results: list[RunResult | Skipped], files: Mapping[str, Sequence[RunResult | Skipped]] | None = None
+) -> dict:
+    """The validate document: every run, the summary over all of them and one per source group (``groups``).
+
+    ``files`` maps each input file (as given) to its own results, in the order given; ``results`` is their
+    concatenation. With more than one file the document also lists each file's summary (``files``)."""
     runs = []
     for r in results:
         if isinstance(r, Skipped):
-            runs.append({"id": r.id, "status": "skipped", "reason": r.reason})
+            runs.append({"id": r.id, "status": "skipped", "reason": r.reason, "source_group": r.source_group or None})
             continue
         m = r.case.measured
         te, me = r.time_error, r.memory_error
@@ -84,6 +126,7 @@ def to_json(results: list[RunResult | Skipped]) -> dict:
                 "status": "ok",
                 "reason": None,
                 "assumed": r.case.assumed,
+                "source_group": r.case.source_group or None,
                 "layout": {k: v for k, v in r.est.dims.as_dict().items() if k != "stages"},
                 "predicted": {
                     "iteration_time_s": round(r.est.iteration_time_s, 6),
@@ -102,4 +145,12 @@ def to_json(results: list[RunResult | Skipped]) -> dict:
                 },
             }
         )
-    return {"schema_version": SCHEMA_VERSION, "runs": runs, "summary": summarize(results)}
+    doc = {
+        "schema_version": SCHEMA_VERSION,
+        "runs": runs,
+        "summary": summarize(results),
+        "groups": summarize_groups(results),
+    }
+    if files is not None and len(files) > 1:
+        doc["files"] = [{"path": path, "summary": summarize(list(rs))} for path, rs in files.items()]
+    return doc

@@ -296,6 +296,17 @@ def test_model_shape_flags():
     assert flag_values(bundle, "--attention-backend") == ["unfused"]
 
 
+def test_attention_kernel_selects_the_backend():
+    """flash3 (cuDNN fused attention) is --attention-backend fused; flash keeps Megatron's auto."""
+    assert flag_values(
+        render(variant("llama3-70b-h100-megatron", training={"attention": "flash3"})), "--attention-backend"
+    ) == ["fused"]
+    assert (
+        flag_values(render(variant("llama3-70b-h100-megatron", training={"attention": "flash"})), "--attention-backend")
+        is None
+    )
+
+
 def test_tp_comm_overlap():
     bundle = render(variant("llama3-70b-h100-megatron", tp_comm_overlap=True))
     assert flag_values(bundle, "--tp-comm-overlap") == []
@@ -526,7 +537,7 @@ def test_import_llama3_script_with_arrays_and_variables():
         "global_batch_size": 128,
         "precision": "bf16",
         "optimizer": "adam",
-        "attention": "flash",
+        "attention": "flash3",  # --attention-backend fused: cuDNN fused attention
         "grad_dtype": "fp32",
     }
     assert job["layout"] == {

@@ -227,7 +227,9 @@ def test_70b_top5_are_distinct_and_name_their_twins(doc_70b):
     first = plans[0]["layout"]
     assert (first["tp"], first["pp"], first["dp"], first["cp"], first["micro_batch_size"]) == (2, 4, 8, 8, 1)
     twins = [(e["tp"], e["pp"], e["dp"], e["cp"], e["micro_batch_size"]) for e in plans[0]["equivalent"]]
-    assert (2, 4, 4, 16, 2) in twins
+    # CP 16 with 2-sequence micro-batches computes what CP 8 with one does, but its chunks are half as long and
+    # their ring steps wait for their K,V blocks: no longer a twin of the best plan
+    assert (2, 4, 4, 16, 2) not in twins
 
 
 def test_70b_why_compares_against_a_plan_that_differs(doc_70b):
@@ -240,7 +242,7 @@ def test_70b_why_compares_against_a_plan_that_differs(doc_70b):
     row = next(line for line in text.splitlines() if line.startswith("│ iteration time s"))
     lead = row.split("│")[4].strip()  # the "#1 - #2" column
     assert float(lead) != 0, row
-    assert "= tp2 pp4 dp4 cp16 mbs2 zero1 none" in text  # the twin, listed under plan 1
+    assert "= tp2 pp4 dp4 cp16" not in text  # its longer ring sets CP 16 apart (test_70b_top5_are_distinct...)
     assert "proven optimal (within the modeled space)" in text
 
 

@@ -84,8 +84,14 @@ TIGHT_GPU = {
     "case",
     [
         dict(model=SMALL_GPT, gbs=8),
-        # memory-bound: the optimum recomputes 4 of 6 layers
-        dict(model={**SMALL_GPT, "num_layers": 6}, gpu=TIGHT_GPU, gbs=4, seq=8192, attention="eager"),
+        # memory-bound: the optimum recomputes 2 of 6 layers
+        dict(
+            model={**SMALL_GPT, "num_layers": 6},
+            gpu={**TIGHT_GPU, "memory_gib": 6.0},
+            gbs=4,
+            seq=8192,
+            attention="eager",
+        ),
         dict(model=SMALL_MOE, gbs=8, nodes=1),
     ],
 )
@@ -101,7 +107,9 @@ def test_plan_matches_brute_force(case):
 
 
 def test_memory_bound_case_uses_partial_recompute():
-    j = job(model={**SMALL_GPT, "num_layers": 6}, gpu=TIGHT_GPU, gbs=4, seq=8192, attention="eager")
+    j = job(
+        model={**SMALL_GPT, "num_layers": 6}, gpu={**TIGHT_GPU, "memory_gib": 6.0}, gbs=4, seq=8192, attention="eager"
+    )
     best = search(j, top=1, time_limit_s=60, options=SearchOptions(zero_stages=(0, 1, 3), max_micro_batch=2)).plans[0]
     rec = best.estimate.dims.stage_recompute
     assert rec is not None and 0 < sum(rec) < j.model.num_layers

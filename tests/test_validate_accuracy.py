@@ -31,8 +31,9 @@ def test_coverage(report):
 def test_iteration_time_accuracy(report):
     t = report["summary"]["time"]
     assert t["count"] >= 140
-    assert t["median_abs_error_pct"] <= 10.0
-    assert t["p90_abs_error_pct"] <= 25.0
+    # no worse than before the modern stacks' terms (5.08% / 17.81% at the time they landed)
+    assert t["median_abs_error_pct"] <= 5.1
+    assert t["p90_abs_error_pct"] <= 17.9
 
 
 def test_memory_accuracy(report):
@@ -67,9 +68,17 @@ def test_modern_runs_read_their_frameworks_defaults():
         [sys.executable, "-m", "planner", "validate", str(MODERN), "--json"], capture_output=True, text=True, check=True
     )
     doc = json.loads(proc.stdout)
-    assert doc["summary"]["time"]["median_abs_error_pct"] < 40
     nemo = [r for r in doc["runs"] if r["status"] == "ok" and r["id"].startswith("nemo")]
     assert nemo and all("attention=flash (nemo default)" in r["assumed"] for r in nemo)
+    s = doc["summary"]
+    assert s["coverage"] >= 0.95  # presets by name, the H100 96 GB variant, the flagged B200 rows
+    assert s["time"]["median_abs_error_pct"] <= 7.0
+    assert s["oom"]["measured"] == 0
+    # NeMo (FP8, long-sequence CP up to 1M tokens): cuDNN fused attention, bf16 gradients, the ring per step
+    g = doc["groups"]["nemo-perf"]
+    assert g["predicted"] == g["runs"] == 29
+    assert g["time"]["median_abs_error_pct"] <= 5.5
+    assert g["time"]["p90_abs_error_pct"] <= 10.0
 
 
 def test_the_training_stack_comes_from_the_stated_framework_else_the_source():
@@ -82,3 +91,25 @@ def test_the_training_stack_comes_from_the_stated_framework_else_the_source():
     assert stack({"parallel": {}, "source_group": "torchtitan"}) == "torchtitan"
     assert stack({"parallel": {"framework": "Megatron-DeepSpeed"}, "source": {"title": "NeMo"}}) is None
     assert stack({"parallel": {}, "source": "a 2021 paper"}) is None
+
+
+@pytest.mark.skipif(not MODERN.exists(), reason="shared/reference/measured-runs-modern.yaml not present")
+def test_both_shared_files_report_every_source_group_and_file():
+    import yaml
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "planner", "validate", str(RUNS), str(MODERN), "--json"],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    doc = json.loads(proc.stdout)
+    raw = yaml.safe_load(RUNS.read_text()) + yaml.safe_load(MODERN.read_text())
+    groups = {e.get("source_group") or "(none)" for e in raw}
+    assert set(doc["groups"]) == groups
+    assert list(doc["groups"]) == sorted(groups)
+    for group, s in doc["groups"].items():
+        assert s["runs"] == sum((e.get("source_group") or "(none)") == group for e in raw)
+    assert sum(s["runs"] for s in doc["groups"].values()) == doc["summary"]["runs"] == len(raw)
+    assert [f["path"] for f in doc["files"]] == [str(RUNS), str(MODERN)]
+    assert [f["summary"]["runs"] for f in doc["files"]] == [len(yaml.safe_load(p.read_text())) for p in (RUNS, MODERN)]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import importlib.resources
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -102,6 +103,78 @@ def model_names() -> list[str]:
     return sorted({e["name"] for e in _catalog("models").values()})
 
 
+# ----------------------------------------------------------------------------- loose model names
+
+# Hugging Face organisations whose "<org>/<model>" repo ids name a preset ("meta-llama/Meta-Llama-3-8B"). Only these
+# are dropped: any other "a/b" is left whole (a path, or an unknown model), and so matches nothing.
+VENDOR_PREFIXES = frozenset(
+    {
+        "meta-llama",
+        "meta",
+        "qwen",
+        "deepseek-ai",
+        "mistralai",
+        "mistral-community",
+        "nvidia",
+        "openai",
+        "google",
+        "moonshotai",
+        "zai-org",
+        "thudm",
+    }
+)
+# Trailing words that name a release of the same weights' shape (base / instruction-tuned / HF-format copies).
+_VARIANT_WORDS = frozenset({"hf", "base", "instruct", "chat", "it", "pt"})
+_PARENS = re.compile(r"\([^()]*\)")
+_TOKENS = re.compile(r"[a-z]+|[0-9]+")
+
+
+def model_name_key(name: str) -> tuple[str, ...]:
+    """The normalised key of a model name: lower-case runs of letters and of digits, every other character a
+    separator. ``Llama-3-8B``, ``llama_3_8b``, ``LLAMA3 8B`` -> ('llama', '3', '8', 'b'); a version keeps its parts,
+    so ``Llama 3.1 8B`` -> ('llama', '3', '1', '8', 'b') differs from Llama 3 (3.1 matches Llama 3 only through an
+    alias in models.yaml), and adjacent digits never merge with others (``GPT-3 5B`` != ``GPT-35B``)."""
+    text = name.strip()
+    while _PARENS.search(text):  # "(174.6B)", "(w/ MTP)", nested ones from the inside out
+        text = _PARENS.sub(" ", text)
+    org, sep, rest = text.partition("/")
+    if sep and "/" not in rest and org.strip().lower() in VENDOR_PREFIXES:
+        text = rest
+    tokens = _TOKENS.findall(text.lower())
+    while len(tokens) > 1 and tokens[-1] in _VARIANT_WORDS:
+        tokens.pop()
+    return tuple(tokens)
+
+
+@functools.cache
+def _model_keys() -> dict[tuple[str, ...], str | None]:
+    """Normalised key of every model preset name and alias -> the preset; None where two presets share a key."""
+    keys: dict[tuple[str, ...], str | None] = {}
+    for alias, entry in _catalog("models").items():
+        key = model_name_key(alias)
+        if not key:
+            continue
+        keys[key] = entry["name"] if keys.get(key, entry["name"]) == entry["name"] else None
+    return keys
+
+
+def match_model_name(name: str) -> str | None:
+    """The canonical preset name for a loosely written model name, or None.
+
+    Case, ``-``/``_``/space/``.`` separators, a parenthesised note (``"GPT-3 175B (174.6B)"``), a known vendor prefix
+    (``"Qwen/Qwen3-8B"``) and a trailing release word (``-hf``, ``-Base``, ``-Instruct``, ``-Chat``, ``-it``, ``-pt``)
+    are ignored; every other word and number must equal those of a preset name or alias. Nothing is guessed: sizes
+    and versions must match exactly (``gpt3-5b`` is not ``gpt3-175b``; ``Llama 3.1 8B`` is ``llama3-8b`` only because
+    models.yaml lists ``llama3.1-8b`` as its alias)."""
+    if not isinstance(name, str):
+        return None
+    exact = _catalog("models").get(name.strip().lower())
+    if exact is not None:
+        return exact["name"]
+    key = model_name_key(name)
+    return _model_keys().get(key) if key else None
+
+
 def resolve_gpu(value: Any, field: str = "gpu"):
     """A catalog name (or alias), or an inline mapping of GpuSpec fields (optionally ``base: <name>`` + overrides).
     A name that fits several GPUs (gpus.yaml ``ambiguous:``) is an error listing them."""
@@ -146,7 +219,11 @@ def resolve_model(value: Any, base_dir: Path | None = None, field: str = "model"
         path = Path(value)
         if base_dir is not None and not path.is_absolute():
             path = base_dir / path
-        if value.endswith((".json", ".yaml", ".yml")) or path_exists(path, field):
+        is_file = value.endswith((".json", ".yaml", ".yml")) or path_exists(path, field)
+        loose = None if is_file else match_model_name(value)  # "Llama 3.1 8B"; an existing path is never a name
+        if loose is not None:
+            return ModelSpec.model_validate(_catalog("models")[loose.lower()])
+        if is_file:
             if not path_exists(path, field):
                 raise SpecError(field, f"no such model file '{value}'")
             if value.endswith(".json") or path.is_dir():

@@ -51,12 +51,14 @@ def gemm_rate(gpu: GpuSpec, precision: str, cal: Calibration) -> float:
     return matmul_tflops(gpu, precision) * 1e12 * cal.gemm_efficiency
 
 
-def attention_rate(gpu: GpuSpec, cal: Calibration) -> float:
+def attention_rate(gpu: GpuSpec, cal: Calibration, kernel: str = "flash") -> float:
     """Achieved attention-kernel FLOP/s. Attention kernels run in 16-bit even in FP8 recipes (Transformer Engine
-    keeps DPA in bf16). Their achievable rate is the GPU's measured flash-attention rate where known, else its
-    GEMM rate, times the calibrated attention efficiency."""
-    attn = gpu.attention_tflops_bf16 or matmul_tflops(gpu, "bf16")
-    return attn * 1e12 * cal.attention_efficiency
+    keeps DPA in bf16). Their achievable rate is the GPU's measured rate of the kernel generation -- ``flash``
+    (FlashAttention-2 class) or ``flash3`` (FlashAttention-3 / cuDNN fused attention, where the GPU has a figure
+    for it, else the flash rate) -- else its GEMM rate, times the calibrated attention efficiency (one efficiency
+    for both: it measures the framework around the kernel, not the kernel)."""
+    attn = (gpu.attention3_tflops_bf16 if kernel == "flash3" else None) or gpu.attention_tflops_bf16
+    return (attn or matmul_tflops(gpu, "bf16")) * 1e12 * cal.attention_efficiency
 
 
 def hbm_rate(gpu: GpuSpec, cal: Calibration) -> float:

@@ -35,10 +35,13 @@ class AnalyticCosts:
 
     source: CostSource | None = None  # the job's CostSource when it built this provider (links between groups)
 
-    def __init__(self, group: NodeGroup, precision: str, cal: Calibration | None = None):
+    def __init__(
+        self, group: NodeGroup, precision: str, cal: Calibration | None = None, attention_kernel: str = "flash"
+    ):
         self.group = group
         self.cal = cal or default_calibration()
         self.precision = precision
+        self.attention_kernel = attention_kernel  # Training.attention: which fused kernel prices the attention core
         self._layers: dict = {}
         self._ends: dict = {}  # embedding and logits PassTime per (kind, model, micro-batch, TP, SP)
         self._models: list = []
@@ -53,7 +56,7 @@ class AnalyticCosts:
 
     def attention_rate(self) -> float:
         """Achieved FLOP/s of the attention core (flash kernels)."""
-        return compute.attention_rate(self.group.gpu, self.cal)
+        return compute.attention_rate(self.group.gpu, self.cal, self.attention_kernel)
 
     def hbm_rate(self) -> float:
         """Achieved HBM bytes/s of element-wise kernels."""
@@ -191,7 +194,8 @@ class CostSource:
                 from planner.profile.measured import MeasuredCosts  # the group's measured profile, read first
 
                 provider = MeasuredCosts
-            hit = self._groups[group] = provider(node_group, self.job.training.precision, self.cal)
+            t = self.job.training
+            hit = self._groups[group] = provider(node_group, t.precision, self.cal, t.attention)
             hit.source = self
         return hit
 

@@ -140,7 +140,7 @@ def kind_coeffs(
     so they are memoized on the costs object and shared by every pipeline/DP/ZeRO choice."""
     m, t = job.model, job.training
     seq = t.seq_length
-    flash = t.attention == "flash"
+    flash = t.fused_attention
     key = (id(m), tokens, seq, tp, cp, ep, sp, flash, base_rc)
     hit = costs.kind_coeffs.get(key)
     if hit is not None:
@@ -161,12 +161,12 @@ def kind_coeffs(
         ar = tp_link.all_reduce(act_tok) if tp > 1 else 0.0
         ring_exposed = 0.0
         if cp > 1:
-            # Ring attention passes this rank's K,V block around the CP ring, overlapped with the attention
-            # kernel; forward once, backward K,V and their gradients (3x the forward traffic).
-            kv_bytes = 2.0 * 2.0 * tokens * m.kv_heads * m.dim_head / tp
-            ring = cp_link.all_gather(kv_bytes * cp)
-            attn = F.attention_core_flops(m, tokens, seq, tp, causal=flash) / costs.attention_rate()
-            ring_exposed = 3 * max(0.0, ring - attn)
+            ring_exposed = ring_attention_exposed(
+                cp_link,
+                kv_bytes=2.0 * 2.0 * tokens * m.kv_heads * m.dim_head / tp,
+                attention_s=F.attention_core_flops(m, tokens, seq, tp, causal=flash) / costs.attention_rate(),
+                cp=cp,
+            )
         a2a = ep_link.all_to_all(act_tok * m.moe.top_k) if (moe and ep > 1) else 0.0
         if moe:
             pd = (F.attention_params(m) + F.moe_shared_params(m)) / tp
@@ -192,6 +192,24 @@ def kind_coeffs(
         )
     costs.kind_coeffs[key] = kinds
     return kinds
+
+
+def ring_attention_exposed(cp_link, *, kv_bytes: float, attention_s: float, cp: int) -> float:
+    """Seconds of one layer's context-parallel ring (forward + backward) that the attention kernel does not hide.
+
+    Ring attention with point-to-point KV exchange (Liu et al. 2023, Ring Attention, arXiv 2310.01889;
+    Transformer Engine's AttnFuncWithCPAndKVP2P, Megatron-Core's default cp_comm_type "p2p") runs ``cp`` steps:
+    step 0 on the local K,V block, each later step on the block received while the previous step computed.
+    A step is as long as the longer of its block transfer (one send: bytes / bus bandwidth + latency) and its
+    share of the attention (the causal load-balanced split gives every step the same work). Backward moves the
+    K,V blocks and their gradients (2x the bytes) against 2.5x the forward work (FlashAttention-2 backward), and
+    the last dK,dV block goes back to its owner after the last step, with nothing left to hide it. So short
+    chunks, whose attention per step is shorter than a send, pay for their ring."""
+    step_f = attention_s / cp
+    step_b = 2.5 * attention_s / cp
+    forward = (cp - 1) * max(0.0, cp_link.p2p(kv_bytes) - step_f)
+    backward = (cp - 1) * max(0.0, cp_link.p2p(2 * kv_bytes) - step_b) + cp_link.p2p(kv_bytes)
+    return forward + backward
 
 
 def pipeline_send(costs: AnalyticCosts, model, tokens: int, tp: int, cp: int, dp: int) -> tuple[Link, float]:
@@ -258,7 +276,7 @@ class StageModel:
         cal = costs.cal
         self.cal = cal
         gpn = costs.group.gpus_per_node
-        self.flash = t.attention == "flash"
+        self.flash = t.fused_attention
         base_rc = "selective" if dims.recompute == "selective" else "none"
         tokens = dims.tokens_per_microbatch
         self.mb = dims.num_microbatches

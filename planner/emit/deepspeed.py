@@ -65,7 +65,7 @@ def _recompute(plan: LaunchPlan) -> str:
     check_runnable), and selective with flash attention is none (planner/parallel.py baseline_recompute_modes)."""
     if plan.recompute == "full" or (plan.recompute_layers and plan.recompute_layers >= max(plan.stage_layers)):
         return "full"
-    if plan.recompute == "selective" and plan.training.attention != "flash":
+    if plan.recompute == "selective" and not plan.training.fused_attention:
         return "selective"
     return "none"
 

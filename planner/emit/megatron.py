@@ -83,6 +83,12 @@ def gpu_arch(name: str) -> tuple[int, int] | None:
 # Target-neutral settings: the rules and values Megatron-Core takes, shared with megatron_bridge.py.
 
 
+# Training.attention -> Megatron-Core's --attention-backend (megatron/core/transformer/enums.py AttnBackend):
+# the materialized softmax is "unfused"; cuDNN fused attention (FlashAttention-3 class on Hopper) is "fused";
+# flash (FlashAttention-2 class) keeps the default "auto".
+ATTENTION_BACKENDS = {"eager": "unfused", "flash3": "fused"}
+
+
 @dataclass(frozen=True)
 class MoESettings:
     num_experts: int
@@ -141,7 +147,7 @@ class Settings:
     grad_reduce_in_bf16: bool
     accumulate_grads_in_fp32: bool  # fp16 parameters with fp32 gradient accumulation and all-reduce
     tp_comm_overlap: bool
-    unfused_attention: bool
+    attention_backend: str | None  # --attention-backend: unfused (eager), fused (cuDNN, flash3); None: auto
     optimizer: str  # adam | sgd
     env: dict[str, str]
     arches: tuple[tuple[str, tuple[int, int] | None], ...]  # (GPU name, compute capability) of the plan's stages
@@ -339,7 +345,7 @@ def settings(plan: LaunchPlan, target: str = TARGET) -> Settings:
         grad_reduce_in_bf16=grad_bf16,
         accumulate_grads_in_fp32=accumulate_fp32,
         tp_comm_overlap=tp_comm_overlap,
-        unfused_attention=t.attention == "eager",
+        attention_backend=ATTENTION_BACKENDS.get(t.attention),
         optimizer="sgd" if t.optimizer == "sgd" else "adam",
         env=env,
         arches=arches,
@@ -491,8 +497,8 @@ def flags(s: Settings) -> list[tuple[str, list[str]]]:
     add("--tokenizer-type", "NullTokenizer")
     add("--vocab-size", s.vocab_size)
     add("--mock-data")
-    if s.unfused_attention:
-        add("--attention-backend", "unfused")
+    if s.attention_backend:
+        add("--attention-backend", s.attention_backend)
     # MoE
     if s.moe is not None:
         mo = s.moe
@@ -701,7 +707,12 @@ def notes(s: Settings) -> list[str]:
         )
     if s.tp_comm_overlap:
         lines.append("- `--tp-comm-overlap` overlaps TP communication with GEMMs (Transformer Engine userbuffers).")
-    if s.unfused_attention:
+    if s.attention_backend == "fused":
+        lines.append(
+            "- `--attention-backend fused` runs cuDNN fused attention (FlashAttention-3 class on Hopper and newer), "
+            "as the plan assumed (training.attention: flash3)."
+        )
+    if s.attention_backend == "unfused":
         lines.append(
             "- `--attention-backend unfused` materializes the attention scores, as the plan assumed "
             "(training.attention: eager)."

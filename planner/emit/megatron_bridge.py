@@ -85,8 +85,8 @@ def overrides(s: megatron.Settings) -> list[str]:
     add("dataset.seq_length", s.seq_length)
     add("model.max_position_embeddings", s.seq_length)
     add("tokenizer.vocab_size", s.vocab_size)  # the recipe's NullTokenizer
-    if s.unfused_attention:
-        add("model.attention_backend", "unfused")
+    if s.attention_backend:
+        add("model.attention_backend", s.attention_backend)
     # MoE (--num-experts -> model.num_moe_experts, --moe-* -> model.moe_*)
     if s.moe is not None:
         mo = s.moe

@@ -414,7 +414,7 @@ def _job(
     else:
         grad_dtype = "bf16" if o.flag("--grad-reduce-in-bf16") else "fp32"
     backend = o.choice("--attention-backend", "auto")
-    attention = "eager" if backend in ("unfused", "local") else "flash"
+    attention = "eager" if backend in ("unfused", "local") else "flash3" if backend == "fused" else "flash"
     o.flag("--use-flash-attn")
     optimizer = o.choice("--optimizer", "adam")
 

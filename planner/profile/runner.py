@@ -220,7 +220,7 @@ def _measure_all(torch, job, grid, dev, dtype, prec, passes, progress, say) -> l
     cuda = dev.type == "cuda"
     reported = torch.cuda.get_device_name(dev) if cuda else "the CPU"
     kinds = measured_kinds(model)
-    flash = job.training.attention == "flash"
+    flash = job.training.fused_attention
     total = len(tp_list) * len(seqs) * len(mbs) * len(kinds)
     done = 0
     points: list[LayerPoint] = []

@@ -356,6 +356,10 @@ class GpuOut(_Out):
     attention_tflops_bf16: float | None = _d(
         "measured fused (flash) attention rate, forward + backward, TFLOP/s; null: the GEMM rate"
     )
+    attention3_tflops_bf16: float | None = _d(
+        "rate of FlashAttention-3 / cuDNN fused attention (training.attention: flash3), forward + backward, "
+        "TFLOP/s; null: attention_tflops_bf16"
+    )
     hbm_tbps: float = _d("HBM bandwidth, TB/s (10^12 bytes/s)")
     intra_node_gbps: float = _d("scale-up (NVLink) bandwidth per GPU per direction, GB/s (10^9 bytes/s)")
     inter_node_gbps: float = _d("scale-out NIC line rate per GPU, Gb/s (10^9 bits/s)")
@@ -392,7 +396,10 @@ class TrainingOut(_Out):
     global_batch_size: int = _d("sequences per iteration (over all data-parallel replicas)")
     precision: Literal["bf16", "fp16", "fp8"] = _d("compute precision of the GEMMs")
     optimizer: Literal["adam", "adamw", "sgd"] = _d("optimizer (its states set the optimizer memory)")
-    attention: Literal["flash", "eager"] = _d("fused (flash) attention, or eager (materialized s^2 softmax)")
+    attention: Literal["flash", "flash3", "eager"] = _d(
+        "fused attention, flash (FlashAttention-2 class) or flash3 (FlashAttention-3 / cuDNN fused attention), or "
+        "eager (materialized s^2 softmax)"
+    )
     grad_dtype: Literal["fp32", "bf16", "bf16+fp32"] = _d(
         "gradient buffers: fp32 (Megatron main_grad), bf16, or bf16+fp32 (16-bit grads plus an unsharded fp32 "
         "accumulation buffer, DeepSpeed BF16_Optimizer)"

@@ -10,6 +10,39 @@ def _pct(x):
     return "" if x is None else f"{x * 100:+.1f}%"
 
 
+def _num(x) -> str:
+    return "" if x is None else f"{x:.1f}%"
+
+
+SUMMARY_KEY = (
+    "time/memory: median and p90 |error|, mean signed error (+ = predicted slower); (n) runs with measured memory; "
+    "OOM: measured OOMs predicted not to fit / measured OOMs; "
+    "ran, pred. OOM: runs that ran but were predicted not to fit"
+)
+
+
+def _summary_table(title: str, first: str, rows: list[tuple[str, dict]], caption: str | None = None) -> Table:
+    """One row per (name, summarize() dict): the by-group and by-file tables."""
+    table = Table(title=title, title_justify="left", caption=caption, caption_justify="left")
+    table.add_column(first, overflow="fold")  # a long path folds; the numbers never do
+    for col in ("predicted", "time median", "time p90", "time mean", "memory median (n)", "OOM", "ran, pred. OOM"):
+        table.add_column(col, justify="right", no_wrap=True, min_width=len(col))
+    for name, s in rows:
+        t, m, o = s["time"], s["memory"], s["oom"]
+        mean = t["mean_signed_error_pct"]
+        table.add_row(
+            name,
+            f"{s['predicted']}/{s['runs']}",
+            _num(t["median_abs_error_pct"]),
+            _num(t["p90_abs_error_pct"]),
+            "" if mean is None else f"{mean:+.1f}%",
+            f"{_num(m['median_abs_error_pct'])} ({m['count']})".strip(),
+            f"{o['predicted_not_fitting']}/{o['measured']}",
+            str(o["ran_but_predicted_not_fitting"]),
+        )
+    return table
+
+
 def render_validation(doc: dict) -> Group:
     runs = Table(title="Predicted vs measured", title_justify="left")
     for col, just in (
@@ -67,6 +100,13 @@ def render_validation(doc: dict) -> Group:
         f"{o['ran_but_predicted_not_fitting']} runs that ran predicted not to fit",
     )
     parts = [runs, summary]
+    tables = []
+    if doc.get("groups"):
+        tables.append(("By source group", "source group", list(doc["groups"].items())))
+    if doc.get("files"):
+        tables.append(("By file", "file", [(f["path"], f["summary"]) for f in doc["files"]]))
+    for i, (title, first, rows) in enumerate(tables):
+        parts.append(_summary_table(title, first, rows, SUMMARY_KEY if i == len(tables) - 1 else None))
     if skipped:
         sk = Table(title="Skipped", title_justify="left")
         sk.add_column("run")

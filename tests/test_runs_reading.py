@@ -1,0 +1,117 @@
+"""planner/runs.py reads what published runs leave unstated: presets by name, framework defaults, flagged
+inconsistencies, GPUs the catalog does not know; one malformed run is skipped, not the whole file."""
+
+import copy
+
+import pytest
+import yaml
+
+from planner.errors import SpecError
+from planner.runs import RunCase, Skipped, load_runs
+
+RUN = {
+    "id": "r0",
+    "source_group": "nemo-perf",
+    "source": {"title": "NVIDIA/NeMo docs performance_summary.md"},
+    "model": {"name": "LLAMA2-7B", "seq_len": 4096},
+    "hardware": {"gpu": "H100-SXM5-80GB", "n_gpus": 8, "gpus_per_node": 8},
+    "parallel": {"tp": 1, "pp": 1, "dp": 8, "micro_batch": 1, "global_batch": 128, "precision": "fp8"},
+    "measured": {"tflops_per_gpu": 500, "tflops_definition": "Megatron model TFLOP/s per GPU"},
+}
+
+
+def read(tmp_path, *runs):
+    path = tmp_path / "runs.yaml"
+    path.write_text(yaml.safe_dump(list(runs)))
+    return load_runs(path)
+
+
+def run(**changes):
+    r = copy.deepcopy(RUN)
+    for dotted, value in changes.items():
+        section, key = dotted.split("__")
+        r[section][key] = value
+    return r
+
+
+def test_a_model_named_without_dimensions_takes_its_presets_dimensions(tmp_path):
+    (case,) = read(tmp_path, RUN)
+    assert isinstance(case, RunCase)
+    m = case.job.model
+    assert (m.num_layers, m.hidden_size, m.ffn_hidden_size, m.vocab_size, m.mlp) == (32, 4096, 11008, 32000, "swiglu")
+    assert any("from preset llama2-7b" in a for a in case.assumed)
+
+
+def test_stated_dimensions_win_over_the_preset(tmp_path):
+    (case,) = read(tmp_path, run(model__layers=16))
+    assert case.job.model.num_layers == 16
+    assert case.job.model.hidden_size == 4096  # the rest from the preset
+
+
+def test_an_unknown_model_without_dimensions_is_skipped_with_the_reason(tmp_path):
+    (case,) = read(tmp_path, run(model__name="GPT-7.1B"))
+    assert isinstance(case, Skipped)
+    assert case.reason == "model.hidden is not stated and the model name is no known preset"
+
+
+def test_nemo_defaults_flash3_attention_bf16_gradients_distributed_optimizer(tmp_path):
+    (case,) = read(tmp_path, RUN)
+    assert case.job.training.attention == "flash3"
+    assert case.job.training.grad_dtype == "bf16"
+    assert case.layout_choices[0].zero_stage == 1
+    assert case.source_group == "nemo-perf"
+
+
+def test_float8_linears_are_fp8(tmp_path):
+    (case,) = read(tmp_path, run(parallel__precision="bf16 + float8 linear (torchao)"))
+    assert case.job.training.precision == "fp8"
+
+
+def test_torchtitan_seq_len_default(tmp_path):
+    r = run(model__seq_len=None)
+    r["source"] = {"title": "pytorch/torchtitan benchmarks"}
+    r["source_group"] = "torchtitan"
+    (case,) = read(tmp_path, r)
+    assert case.job.training.seq_length == 8192
+    assert "seq_len=8192 (torchtitan default)" in case.assumed
+
+
+def test_async_tp_overlaps_tp_communication(tmp_path):
+    (case,) = read(tmp_path, run(parallel__tp=8, parallel__dp=1, parallel__async_tp=True))
+    assert case.layout_choices[0].tp_comm_overlap
+
+
+def test_flagged_inconsistent_degrees_keep_the_degrees(tmp_path):
+    r = run(parallel__dp=2)
+    r["flags"] = ["inconsistent: TP*PP*DP*CP = GPUs/4"]
+    (case,) = read(tmp_path, r)
+    assert isinstance(case, RunCase)
+    assert case.job.num_gpus == 2 and case.layout_choices[0].dp == 2
+    assert any(a.startswith("n_gpus=2 (stated 8") for a in case.assumed)
+    # the same mismatch without the flag is not guessed at
+    (plain,) = read(tmp_path, run(parallel__dp=2))
+    assert isinstance(plain, Skipped) and "the cluster has 8 GPUs" in plain.reason
+
+
+def test_a_gpu_the_catalog_does_not_know_is_built_from_its_family(tmp_path):
+    # closest in memory: h100-sxm and h100-pcie (80 GiB); of those the family's flagship, h100-sxm
+    (case,) = read(tmp_path, run(hardware__gpu="H100-HBM3e-Custom", hardware__mem_gb=82))
+    gpu = case.job.cluster[0].gpu
+    assert gpu.memory_gib == 82 and gpu.peak_tflops_bf16 == 989
+    assert any(a.startswith("gpu=H100-HBM3e-Custom built from h100-sxm") for a in case.assumed)
+    (other,) = read(tmp_path, run(hardware__gpu="Zeta-9000", hardware__mem_gb=82))
+    assert isinstance(other, Skipped) and "no catalog GPU is of its family" in other.reason
+
+
+def test_one_malformed_run_is_skipped_with_its_field_not_the_file(tmp_path):
+    bad = run(parallel__vpp="interleaved (value not stated)")
+    bad["id"] = "bad"
+    cases = read(tmp_path, bad, RUN)
+    assert isinstance(cases[0], Skipped) and cases[0].reason.startswith("runs[0].parallel.vpp: expected an integer")
+    assert isinstance(cases[1], RunCase)
+
+
+def test_a_file_whose_every_run_is_malformed_is_bad_input(tmp_path):
+    with pytest.raises(SpecError) as err:
+        read(tmp_path, run(parallel__tp=0))
+    assert err.value.field == "runs[0].parallel.tp"
