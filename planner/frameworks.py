@@ -33,6 +33,7 @@ class Framework:
     microbatches_cover_pp: bool = False  # a pipeline needs at least as many micro-batches as stages
     recompute_per_chunk: bool = False  # a stage's recompute count is per interleaved chunk: a multiple of vpp
     cp_needs_fsdp: bool = False  # FSDP shards over the CP ranks whenever cp > 1: with CP only ZeRO-3 is as planned
+    op_recompute: bool = False  # per-op selective checkpointing (torchtitan's SAC "op" policy: recompute: op)
     precisions: frozenset = frozenset({"bf16", "fp16", "fp8"})
 
     def zero_stages(self, pp: int) -> frozenset:
@@ -70,6 +71,8 @@ class Framework:
             return "sequence_parallel", "runs TP without a pipeline only as AutoTP, which has no sequence parallelism"
         if recompute == "selective" and not self.selective_recompute:
             return "recompute", "has no selective (attention-core) recompute setting"
+        if recompute == "op" and not self.op_recompute:
+            return "recompute", "has no per-op selective checkpointing (recompute: op is torchtitan's SAC policy)"
         if self.ep_within_shard and ep > 1 and dp is not None and zero is not None:
             shard = dp if zero == 3 else 1
             if (shard * cp * tp) % ep:
@@ -137,6 +140,7 @@ FRAMEWORKS = {
         # micro-batches >= stages; no fp16 mixed precision (training.mixed_precision_param: bfloat16 or float32)
         ep_within_shard=True,
         microbatches_cover_pp=True,
+        op_recompute=True,  # activation_checkpoint mode selective, selective_ac_option "op" (0.3: SelectiveAC)
         cp_needs_fsdp=True,  # parallel_dims.fsdp_enabled: dp_shard * cp > 1
         precisions=frozenset({"bf16", "fp8"}),
     ),

@@ -242,10 +242,12 @@ def micro_batch_options(training: Training, dp: int, max_micro_batch: int) -> li
     return [mbs for mbs in divisors(per_replica) if mbs <= max_micro_batch and batch_error(training, mbs, dp) is None]
 
 
-def baseline_recompute_modes(training: Training) -> tuple[str, ...]:
+def baseline_recompute_modes(training: Training, op: bool = False) -> tuple[str, ...]:
     """Recompute modes of the layers not chosen for full recompute: with flash attention selective recompute
-    is the same as none (the kernel already recomputes the scores), so only none is searched."""
-    return ("none",) if training.fused_attention else ("none", "selective")
+    is the same as none (the kernel already recomputes the scores), so only none is searched. ``op``: the
+    framework has per-op selective checkpointing (torchtitan), searched as one more mode."""
+    modes = ("none",) if training.fused_attention else ("none", "selective")
+    return (*modes, "op") if op else modes
 
 
 # ---------------------------------------------------------------------------------------------------------------

@@ -342,7 +342,8 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
     if rc.startswith(("full", "yes", "true")):
         choices = ["full"]
     elif rc.startswith("selective"):
-        choices = ["selective"]
+        # torchtitan's "selective (op)" / per-op SAC is its own policy (recompute: op), not Korthikanti's
+        choices = ["op"] if re.search(r"\bop\b|per-op", rc) else ["selective"]
     elif rc.startswith(("none", "no", "false")):
         choices = ["none"]
     elif (

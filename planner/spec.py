@@ -220,7 +220,12 @@ class Layout(StrictModel):
     zero_stage: int = Field(
         1, ge=0, le=3, description="0 none, 1 optimizer (Megatron distributed optimizer), 2 +grads, 3 +weights (FSDP)"
     )
-    recompute: Literal["none", "selective", "full"] = "selective"
+    recompute: Literal["none", "selective", "op", "full"] = Field(
+        "selective",
+        description="activation recomputation of the layers not counted in stages' recompute_layers: none, "
+        "selective (the attention core, Korthikanti et al.), op (per-op selective checkpointing, torchtitan's "
+        "SAC 'op' policy: every second matmul output and the attention output kept) or full",
+    )
     tp_comm_overlap: bool = Field(
         False, description="overlap TP collectives with the GEMMs they feed (Megatron --tp-comm-overlap)"
     )

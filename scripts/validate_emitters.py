@@ -860,6 +860,8 @@ def expected_differences(bundle: Bundle, facts: dict) -> list[str]:
         ac = facts.get("activation_checkpoint")
         if p.recompute == "full":
             _cmp(d, "activation checkpointing", ac, "full")
+        elif p.recompute == "op" and ac not in ("selective", "selective:op"):  # 0.3 SelectiveAC / 0.2 option op
+            d.append(f"activation checkpointing {ac!r}, plan per-op selective")
     return d
 
 

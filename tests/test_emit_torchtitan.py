@@ -57,7 +57,7 @@ def plan_shape(plan: LaunchPlan) -> tuple:
         plan.micro_batch_size,
         plan.sequence_parallel,
         plan.zero_stage,
-        "full" if full else "none",
+        "full" if full else "op" if plan.recompute == "op" else "none",
         tuple(plan.stage_layers),
         plan.global_batch_size,
         plan.training.seq_length,
@@ -244,6 +244,23 @@ def test_full_recompute_and_fp8():
     assert toml["quantize"]["linear"]["float8"]["filter_fqns"] == ["output"]
 
 
+@pytest.mark.parametrize("version", VERSIONS)
+def test_per_op_checkpointing_is_selective_ac_and_round_trips(version, tmp_path):
+    doc = copy.deepcopy(load("llama3-8b-h100-torchtitan"))
+    doc["plans"][2]["layout"]["recompute"] = "op"
+    plan = LaunchPlan.of(doc, 3, "torchtitan")
+    files = render(plan, version)
+    if version == "0.3":
+        assert "cfg.activation_checkpoint = SelectiveAC.Config()" in files["plan_config.py"]
+    else:
+        assert tomllib.loads(files["plan.toml"])["activation_checkpoint"] == {
+            "mode": "selective",
+            "selective_ac_option": "op",
+        }
+    write(files, tmp_path)
+    assert job_shape(read_back(plan, tmp_path, version), tmp_path) == plan_shape(plan)
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # refusals (exit 4), through planner.emit.emit
 
@@ -345,7 +362,7 @@ def test_import_of_a_0_2_toml_like_the_llama3_train_configs():
     assert raw["training"] == {"seq_length": 8192, "global_batch_size": 64, "precision": "bf16"}
     lay = raw["layout"]
     assert (lay["tp"], lay["pp"], lay["dp"], lay["zero_stage"], lay["micro_batch_size"]) == (1, 1, 64, 3, 1)
-    assert lay["recompute"] == "selective"  # per-op SAC: the planner's nearest setting
+    assert lay["recompute"] == "op"  # torchtitan's per-op selective checkpointing
     parse_job(raw)
 
 

@@ -134,6 +134,10 @@ def layer_time(
     backward = 2 * gemm_f + 2 * elem_f + attn_b + 2 * roof.overhead
     if recompute == "full":
         extra = forward
+    elif recompute == "op":
+        # per-op selective checkpointing re-runs the element-wise kernels and the matmuls whose outputs it did not
+        # keep (F.op_checkpoint_recomputed_gemms); the attention output is kept, so the attention is not re-run
+        extra = roof.gemms(F.op_checkpoint_recomputed_gemms(model, tokens, tp, moe, ep)) + elem_f + roof.overhead
     elif recompute == "selective" and not flash:
         extra = attn_f  # Korthikanti et al. 2022: recompute only the attention core
     else:

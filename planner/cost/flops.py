@@ -62,6 +62,35 @@ def mlp_gemms(model: ModelSpec, tokens: int, tp: int, moe: bool, ep: int) -> lis
     return ops
 
 
+def op_checkpoint_recomputed_gemms(model: ModelSpec, tokens: int, tp: int, moe: bool, ep: int) -> list[Gemm]:
+    """The forward GEMMs torchtitan's per-op selective checkpointing (``recompute: op``) runs again in backward.
+
+    torchtitan/distributed/activation_checkpoint.py ``_get_custom_policy``: within a block, the outputs of
+    matmuls are saved except every second one (a counter over the block's forward mm calls), and the attention
+    kernel's output is saved; everything else is recomputed. A Llama block calls wq, wk, wv, wo, w1, w3, w2: the
+    outputs of wk, wo and w3 (the second half of the fused gate/up GEMM here) are recomputed; a 2-matrix MLP
+    (fc1, fc2) recomputes fc2 instead. MoE experts follow the dense rule per expert."""
+    d, h = model.dim_head, model.hidden_size
+    k_width = model.kv_heads * d
+    ops = [Gemm(tokens, h, k_width // tp), Gemm(tokens, model.num_attention_heads * d // tp, h)]
+    if not moe:
+        f = model.ffn_hidden_size
+        ops.append(Gemm(tokens, h, f // tp) if model.mlp == "swiglu" else Gemm(tokens, f // tp, h))
+        return ops
+    m = model.moe
+    fe = m.expert_ffn_hidden_size
+    local_experts = max(1, m.num_experts // ep)
+    per_expert = max(1, round(tokens * m.top_k / local_experts))
+    if model.mlp == "swiglu":
+        ops.append(Gemm(per_expert, h, fe // tp, local_experts))
+    else:
+        ops.append(Gemm(per_expert, fe // tp, h, local_experts))
+    if m.shared_experts:
+        fs = fe * m.shared_experts
+        ops.append(Gemm(tokens, h, fs // tp) if model.mlp == "swiglu" else Gemm(tokens, fs // tp, h))
+    return ops
+
+
 def attention_core_flops(model: ModelSpec, tokens: int, seq: int, tp: int, causal: bool) -> float:
     """Q.K^T and P.V for ``tokens`` queries against ``seq`` keys (forward); causal masking halves useful work."""
     full = 4.0 * tokens * seq * model.num_attention_heads * model.dim_head / tp

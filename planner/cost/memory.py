@@ -63,6 +63,8 @@ def activation_bytes_per_layer(
     h, d, a = model.hidden_size, model.dim_head, model.num_attention_heads
     if recompute == "full":
         return 2.0 * t * h / (tp if sp else 1)
+    if recompute == "op":
+        return op_checkpoint_bytes(model, tokens=t, tp=tp, sp=sp, moe=moe)
     q, kv = a * d, model.kv_heads * d
     masks = 1.0 if model.dropout else 0.0
     replicated = (8.0 + 2 * masks) * t * h  # norm inputs, QKV and fc1 inputs, two dropout masks
@@ -81,6 +83,31 @@ def activation_bytes_per_layer(
     elif recompute != "selective":
         total += (2.0 + 3.0 * masks) * a * t * seq / tp  # softmax output (2) [+ dropout mask (1) and output (2)]
     return total
+
+
+def op_checkpoint_bytes(model: ModelSpec, *, tokens: int, tp: int, sp: bool, moe: bool) -> float:
+    """Activation bytes one layer keeps under per-op selective checkpointing (``recompute: op``, torchtitan's
+    SAC policy; the GEMMs it recomputes are planner.cost.flops.op_checkpoint_recomputed_gemms): the block input,
+    the kept matmul outputs -- Q and V (wq, wv), the first MLP matmul (w1 or fc1) and, for SwiGLU, the MLP output
+    (w2, kept as its reduce-scatter under SP) -- and the attention output with its fp32 log-sum-exp. For a Llama
+    block that is 4h + 4q + 2kv + 2f bytes per token against Korthikanti's 34h-class count: about half of what
+    selective recompute keeps, as torchtitan's memory readings show (measured-runs.md, section 8)."""
+    t = tokens
+    h, d, a = model.hidden_size, model.dim_head, model.num_attention_heads
+    q, kv = a * d, model.kv_heads * d
+    seq_split = tp if sp else 1
+    keep = 2.0 * t * h / seq_split + (2.0 * q + 2.0 * kv + 2.0 * q) * t / tp + 4.0 * t * a / tp
+    if moe:
+        m = model.moe
+        per_token = (m.top_k + m.shared_experts) * 2.0 * (m.expert_ffn_hidden_size / tp)
+        if model.mlp == "swiglu":
+            per_token += (m.top_k + m.shared_experts) * 2.0 * h / tp
+        keep += t * per_token
+    else:
+        keep += 2.0 * t * model.ffn_hidden_size / tp
+        if model.mlp == "swiglu":
+            keep += 2.0 * t * h / seq_split
+    return keep
 
 
 def working_bytes_full_recompute(

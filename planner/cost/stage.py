@@ -277,7 +277,7 @@ class StageModel:
         self.cal = cal
         gpn = costs.group.gpus_per_node
         self.flash = t.fused_attention
-        base_rc = "selective" if dims.recompute == "selective" else "none"
+        base_rc = dims.recompute if dims.recompute in ("selective", "op") else "none"
         tokens = dims.tokens_per_microbatch
         self.mb = dims.num_microbatches
         self.grad_wire = 2.0 if t.grad_dtype == "bf16" else 4.0  # bytes per gradient element on the wire

@@ -241,12 +241,12 @@ def settings(plan: LaunchPlan, version: str) -> dict[str, dict[str, Any]]:
 
 
 def recompute_mode(plan: LaunchPlan) -> str:
-    """full (every layer: FullAC / mode full) or none. The planner's selective recompute only drops eager
-    attention's s^2 activations; torchtitan's attention is always fused (SDPA/flex), which never keeps them, so
-    none matches it (torchtitan's own selective AC recomputes more than the plan counts on)."""
+    """full (every layer: FullAC / mode full), op (per-op selective: SelectiveAC / mode selective with
+    selective_ac_option "op") or none. The planner's selective recompute only drops eager attention's s^2
+    activations; torchtitan's attention is always fused (SDPA/flex), which never keeps them, so none matches it."""
     if plan.recompute == "full" or (plan.recompute_layers and plan.recompute_layers >= max(plan.stage_layers)):
         return "full"
-    return "none"
+    return "op" if plan.recompute == "op" else "none"
 
 
 def config_module(plan: LaunchPlan, model: ModelSource) -> str:
@@ -256,8 +256,9 @@ def config_module(plan: LaunchPlan, model: ModelSource) -> str:
     imports = ["from torchtitan.trainer import Trainer"]
     lines: list[str] = []
     ac = recompute_mode(plan)
-    if ac == "full":
-        imports.append("from torchtitan.distributed.activation_checkpoint import FullAC")
+    if ac in ("full", "op"):
+        name = "FullAC" if ac == "full" else "SelectiveAC"
+        imports.append(f"from torchtitan.distributed.activation_checkpoint import {name}")
     converters = ""
     if model.fp8:
         imports.append("from torchtitan.components.quantization import Float8LinearConverter")
@@ -292,7 +293,8 @@ def config_module(plan: LaunchPlan, model: ModelSource) -> str:
         lines.append(f"    p.{key} = {shown}")
     lines.append("    t = cfg.training")
     lines += [f"    t.{key} = {_py(value)}" for key, value in s["training"].items()]
-    lines.append("    cfg.activation_checkpoint = " + ("FullAC.Config()" if ac == "full" else "None"))
+    ac_config = {"full": "FullAC.Config()", "op": "SelectiveAC.Config()"}.get(ac, "None")
+    lines.append(f"    cfg.activation_checkpoint = {ac_config}")
     if model.fp8:
         lines.append('    cfg.compile = CompileConfig(enable=True, components=["model", "loss"])')
     lines.append("    return cfg")
@@ -387,7 +389,10 @@ def config_toml(plan: LaunchPlan, model: ModelSource) -> str:
                 lines += [f"{key} = [", *(f"    {_toml(part)}," for part in value), "]"]
             else:
                 lines.append(f"{key} = {_toml(value)}")
-    lines += ["", "[activation_checkpoint]", f"mode = {_toml(recompute_mode(plan))}"]
+    ac = recompute_mode(plan)
+    lines += ["", "[activation_checkpoint]", f"mode = {_toml('selective' if ac == 'op' else ac)}"]
+    if ac == "op":
+        lines.append('selective_ac_option = "op"')
     if model.fp8:
         lines += [
             "",

@@ -515,7 +515,7 @@ def _job(f: _Found, *, world_size, gpu, gpus_per_node, model) -> dict:
     if f.ac == "full":
         layout["recompute"] = "full"
     elif f.ac == "selective:op":
-        layout["recompute"] = "selective"
+        layout["recompute"] = "op"  # per-op selective checkpointing
     elif f.ac.startswith("selective:"):
         # every N-th layer a rank runs is checkpointed (a counter over the rank's layers; 0 means every layer)
         n = int(f.ac.split(":")[1])

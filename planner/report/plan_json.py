@@ -81,8 +81,9 @@ class LayoutOut(_Out):
         "ZeRO stage: 0 none, 1 optimizer states sharded over DP (Megatron distributed optimizer), "
         "2 also gradients, 3 also weights (FSDP)"
     )
-    recompute: Literal["none", "selective", "full"] = _d(
-        "activation recomputation baseline: none, selective (attention core only) or full (whole layers); stages' "
+    recompute: Literal["none", "selective", "op", "full"] = _d(
+        "activation recomputation baseline: none, selective (attention core only), op (per-op selective "
+        "checkpointing: every second matmul output and the attention output kept) or full (whole layers); stages' "
         "recompute_layers add fully recomputed layers"
     )
     tp_comm_overlap: bool = _d("TP collectives overlapped with the GEMMs they feed (Megatron --tp-comm-overlap)")
@@ -441,7 +442,9 @@ class JobLayoutOut(_Out):
     micro_batch_size: int | None = _d("sequences per micro-batch; absent: 1", None)
     sequence_parallel: bool | None = _d("sequence parallelism; absent or null: on when tp > 1", None)
     zero_stage: int | None = _d("ZeRO stage 0-3; absent: 1", None)
-    recompute: Literal["none", "selective", "full"] | None = _d("activation recomputation; absent: selective", None)
+    recompute: Literal["none", "selective", "op", "full"] | None = _d(
+        "activation recomputation; absent: selective", None
+    )
     tp_comm_overlap: bool | None = _d("TP communication overlapped with GEMMs; absent: false", None)
     stages: list[JobStageOut] | None = _d("per-stage layer counts (and placement); absent: an even split", None)
     replicas: list[JobReplicaOut] | None = _d("replica entries that differ in placement; absent: none", None)

@@ -115,7 +115,7 @@ def _families(ctx: MixedContext) -> list[tuple[float, _TpChoiceNode, int]]:
     job, opts = ctx.job, ctx.opts
     m, t = job.model, job.training
     L = m.num_layers
-    bases = baseline_recompute_modes(t)
+    bases = baseline_recompute_modes(t, opts.op_recompute)
     zeros = tuple(z for z in HETERO_ZERO if z in opts.zero_stages)
     cps = [cp for cp in cp_options(ctx) if ctx.fw is None or ctx.fw.allows(cp=cp)]
     out = []

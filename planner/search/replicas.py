@@ -78,7 +78,7 @@ def _shapes(ctx, deadline: float, beat: float):
     m, t = job.model, job.training
     L = m.num_layers
     groups = ctx.order
-    bases = baseline_recompute_modes(t)
+    bases = baseline_recompute_modes(t, ctx.opts.op_recompute)
     cps = [
         cp
         for cp in cp_options(t, max(job.cluster[g].num_gpus for g in groups))

@@ -67,6 +67,7 @@ class SearchOptions:
     max_micro_batch: int = 64
     zero_stages: tuple[int, ...] = (0, 1, 2, 3)
     partial_recompute: bool = True
+    op_recompute: bool = False  # search per-op selective checkpointing (on for frameworks that have it)
     allow_idle_nodes: bool = True
     tp_comm_overlap: bool = False  # the framework overlaps TP collectives with GEMMs (Megatron + Transformer Engine)
     framework: Framework | None = None  # restrict to what this framework runs (planner/frameworks.py)
@@ -74,6 +75,8 @@ class SearchOptions:
     def __post_init__(self) -> None:
         if self.framework is not None and not self.framework.partial_recompute:
             self.partial_recompute = False
+        if self.framework is not None and self.framework.op_recompute:
+            self.op_recompute = True
 
     @property
     def uniform_recompute(self) -> bool:
@@ -155,7 +158,7 @@ def _enumerate_world(
     L = m.num_layers
     flash = t.attention == "flash"
     pruned = 0
-    bases = baseline_recompute_modes(t)
+    bases = baseline_recompute_modes(t, opts.op_recompute)
     out: list[Candidate] = []
     for tp in tp_options(m, world, gpn, opts.allow_cross_node_tp):
         for cp in cp_options(t, world):
