@@ -327,7 +327,18 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
 
     partition = _text(par.get("pp_partition"))
     uneven = model["num_layers"] % pp != 0
-    if pp > 1 and ("embedding" in partition or (uneven and "deepspeed" in arch)):
+    # Megatron's --account-for-embedding-in-pipeline-split / --account-for-loss-in-pipeline-split: the embedding
+    # (loss) counts as one layer of the first (last) stage, which holds one transformer layer fewer
+    # (megatron/core/transformer/transformer_block.py get_num_layers_to_build); with interleaving the lighter
+    # chunk is the stage's first (last), so the stage totals are the same.
+    first = "account-for-embedding" in partition
+    last = "account-for-loss" in partition
+    if pp > 1 and (first or last):
+        slots = balanced_split(model["num_layers"] + first + last, pp)
+        slots[0] -= first
+        slots[-1] -= last
+        layout["stages"] = [{"layers": n} for n in slots]
+    elif pp > 1 and ("embedding" in partition or (uneven and "deepspeed" in arch)):
         # DeepSpeed "type:transformer|embedding": both embeddings take a pipeline slot of their own.
         slots = balanced_split(model["num_layers"] + 2, pp)
         slots[0] -= 1

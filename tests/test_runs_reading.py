@@ -115,3 +115,17 @@ def test_a_file_whose_every_run_is_malformed_is_bad_input(tmp_path):
     with pytest.raises(SpecError) as err:
         read(tmp_path, run(parallel__tp=0))
     assert err.value.field == "runs[0].parallel.tp"
+
+
+@pytest.mark.parametrize(
+    "text, layers, stages",
+    [
+        ("--account-for-embedding-in-pipeline-split --account-for-loss-in-pipeline-split", 30, [7, 8, 8, 7]),
+        ("--account-for-embedding-in-pipeline-split", 31, [7, 8, 8, 8]),
+        ("account-for-loss", 31, [8, 8, 8, 7]),
+    ],
+)
+def test_megatron_embedding_and_loss_take_pipeline_slots(tmp_path, text, layers, stages):
+    r = run(parallel__pp=4, parallel__dp=2, parallel__pp_partition=text, model__layers=layers)
+    (case,) = read(tmp_path, r)
+    assert [s.layers for s in case.layout_choices[0].stages] == stages
