@@ -266,6 +266,9 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
     elif stack in BF16_GRADIENT_STACKS and "grad" not in prec_text:
         training["grad_dtype"] = "bf16"
         assumed.append(f"gradients reduced in bf16 ({stack} default)")
+    if stack in UNFUSED_LOSS_STACKS:
+        training["cross_entropy"] = "unfused"
+        assumed.append(f"cross_entropy=unfused ({stack} default)")
 
     # ---- layout
     tp = par.int("tp")
@@ -401,6 +404,9 @@ MEGATRON_FLOPS_STACKS = frozenset({"nemo", "megatron-bridge", "megatron-core"})
 # NeMo's published performance runs reduce gradients in bf16: NeMo-Framework-Launcher
 # examples/training/*/h100/*.sh set `training.model.optim.grad_sync_dtype=bf16` (2-byte main grads).
 BF16_GRADIENT_STACKS = frozenset({"nemo"})
+# torchtitan's loss is torch cross_entropy over the upcast logits (components/loss.py cross_entropy_loss, 0.2):
+# no fused vocab-parallel kernel.
+UNFUSED_LOSS_STACKS = frozenset({"torchtitan"})
 # Sequence length of the stack's reference configs where a run leaves it unstated: torchtitan's Llama 3
 # train_configs (llama3_8b.toml, llama3_70b.toml, llama3_405b.toml: [training] seq_len = 8192).
 SEQ_LEN_DEFAULTS = {"torchtitan": 8192}

@@ -151,6 +151,12 @@ class Training(StrictModel):
         "(FlashAttention-3 / cuDNN fused attention, Hopper and newer: Transformer Engine in Megatron-Core and NeMo); "
         "or eager, the materialized s^2 softmax",
     )
+    cross_entropy: Literal["fused", "unfused"] = Field(
+        "fused",
+        description="the loss kernel: fused (Megatron's vocab-parallel cross-entropy and other fused kernels: fp32 "
+        "logits, gradient written in place) or unfused (torch cross_entropy over upcast logits, torchtitan: bf16 "
+        "logits, an fp32 copy and the fp32 log-softmax)",
+    )
     grad_dtype: Literal["fp32", "bf16", "bf16+fp32"] = Field(
         "fp32",
         description="gradient buffers: fp32 (Megatron main_grad), bf16, or bf16+fp32 (16-bit .grad plus an "

@@ -129,3 +129,17 @@ def test_megatron_embedding_and_loss_take_pipeline_slots(tmp_path, text, layers,
     r = run(parallel__pp=4, parallel__dp=2, parallel__pp_partition=text, model__layers=layers)
     (case,) = read(tmp_path, r)
     assert [s.layers for s in case.layout_choices[0].stages] == stages
+
+
+def test_torchtitan_runs_price_its_unfused_loss(tmp_path):
+    from planner.cost.memory import logits_bytes
+
+    r = run()
+    r["source"] = {"title": "pytorch/torchtitan benchmarks"}
+    r["source_group"] = "torchtitan"
+    (case,) = read(tmp_path, r)
+    assert case.job.training.cross_entropy == "unfused"
+    m = case.job.model
+    assert logits_bytes(m, 4096, 1, "unfused") == 2.5 * logits_bytes(m, 4096, 1, "fused") == 10.0 * 4096 * m.vocab_size
+    (nemo,) = read(tmp_path, RUN)
+    assert nemo.job.training.cross_entropy == "fused"

@@ -151,8 +151,11 @@ def embedding_time(model: ModelSpec, roof: Roofline, tokens: int, tp: int, sp: b
     return PassTime(roof.traffic(nbytes), roof.traffic(3 * nbytes), 0.0)
 
 
-def logits_time(model: ModelSpec, roof: Roofline, tokens: int, tp: int) -> PassTime:
-    """Output projection plus the fp32 softmax cross-entropy over the vocabulary shard."""
+def logits_time(model: ModelSpec, roof: Roofline, tokens: int, tp: int, cross_entropy: str = "fused") -> PassTime:
+    """Output projection plus the fp32 softmax cross-entropy over the vocabulary shard: a fused kernel reads and
+    writes the fp32 logits about three times (12 bytes per logit); the unfused loss (memory.logits_bytes) also
+    writes and reads the fp32 copy and the log-softmax, and casts the gradient back (28 bytes per logit)."""
     gemm = roof.gemms([F.logits_gemm(model, tokens, tp)])
-    ce = roof.traffic(3 * 4.0 * tokens * model.vocab_size / tp)
+    per_logit = 12.0 if cross_entropy == "fused" else 28.0
+    ce = roof.traffic(per_logit * tokens * model.vocab_size / tp)
     return PassTime(gemm + ce, 2 * gemm + ce, 0.0)

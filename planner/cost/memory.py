@@ -126,10 +126,17 @@ def working_bytes_full_recompute(
     )
 
 
-def logits_bytes(model: ModelSpec, tokens: int, tp: int) -> float:
-    """fp32 logits of the vocabulary shard, 4sbv/t (Korthikanti et al. 2022, Sec. 4.3); fused cross-entropy
-    kernels (Megatron vocab-parallel CE, flash-attn's) write the gradient in place."""
-    return 4.0 * tokens * model.vocab_size / tp
+# Bytes per logit the loss holds at its peak (logits_bytes).
+LOSS_BYTES_PER_LOGIT = {"fused": 4.0, "unfused": 10.0}
+
+
+def logits_bytes(model: ModelSpec, tokens: int, tp: int, cross_entropy: str = "fused") -> float:
+    """Logits of the vocabulary shard the loss holds. fused: fp32 logits, 4sbv/t (Korthikanti et al. 2022,
+    Sec. 4.3); fused cross-entropy kernels (Megatron vocab-parallel CE, flash-attn's) write the gradient in place.
+    unfused: torch.nn.functional.cross_entropy over ``pred.float()`` (torchtitan components/loss.py
+    cross_entropy_loss): the bf16 logits (2), their fp32 copy (4) and the fp32 log-softmax saved for backward (4),
+    10sbv/t."""
+    return LOSS_BYTES_PER_LOGIT[cross_entropy] * tokens * model.vocab_size / tp
 
 
 def inflight_microbatches(stage: int, pp: int, vpp: int, num_microbatches: int) -> float:

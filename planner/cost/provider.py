@@ -42,6 +42,7 @@ class AnalyticCosts:
         self.cal = cal or default_calibration()
         self.precision = precision
         self.attention_kernel = attention_kernel  # Training.attention: which fused kernel prices the attention core
+        self.cross_entropy = "fused"  # Training.cross_entropy: the loss kernel (set by CostSource)
         self._layers: dict = {}
         self._ends: dict = {}  # embedding and logits PassTime per (kind, model, micro-batch, TP, SP)
         self._models: list = []
@@ -142,10 +143,10 @@ class AnalyticCosts:
         return hit
 
     def logits(self, model: ModelSpec, tokens: int, tp: int) -> compute.PassTime:
-        key = ("logits", id(model), tokens, tp)
+        key = ("logits", id(model), tokens, tp, self.cross_entropy)
         hit = self._ends.get(key)
         if hit is None:
-            hit = self._ends[key] = compute.logits_time(model, self._roof, tokens, tp)
+            hit = self._ends[key] = compute.logits_time(model, self._roof, tokens, tp, self.cross_entropy)
             self.keep(model)
         return hit
 
@@ -196,6 +197,7 @@ class CostSource:
                 provider = MeasuredCosts
             t = self.job.training
             hit = self._groups[group] = provider(node_group, t.precision, self.cal, t.attention)
+            hit.cross_entropy = t.cross_entropy
             hit.source = self
         return hit
 

@@ -302,7 +302,7 @@ class StageModel:
         p2p = self.own_p2p
         self.pp_time = 2 * dims.vpp * p2p.p2p(self.send_bytes) if dims.pp > 1 else 0.0
         self.emb_act = act_tok / (dims.tp if dims.sequence_parallel else 1)
-        self.logits_act = M.logits_bytes(m, tokens, dims.tp)
+        self.logits_act = M.logits_bytes(m, tokens, dims.tp, job.training.cross_entropy)
         self.largest_layer = max(k.params_dense + k.params_expert for k in self.kinds.values())
         self.working = max(k.act_working for k in self.kinds.values())
         self.states_per_param = {

@@ -401,6 +401,10 @@ class TrainingOut(_Out):
         "fused attention, flash (FlashAttention-2 class) or flash3 (FlashAttention-3 / cuDNN fused attention), or "
         "eager (materialized s^2 softmax)"
     )
+    cross_entropy: Literal["fused", "unfused"] = _d(
+        "loss kernel: fused (vocab-parallel / fused cross-entropy, fp32 logits) or unfused (torch cross_entropy "
+        "over upcast logits: bf16 logits, an fp32 copy and the fp32 log-softmax)"
+    )
     grad_dtype: Literal["fp32", "bf16", "bf16+fp32"] = _d(
         "gradient buffers: fp32 (Megatron main_grad), bf16, or bf16+fp32 (16-bit grads plus an unsharded fp32 "
         "accumulation buffer, DeepSpeed BF16_Optimizer)"
