@@ -583,8 +583,8 @@ def search_hetero(
         beat = kth_time()
         stop = min(start + time_limit_s * share, time.monotonic() + 0.25 * time_limit_s * share)
         rs = search_replicas(ctx, beat, stop, workers, progress)
-        for cand, est in rs.found:
-            keep_top(best, Plan(cand, est, "feasible"), top)
+        for cand, est, exact in rs.found:
+            keep_top(best, Plan(cand, est, "optimal" if exact else "feasible"), top)
     # What keeps the top K from being proven, as (bound, stop reason, part of the space): the mixed pipelines as
     # today's ``complete`` says (cut by the deadline, or a solve stopped at its per-solve cap), and replica shapes
     # whose bound is below the K-th best (left unexplored by the deadline, or evaluated heuristically: replica

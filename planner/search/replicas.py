@@ -10,9 +10,11 @@ and micro-batch counts are per replica. For a shape:
   2. every group's split is tried for all replicas, each replica recomputing the fewest layers that fit its GPUs;
   3. the micro-batch counts m_g (sum_g d_g m_g = global batch / micro-batch) are chosen to minimize the slowest
      replica's time, and the plan is evaluated exactly (planner/cost/estimate.estimate_replicas).
-Steps 2-3 fix choices the model does not prove optimal, so these plans are reported as feasible. Shapes are
-visited best-first by a throughput bound (the M micro-batches and each replica's pipeline fill over the groups'
-fastest possible micro-batch rates) and the search stops when the bound reaches the best plan already known.
+With pipelines (pp > 1) steps 1-2 fix a layer split the model does not prove optimal, so those shapes stay open
+(their bound sets the reported gap); with one stage the evaluation is exact (_evaluate_shape) and closes the
+shape. Shapes are visited best-first by a throughput bound (the M micro-batches and each replica's pipeline fill
+over the groups' fastest possible micro-batch rates) and the search stops when the bound reaches the best plan
+already known.
 """
 
 from __future__ import annotations
@@ -203,9 +205,12 @@ def _replica_dims(job, shape, zero, counts, layers, recs, ms, base) -> ReplicaDi
 
 
 def _evaluate_shape(ctx, cand: ReplicaCandidate, remaining: float, workers: int):
-    """(the best replica plan of one shape and ZeRO stage or None, whether the shape is proven infeasible).
-    Module docstring, steps 1-3. With one stage the split is forced and each replica's recompute count is the
-    exact minimum, so a replica that cannot fit proves the shape infeasible."""
+    """(the best replica plan of one shape and ZeRO stage or None, whether the shape is proven infeasible, whether
+    the plan is the shape's optimum). Module docstring, steps 1-3. With one stage the split is forced, each
+    replica's fewest recomputed layers that fit is its fastest choice (a replica's time grows with its recompute
+    count and the others do not depend on it), and the micro-batch counts are the integer optimum of the
+    replicas' linear times (_balance): the evaluation is exact, and a replica that cannot fit proves the shape
+    infeasible."""
     job = ctx.job
     shape = (cand.tp, cand.cp, cand.pp, cand.mbs)
     M = job.training.global_batch_size // cand.mbs
@@ -259,7 +264,7 @@ def _evaluate_shape(ctx, cand: ReplicaCandidate, remaining: float, workers: int)
         for (g, _), sms in zip(cand.counts, per):
             rec = _min_recompute(job, sms, layers, [ctx.capacity(g)] * cand.pp, cand.recompute == "full")
             if rec is None and cand.pp == 1 and cand.recompute != "full":
-                return None, True
+                return None, True, True
             if rec is None or (ctx.opts.uniform_recompute and len(set(rec)) > 1):
                 break
             recs.append(rec)
@@ -278,7 +283,7 @@ def _evaluate_shape(ctx, cand: ReplicaCandidate, remaining: float, workers: int)
             est = estimate_replicas(job, dims, ctx.opts.memory_margin)
             if est.fits and (best is None or est.iteration_time_s < best.iteration_time_s):
                 best = est
-    return best, False
+    return best, False, cand.pp == 1 and bool(splits)
 
 
 def _states_fit(ctx, tp: int, cp: int, pp: int, zero: int, counts) -> bool:
@@ -318,9 +323,10 @@ def _sharded_bound(
 
 @dataclass
 class ReplicaSearch:
-    """What search_replicas found: (candidate, estimate) pairs, the least bound of an evaluated (shape, ZeRO) not
-    proven infeasible (``low``: the heuristic evaluation does not close it) and the least bound of the shapes the
-    deadline left unexplored (``unexplored``); inf where there is none."""
+    """What search_replicas found: (candidate, estimate, exact) triples (exact: the shape's optimum), the least
+    bound of an evaluated (shape, ZeRO) neither proven infeasible nor evaluated exactly (``low``: the heuristic
+    evaluation does not close it) and the least bound of the shapes the deadline left unexplored (``unexplored``);
+    inf where there is none."""
 
     found: list
     low: float
@@ -380,11 +386,11 @@ def search_replicas(ctx, incumbent_s: float, deadline: float, workers: int, prog
                 unexplored = min(unexplored, zbound)
                 continue
             cand = ReplicaCandidate(tp, cp, pp, mbs, zero, base, counts, bound)
-            est, infeasible = _evaluate_shape(ctx, cand, remaining, workers)
-            if not infeasible:
+            est, infeasible, exact = _evaluate_shape(ctx, cand, remaining, workers)
+            if not infeasible and not exact:  # an exact evaluation closes its shape: no better plan hides in it
                 low = min(low, zbound)
             if est is not None:
-                found.append((cand, est))
+                found.append((cand, est, exact))
                 best = min(best, est.iteration_time_s)
     if progress is not None:
         progress(len(shapes), len(shapes), what)
