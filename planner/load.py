@@ -13,7 +13,19 @@ from typing import Any
 from pydantic import ValidationError
 
 from planner.errors import SpecError, did_you_mean
-from planner.spec import GpuSpec, Job, Layout, LinkSpec, ModelSpec, MoESpec, NodeGroup, ReplicaSpec, StageSpec, Training
+from planner.spec import (
+    GpuSpec,
+    Job,
+    Layout,
+    LinkSpec,
+    MLASpec,
+    ModelSpec,
+    MoESpec,
+    NodeGroup,
+    ReplicaSpec,
+    StageSpec,
+    Training,
+)
 
 # Names other tools use for our fields (Megatron-LM / DeepSpeed flags, Hugging Face config keys).
 _SYNONYMS = {
@@ -98,6 +110,7 @@ def _fields_at(exc: ValidationError, loc) -> list[str]:
     names = {
         "model": ModelSpec,
         "moe": MoESpec,
+        "mla": MLASpec,
         "training": Training,
         "layout": Layout,
         "cluster": NodeGroup,

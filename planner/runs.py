@@ -211,6 +211,16 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
     elif preset is not None and preset.moe is not None and model_s.get("num_experts") is None:
         model["moe"] = preset.moe.model_dump()
         filled.append("moe")
+    if (
+        preset is not None
+        and preset.mla is not None
+        and hidden == preset.hidden_size
+        and heads == preset.num_attention_heads
+    ):
+        model["mla"] = preset.mla.model_dump()  # the preset's latent attention (head_dim and kv heads follow from it)
+        model.pop("head_dim", None)
+        model["num_kv_heads"] = heads
+        filled.append("mla")
     if filled:
         assumed.append(f"model {', '.join(filled)} from preset {preset.name}")
 

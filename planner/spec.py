@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic_core import InitErrorDetails, PydanticCustomError
 
 from planner.profile.schema import Profile
 from planner.strict import StrictModel
@@ -33,24 +34,121 @@ class MoESpec(StrictModel):
         return self
 
 
+class MLASpec(StrictModel):
+    """Multi-head latent attention (DeepSeek-V2, arXiv 2405.04434 sec. 2.1; DeepSeek-V3, Kimi K2): queries, keys and
+    values are up-projected per head from low-rank latents, and one rotary key of qk_rope_head_dim is shared by all
+    heads. Field names are those of the Hugging Face DeepseekV2/V3 config.json; Megatron-Core's MLATransformerConfig
+    calls qk_nope_head_dim ``qk_head_dim`` and qk_rope_head_dim ``qk_pos_emb_head_dim``."""
+
+    q_lora_rank: int | None = Field(
+        None,
+        ge=1,
+        le=1_000_000,
+        description="rank of the query latent (q_a_proj: hidden -> q_lora_rank, then q_b_proj up to the heads); "
+        "null: queries projected from the hidden state directly, no query compression (DeepSeek-V2-Lite)",
+    )
+    kv_lora_rank: int = Field(
+        ge=1,
+        le=1_000_000,
+        description="rank of the joint key/value latent (kv_a_proj_with_mqa: hidden -> kv_lora_rank + "
+        "qk_rope_head_dim; kv_b_proj: kv_lora_rank -> heads * (qk_nope_head_dim + v_head_dim))",
+    )
+    qk_nope_head_dim: int = Field(
+        ge=1, le=100_000, description="per-head query/key dimension without rotary embedding (Megatron qk_head_dim)"
+    )
+    qk_rope_head_dim: int = Field(
+        ge=1,
+        le=100_000,
+        description="per-head query/key dimension that carries RoPE (Megatron qk_pos_emb_head_dim); the key part is "
+        "one rotary head shared by all heads (decoupled RoPE)",
+    )
+    v_head_dim: int = Field(ge=1, le=100_000, description="per-head value dimension (the output projection's input)")
+
+    @property
+    def qk_head_dim(self) -> int:
+        """Query/key width of one head, qk_nope_head_dim + qk_rope_head_dim (what Q.K^T contracts over)."""
+        return self.qk_nope_head_dim + self.qk_rope_head_dim
+
+
+def _field_error(title: str, loc: tuple, message: str, value) -> ValidationError:
+    """A validation error located at ``loc`` inside the model being validated: raised from a model validator,
+    pydantic reports it at that field (``model.num_kv_heads``), not at the model as a whole."""
+    detail = InitErrorDetails(type=PydanticCustomError("value_error", message), loc=loc, input=value)
+    return ValidationError.from_exception_data(title, [detail])
+
+
 class ModelSpec(StrictModel):
     name: str = "custom"
     num_layers: int = Field(ge=1, le=MAX_LAYERS)
     hidden_size: int = Field(ge=1, le=1_000_000)
     ffn_hidden_size: int = Field(ge=1, le=10_000_000)
     num_attention_heads: int = Field(ge=1, le=100_000)
-    num_kv_heads: int | None = Field(None, ge=1, le=100_000, description="defaults to num_attention_heads (MHA)")
-    head_dim: int | None = Field(None, ge=1, le=100_000, description="defaults to hidden_size / heads")
+    num_kv_heads: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="defaults to num_attention_heads (MHA); with mla it is num_attention_heads (filled in: each "
+        "head gets its own key and value, up-projected from the shared latent)",
+    )
+    head_dim: int | None = Field(
+        None,
+        ge=1,
+        le=100_000,
+        description="defaults to hidden_size / heads; with mla the query/key head dimension qk_nope_head_dim + "
+        "qk_rope_head_dim (filled in; the value head is mla.v_head_dim)",
+    )
     vocab_size: int = Field(ge=1, le=100_000_000)
     mlp: Literal["gelu", "swiglu", "relu"] = "swiglu"
     tie_embeddings: bool = False
     dropout: bool = Field(False, description="hidden/attention dropout on (GPT-3-era Megatron); adds 1-byte masks")
     moe: MoESpec | None = None
+    mla: MLASpec | None = Field(
+        None, description="multi-head latent attention (DeepSeek-V2/V3, Kimi K2); null: MHA/GQA/MQA projections"
+    )
     source: str = "user supplied"
+
+    @model_validator(mode="before")
+    @classmethod
+    def _mla_heads(cls, data):
+        """With mla, num_kv_heads is num_attention_heads and head_dim the query/key head dimension: filled in when
+        left out, so every way of writing an MLA model (preset, config.json, Megatron flags) gives the same spec."""
+        if not isinstance(data, dict) or data.get("mla") is None:
+            return data
+        mla = data["mla"]
+        if isinstance(mla, MLASpec):
+            mla = mla.model_dump()
+        if not isinstance(mla, dict):
+            return data  # the mla field reports it
+        data = dict(data)
+        if data.get("num_kv_heads") is None and data.get("num_attention_heads") is not None:
+            data["num_kv_heads"] = data["num_attention_heads"]  # checked (type, range) as if written
+        nope, rope = mla.get("qk_nope_head_dim"), mla.get("qk_rope_head_dim")
+        if data.get("head_dim") is None and all(type(v) is int and v >= 1 for v in (nope, rope)):
+            data["head_dim"] = nope + rope
+        return data
 
     @model_validator(mode="after")
     def _heads(self):
         kv = self.num_kv_heads or self.num_attention_heads
+        if self.mla is not None:
+            heads, qk = self.num_attention_heads, self.mla.qk_head_dim
+            if kv != heads:
+                raise _field_error(
+                    "ModelSpec",
+                    ("num_kv_heads",),
+                    f"must equal num_attention_heads ({heads}) with mla (multi-head latent attention gives every "
+                    "head its own key and value), or be left out",
+                    self.num_kv_heads,
+                )
+            if self.head_dim is not None and self.head_dim != qk:
+                raise _field_error(
+                    "ModelSpec",
+                    ("head_dim",),
+                    f"must equal mla.qk_nope_head_dim + mla.qk_rope_head_dim ({qk}) with mla (the query/key head "
+                    "dimension), or be left out",
+                    self.head_dim,
+                )
+            return self
         if self.num_attention_heads % kv:
             raise ValueError(
                 f"num_attention_heads ({self.num_attention_heads}) must be a multiple of num_kv_heads ({kv})"
@@ -68,6 +166,9 @@ class ModelSpec(StrictModel):
 
     @property
     def dim_head(self) -> int:
+        """Query/key dimension of one head (with mla: qk_nope_head_dim + qk_rope_head_dim)."""
+        if self.mla is not None:
+            return self.mla.qk_head_dim
         return self.head_dim or self.hidden_size // self.num_attention_heads
 
     def is_moe_layer(self, index: int) -> bool:

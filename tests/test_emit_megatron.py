@@ -657,7 +657,7 @@ BAD_INPUTS = [
     (BASE.replace("--num-layers 32", "--num-layers abc"), {}, "--num-layers"),
     (BASE.replace("--num-layers 32", "--num-layers"), {}, "--num-layers"),
     (BASE + "--tensor-model-parallel-size $TP", {}, "--tensor-model-parallel-size"),
-    (BASE + "--multi-latent-attention", {}, "--multi-latent-attention"),
+    (BASE + "--multi-latent-attention --group-query-attention --num-query-groups 8", {}, "--group-query-attention"),
     (BASE + "--sequence-parallel true", {}, "--sequence-parallel"),
     (BASE + "--recompute-granularity full", {}, "--recompute-method"),
     (BASE + "--recompute-granularity partial", {}, "--recompute-granularity"),

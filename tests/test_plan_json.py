@@ -22,7 +22,19 @@ from planner.report import plan_json as P
 from planner.report.provenance import cost_model_json, job_json, provenance
 from planner.search.homogeneous import search
 from planner.search.result import Plan, SearchResult
-from planner.spec import GpuSpec, Job, Layout, LinkSpec, ModelSpec, MoESpec, NodeGroup, ReplicaSpec, StageSpec, Training
+from planner.spec import (
+    GpuSpec,
+    Job,
+    Layout,
+    LinkSpec,
+    MLASpec,
+    ModelSpec,
+    MoESpec,
+    NodeGroup,
+    ReplicaSpec,
+    StageSpec,
+    Training,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = sorted((ROOT / "examples").rglob("*.yaml"))
@@ -32,6 +44,7 @@ SPEC_TO_OUT = [
     (Job, P.JobOut),
     (ModelSpec, P.ModelOut),
     (MoESpec, P.MoEOut),
+    (MLASpec, P.MLAOut),
     (GpuSpec, P.GpuOut),
     (NodeGroup, P.NodeGroupOut),
     (LinkSpec, P.LinkOut),

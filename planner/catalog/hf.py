@@ -1,7 +1,8 @@
 """Offline reading of a Hugging Face ``config.json`` into a ModelSpec.
 
 Key names follow the ``transformers`` configuration classes (LlamaConfig, MistralConfig, MixtralConfig,
-Qwen2/Qwen3[Moe]Config, DeepseekV2/V3Config, GPT2Config); defaults below are those classes' defaults.
+Qwen2/Qwen3[Moe]Config, DeepseekV2/V3Config, GPT2Config; Kimi K2's ``kimi_k2`` config.json uses DeepseekV3Config's
+keys); defaults below are those classes' defaults.
 """
 
 from __future__ import annotations
@@ -98,9 +99,27 @@ def _qwen_moe(r: _Reader) -> dict[str, Any]:
     return data
 
 
+def _mla(r: _Reader) -> dict[str, Any]:
+    """Multi-head latent attention (planner.spec.MLASpec): the DeepseekV2/V3Config keys of the same names. Every
+    key is required (a silently defaulted width would misprice the attention); q_lora_rank written as null
+    (DeepSeek-V2-Lite) is no query compression."""
+    if "q_lora_rank" not in r.cfg:
+        raise SpecError(f"{r.field}.q_lora_rank", "required field is missing in config.json (null: no query latent)")
+    return {
+        "q_lora_rank": r.int("q_lora_rank", None),
+        "kv_lora_rank": r.int("kv_lora_rank"),
+        "qk_nope_head_dim": r.int("qk_nope_head_dim"),
+        "qk_rope_head_dim": r.int("qk_rope_head_dim"),
+        "v_head_dim": r.int("v_head_dim"),
+    }
+
+
 def _deepseek(r: _Reader) -> dict[str, Any]:
     data = _decoder(r)  # intermediate_size is the dense FFN of the first_k_dense_replace layers
-    data["head_dim"] = r.int("qk_nope_head_dim") + r.int("qk_rope_head_dim")
+    # MLA: head_dim is the query/key width qk_nope + qk_rope (newer DeepseekV3Config writes head_dim =
+    # qk_rope_head_dim, the rotary width, which is not ours); num_key_value_heads equals the heads.
+    data["mla"] = _mla(r)
+    data["head_dim"] = data["mla"]["qk_nope_head_dim"] + data["mla"]["qk_rope_head_dim"]
     data["moe"] = {
         "num_experts": r.int("n_routed_experts"),
         "top_k": r.int("num_experts_per_tok"),
@@ -109,7 +128,7 @@ def _deepseek(r: _Reader) -> dict[str, Any]:
         "moe_layer_freq": r.int("moe_layer_freq", 1),
         "first_dense_layers": r.int("first_k_dense_replace", 0),
     }
-    data["_note"] = "MLA approximated as MHA with head_dim = qk_nope_head_dim + qk_rope_head_dim"
+    data["_note"] = "MLA read exactly; multi-token-prediction layers (num_nextn_predict_layers) not modelled"
     return data
 
 
@@ -137,6 +156,7 @@ _MAPPERS: dict[str, Callable[[_Reader], dict[str, Any]]] = {
     "qwen3_moe": _qwen_moe,
     "deepseek_v2": _deepseek,
     "deepseek_v3": _deepseek,
+    "kimi_k2": _deepseek,
     "gpt2": _gpt2,
 }
 

@@ -88,10 +88,17 @@ def elementwise_bytes(model: ModelSpec, tokens: int, tp: int, sp: bool, moe: boo
     Two norms (read 2, write 2 bytes per element each) and two residual adds (read 4, write 2): 20 bytes per
     hidden element, replicated on every TP rank unless sequence parallelism splits them. The activation
     function reads its input and writes its output (GeLU: f wide; SwiGLU: reads 2f, writes f). Rotary and
-    head transposes touch Q, K and V about twice."""
+    head transposes touch Q, K and V about twice. MLA (Megatron-Core multi_latent_attention.py): Q and K are
+    qk_nope + qk_rope wide per head, V v_head_dim, and the two latent RMSNorms read and write the query and kv
+    latents (replicated over TP like the layer norms, split by sequence parallelism)."""
     h, d = model.hidden_size, model.dim_head
     rep = 20.0 * tokens * h / (tp if sp else 1)
-    qkv = 2 * 2.0 * tokens * (model.num_attention_heads + 2 * model.kv_heads) * d / tp
+    if model.mla is not None:
+        ml, n = model.mla, model.num_attention_heads
+        qkv = 2 * 2.0 * tokens * n * (2 * ml.qk_head_dim + ml.v_head_dim) / tp
+        rep += 4.0 * tokens * (ml.kv_lora_rank + (ml.q_lora_rank or 0)) / (tp if sp else 1)
+    else:
+        qkv = 2 * 2.0 * tokens * (model.num_attention_heads + 2 * model.kv_heads) * d / tp
     if moe:
         m = model.moe
         width = m.expert_ffn_hidden_size * (m.top_k + m.shared_experts)
@@ -117,7 +124,7 @@ def layer_time(
     recompute: str,
 ) -> PassTime:
     """Forward, backward and recompute seconds of one layer for one micro-batch of ``tokens`` tokens."""
-    gemm_f = roof.gemms(F.attention_gemms(model, tokens, tp) + F.mlp_gemms(model, tokens, tp, moe, ep))
+    gemm_f = roof.gemms(F.attention_gemms(model, tokens, tp, sp) + F.mlp_gemms(model, tokens, tp, moe, ep))
     elem_f = roof.traffic(elementwise_bytes(model, tokens, tp, sp, moe))
     if flash:
         # Causal flash kernels skip the masked half; with CP the ring still sees every key block.

@@ -11,6 +11,7 @@ Activations follow Korthikanti et al. 2022 (Table 2), generalized as listed in a
 
 from __future__ import annotations
 
+from planner.cost import flops as F
 from planner.spec import ModelSpec
 
 GIB = 1024**3
@@ -57,7 +58,7 @@ def activation_bytes_per_layer(
     is split by t; with SP everything is split by t. Selective recompute drops the 5as^2b softmax term.
     Extensions: GQA (K and V are kv_heads*head_dim wide), SwiGLU (gate and up outputs plus their product:
     3 ffn-wide tensors), flash attention (no s^2 term; keeps its output and the row log-sum-exp), MoE
-    (router input, per-token expert inputs and activations times top-k, dispatch buffers).
+    (router input, per-token expert inputs and activations times top-k, dispatch buffers), MLA (mla_attention_bytes).
     Full recompute keeps only the layer input, 2sbh (split by t under SP)."""
     t = tokens
     h, d, a = model.hidden_size, model.dim_head, model.num_attention_heads
@@ -65,10 +66,14 @@ def activation_bytes_per_layer(
         return 2.0 * t * h / (tp if sp else 1)
     if recompute == "op":
         return op_checkpoint_bytes(model, tokens=t, tp=tp, sp=sp, moe=moe)
-    q, kv = a * d, model.kv_heads * d
     masks = 1.0 if model.dropout else 0.0
     replicated = (8.0 + 2 * masks) * t * h  # norm inputs, QKV and fc1 inputs, two dropout masks
-    attn_split = 2.0 * t * q + 4.0 * t * kv + 2.0 * t * q  # Q, K and V, output-projection input
+    if model.mla is not None:
+        latents, attn_split = mla_attention_bytes(model, t)
+        replicated += latents
+    else:
+        q, kv = a * d, model.kv_heads * d
+        attn_split = 2.0 * t * q + 4.0 * t * kv + 2.0 * t * q  # Q, K and V, output-projection input
     if moe:
         m = model.moe
         fe = m.expert_ffn_hidden_size
@@ -85,24 +90,59 @@ def activation_bytes_per_layer(
     return total
 
 
+def mla_attention_bytes(model: ModelSpec, tokens: int) -> tuple[float, float]:
+    """(latents, per-head) 16-bit bytes an MLA attention keeps for backward (Korthikanti's attention terms for the
+    shapes of Megatron-Core's multi_latent_attention.py). Latents: each of the query latent (q_lora_rank) and the
+    kv latent (kv_lora_rank) is kept twice, as its RMSNorm's input and as the up-projection's input (the norm
+    output), as a layer keeps its norm input and QKV input; like those they are whole on every TP rank and split
+    only by sequence parallelism. Per head, split by TP: Q and K (qk_nope + qk_rope wide each), V and the output
+    projection's input (v_head_dim wide each)."""
+    t, n, m = tokens, model.num_attention_heads, model.mla
+    latents = 2 * 2.0 * t * (m.kv_lora_rank + (m.q_lora_rank or 0))
+    per_head = 2 * 2.0 * t * n * m.qk_head_dim + 2 * 2.0 * t * n * m.v_head_dim
+    return latents, per_head
+
+
 def op_checkpoint_bytes(model: ModelSpec, *, tokens: int, tp: int, sp: bool, moe: bool) -> float:
     """Activation bytes one layer keeps under per-op selective checkpointing (``recompute: op``, torchtitan's
     SAC policy; the GEMMs it recomputes are planner.cost.flops.op_checkpoint_recomputed_gemms): the block input,
     the kept matmul outputs -- Q and V (wq, wv), the first MLP matmul (w1 or fc1) and, for SwiGLU, the MLP output
     (w2, kept as its reduce-scatter under SP) -- and the attention output with its fp32 log-sum-exp. For a Llama
     block that is 4h + 4q + 2kv + 2f bytes per token against Korthikanti's 34h-class count: about half of what
-    selective recompute keeps, as torchtitan's memory readings show (measured-runs.md, section 8)."""
+    selective recompute keeps, as torchtitan's memory readings show (measured-runs.md, section 8).
+    An MLA block with q_lora_rank calls wq_a, wq_b, wkv_a, wkv_b, wo (torchtitan models/deepseek_v3/model.py): it
+    keeps the two latents (wq_a, wkv_a: whole on every TP rank, torchtitan computes them on the gathered sequence),
+    the output projection's output (wo, as the MLP output above) and the attention output (v_head_dim per head);
+    its odd matmul count moves the MLP's: w3 (or fc2) is kept instead of w1 and w2 (or fc1). Without q_lora_rank
+    (wq, wkv_a, wkv_b, wo) it keeps Q and the up-projected keys and values (wq, wkv_b)."""
     t = tokens
     h, d, a = model.hidden_size, model.dim_head, model.num_attention_heads
-    q, kv = a * d, model.kv_heads * d
     seq_split = tp if sp else 1
-    keep = 2.0 * t * h / seq_split + (2.0 * q + 2.0 * kv + 2.0 * q) * t / tp + 4.0 * t * a / tp
+    # an odd number of attention matmuls gives the MLP's first one an even count (F.op_checkpoint_recomputed_gemms)
+    shifted = F.op_checkpoint_attention_matmul_count(model) % 2 == 1
+    if model.mla is not None:
+        ml = model.mla
+        keep = 2.0 * t * h / seq_split + 2.0 * t * a * ml.v_head_dim / tp + 4.0 * t * a / tp
+        if ml.q_lora_rank is None:
+            keep += 2.0 * t * a * (ml.qk_head_dim + ml.qk_nope_head_dim + ml.v_head_dim) / tp  # wq, wkv_b outputs
+        else:
+            keep += 2.0 * t * (ml.q_lora_rank + ml.kv_lora_rank + ml.qk_rope_head_dim)  # wq_a, wkv_a outputs
+            keep += 2.0 * t * h / seq_split  # wo output
+    else:
+        q, kv = a * d, model.kv_heads * d
+        keep = 2.0 * t * h / seq_split + (2.0 * q + 2.0 * kv + 2.0 * q) * t / tp + 4.0 * t * a / tp
     if moe:
         m = model.moe
+        if shifted:  # swiglu keeps w3 (fe wide), a 2-matrix MLP its output (h wide), per routed/shared expert
+            width = m.expert_ffn_hidden_size if model.mlp == "swiglu" else h
+            keep += t * (m.top_k + m.shared_experts) * 2.0 * width / tp
+            return keep
         per_token = (m.top_k + m.shared_experts) * 2.0 * (m.expert_ffn_hidden_size / tp)
         if model.mlp == "swiglu":
             per_token += (m.top_k + m.shared_experts) * 2.0 * h / tp
         keep += t * per_token
+    elif shifted:
+        keep += 2.0 * t * model.ffn_hidden_size / tp if model.mlp == "swiglu" else 2.0 * t * h / seq_split
     else:
         keep += 2.0 * t * model.ffn_hidden_size / tp
         if model.mlp == "swiglu":

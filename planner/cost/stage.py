@@ -163,16 +163,16 @@ def kind_coeffs(
         if cp > 1:
             ring_exposed = ring_attention_exposed(
                 cp_link,
-                kv_bytes=2.0 * 2.0 * tokens * m.kv_heads * m.dim_head / tp,
+                kv_bytes=F.attention_kv_bytes(m, tokens, tp),
                 attention_s=F.attention_core_flops(m, tokens, seq, tp, causal=flash) / costs.attention_rate(),
                 cp=cp,
             )
         a2a = ep_link.all_to_all(act_tok * m.moe.top_k) if (moe and ep > 1) else 0.0
         if moe:
-            pd = (F.attention_params(m) + F.moe_shared_params(m)) / tp
+            pd = F.attention_params_per_tp_rank(m, tp) + F.moe_shared_params(m) / tp
             pe = m.moe.num_experts / ep * F.expert_params(m) / tp
         else:
-            pd, pe = (F.attention_params(m) + F.dense_mlp_params(m)) / tp, 0.0
+            pd, pe = F.attention_params_per_tp_rank(m, tp) + F.dense_mlp_params(m) / tp, 0.0
         act_kw = {"tokens": tokens, "seq": seq, "tp": tp, "sp": sp, "flash": flash, "moe": moe}
         kinds[kind] = KindCoeffs(
             compute=lt.forward + lt.backward + lt.recompute,

@@ -101,6 +101,17 @@ class MoESettings:
 
 
 @dataclass(frozen=True)
+class MLASettings:
+    """Multi-latent attention, Megatron-Core's MLATransformerConfig fields (planner.spec.MLASpec renamed)."""
+
+    q_lora_rank: int | None  # None: no query latent (linear_q_proj)
+    kv_lora_rank: int
+    qk_head_dim: int  # MLASpec.qk_nope_head_dim
+    qk_pos_emb_head_dim: int  # MLASpec.qk_rope_head_dim
+    v_head_dim: int
+
+
+@dataclass(frozen=True)
 class Settings:
     """What Megatron-Core is told for one plan, after every rule was checked (``settings``)."""
 
@@ -119,6 +130,7 @@ class Settings:
     seq_length: int
     dropout: float
     moe: MoESettings | None
+    mla: MLASettings | None
     # parallel shape
     tp: int
     pp: int
@@ -185,6 +197,11 @@ def settings(plan: LaunchPlan, target: str = TARGET) -> Settings:
     groups = kv if kv < m.num_attention_heads else None
     head_dim = m.dim_head
     kv_channels = head_dim if m.head_dim is not None and head_dim * m.num_attention_heads != m.hidden_size else None
+    mla = None
+    if m.mla is not None:  # arguments.py _add_mla_args; MLA sets its head widths itself, so no --kv-channels
+        ml = m.mla
+        mla = MLASettings(ml.q_lora_rank, ml.kv_lora_rank, ml.qk_nope_head_dim, ml.qk_rope_head_dim, ml.v_head_dim)
+        groups = kv_channels = None
 
     # ---- parallel rules Megatron asserts (TransformerConfig / validate_args) or checks only at run time (5.1-5.2)
     tp, pp, cp, ep, vpp = plan.tp, plan.pp, plan.cp, plan.ep, plan.vpp
@@ -321,6 +338,7 @@ def settings(plan: LaunchPlan, target: str = TARGET) -> Settings:
         seq_length=seq,
         dropout=0.1 if m.dropout else 0.0,
         moe=moe,
+        mla=mla,
         tp=tp,
         pp=pp,
         cp=cp,
@@ -483,6 +501,16 @@ def flags(s: Settings) -> list[tuple[str, list[str]]]:
         add("--num-query-groups", s.num_query_groups)
     if s.kv_channels is not None:
         add("--kv-channels", s.kv_channels)
+    if s.mla is not None:  # arguments.py _add_mla_args; --multi-latent-attention is TransformerConfig's field
+        ml = s.mla
+        add("--multi-latent-attention")
+        if ml.q_lora_rank is not None:  # default None: linear_q_proj without a query latent
+            add("--q-lora-rank", ml.q_lora_rank)
+        add("--kv-lora-rank", ml.kv_lora_rank)
+        add("--qk-head-dim", ml.qk_head_dim)
+        add("--qk-pos-emb-head-dim", ml.qk_pos_emb_head_dim)
+        add("--v-head-dim", ml.v_head_dim)
+        add("--qk-layernorm")  # the latent RMSNorms (q_a_layernorm, kv_a_layernorm): gpt_layer_specs.py MLA branch
     if s.swiglu:
         add("--swiglu")
     add("--position-embedding-type", "rope")
@@ -688,6 +716,14 @@ def notes(s: Settings) -> list[str]:
             f"- MoE: `--expert-model-parallel-size {s.ep} --expert-tensor-parallel-size {s.tp}` shard the experts "
             "as planned (expert TP = TP); `--moe-token-dispatcher-type` and the aux-loss settings are common "
             "defaults, not part of the plan."
+        )
+    if s.mla is not None:
+        q = f"--q-lora-rank {s.mla.q_lora_rank} " if s.mla.q_lora_rank is not None else ""
+        lines.append(
+            f"- `--multi-latent-attention {q}--kv-lora-rank {s.mla.kv_lora_rank} ...`: DeepSeek-style multi-head "
+            "latent attention as planned; `--qk-layernorm` gives it the RMSNorms of the query and kv latents. RoPE "
+            "scaling (`--rope-type`, `--rotary-scaling-factor`, `--mscale`) and multi-token prediction "
+            "(`--mtp-num-layers`) are not part of the plan: set them as your model has them."
         )
     if s.moe is not None and not isinstance(s.moe.layer_freq, int):
         mo = plan.model.moe

@@ -21,6 +21,7 @@ from typing import Any
 from planner.emit import megatron
 from planner.emit.bundle import Bundle, EmitOptions
 from planner.emit.launch_plan import LaunchPlan
+from planner.errors import Inexpressible
 
 TARGET = "megatron-bridge"
 PROGRAM = "scripts/training/run_recipe.py"
@@ -58,6 +59,18 @@ def overrides(s: megatron.Settings) -> list[str]:
     """run_recipe.py overrides of vanilla_gpt_pretrain_config for a plan's settings. Mapping: Megatron-Bridge
     docs/megatron-lm-to-megatron-bridge.md and scripts/translate_mlm_to_bridge.py ARG_MAP (each line names the
     Megatron-LM flag of planner/emit/megatron.py ``flags`` it stands for)."""
+    if s.mla is not None:
+        # Multi-latent attention needs Megatron-Core's MLATransformerConfig (q_lora_rank, kv_lora_rank, qk_head_dim,
+        # qk_pos_emb_head_dim, v_head_dim): Bridge has it only in its DeepSeek/Kimi providers
+        # (models/deepseek/deepseek_provider.py DeepSeekModelProvider(MLATransformerConfig, GPTModelProvider)).
+        # The recipe's GPTModelProvider has none of these fields (Hydra refuses the override keys) and its layer
+        # spec (gpt_provider.py transformer_engine_layer_spec) builds no MLA, so the overrides cannot express it.
+        raise Inexpressible(
+            "job.model.mla",
+            f"{RECIPE} builds a GPTModelProvider, which has no multi-latent attention (MLATransformerConfig's "
+            "q_lora_rank, kv_lora_rank, qk_head_dim, qk_pos_emb_head_dim, v_head_dim): emit the plan for megatron, "
+            "or start from Megatron-Bridge's DeepSeek recipes",
+        )
     out: list[str] = []
 
     def add(key: str, value: Any) -> None:

@@ -51,6 +51,11 @@ _INT_FLAGS = {
     "--num-distributed-optimizer-instances",
     "--cpu-offloading-num-layers",
     "--mtp-num-layers",
+    "--q-lora-rank",
+    "--kv-lora-rank",
+    "--qk-head-dim",
+    "--qk-pos-emb-head-dim",
+    "--v-head-dim",
 }
 _FLOAT_FLAGS = {"--attention-dropout", "--hidden-dropout"}
 _CHOICE_FLAGS = {
@@ -64,6 +69,7 @@ _CHOICE_FLAGS = {
 _STR_FLAGS = {"--pipeline-model-parallel-layout", "--moe-layer-freq", "--recompute-modules"}
 _BOOL_FLAGS = {
     "--group-query-attention",
+    "--multi-latent-attention",
     "--swiglu",
     "--untie-embeddings-and-output-weights",
     "--sequence-parallel",
@@ -83,7 +89,6 @@ _BOOL_FLAGS = {
 }
 # Flags that change what the plan would be but that the planner does not model: refused, naming the flag.
 _UNMODELLED = {
-    "--multi-latent-attention": "multi-latent attention (MLA) changes the attention shapes",
     "--heterogeneous-layers-config-path": "per-layer heterogeneous architectures",
     "--heterogeneous-layers-config-encoded-json": "per-layer heterogeneous architectures",
     "--use-tp-pp-dp-mapping": "the tp-cp-ep-pp-dp rank order (the planner places ranks as tp-cp-ep-dp-pp)",
@@ -368,9 +373,13 @@ def _job(
     dropout = o.float("--attention-dropout", 0.1) > 0 or o.float("--hidden-dropout", 0.1) > 0
     tied = not o.flag("--untie-embeddings-and-output-weights")
     moe = _read_moe(o, ffn, layers)
+    mla = _read_mla(o, gqa)
+    if mla is not None:
+        kv_heads, kv_channels = heads, None  # MLA: a key and value per head, widths from the MLA flags
     if model is not None:
         model_value: Any = model
         _check_preset(model, layers=layers, hidden=hidden, heads=heads, kv_heads=kv_heads if heads else None)
+        _check_preset_mla(model, mla)
     else:
         for flag, value in (
             ("--num-layers", layers),
@@ -396,6 +405,8 @@ def _job(
             model_value["head_dim"] = kv_channels
         if moe is not None:
             model_value["moe"] = moe
+        if mla is not None:
+            model_value["mla"] = mla  # head_dim follows from it (planner.spec.ModelSpec)
     num_layers = layers if layers is not None else _preset_layers(model)
 
     # ---- training
@@ -515,6 +526,44 @@ def _check_preset(model: str, **given: int | None) -> None:
         flag, expected = names[key]
         if value is not None and value != expected:
             raise SpecError(flag, f"{value} disagrees with model {model} ({expected})")
+
+
+# MLA flag -> planner.spec.MLASpec field, with arguments.py's defaults (_add_mla_args).
+_MLA_FLAGS = {
+    "--q-lora-rank": ("q_lora_rank", None),
+    "--kv-lora-rank": ("kv_lora_rank", 32),
+    "--qk-head-dim": ("qk_nope_head_dim", 128),
+    "--qk-pos-emb-head-dim": ("qk_rope_head_dim", 64),
+    "--v-head-dim": ("v_head_dim", 128),
+}
+
+
+def _read_mla(o: _Opts, gqa: bool) -> dict | None:
+    """MLASpec fields from --multi-latent-attention and the MLA flags (arguments.py _add_mla_args, with its
+    defaults; without --multi-latent-attention the MLA flags are unused, as in Megatron-LM)."""
+    if not o.flag("--multi-latent-attention"):
+        return None
+    if gqa:  # validate_args
+        raise SpecError(
+            "--group-query-attention", "Megatron-LM refuses group query attention with --multi-latent-attention"
+        )
+    return {field: o.int(flag, default) for flag, (field, default) in _MLA_FLAGS.items()}
+
+
+def _check_preset_mla(model: str, mla: dict | None) -> None:
+    """The MLA flags must describe the attention of the model named by --model (each error names its flag)."""
+    from planner.catalog import resolve_model
+
+    spec = resolve_model(model, base_dir=Path.cwd(), field="--model")
+    if (spec.mla is None) != (mla is None):
+        has = "has" if spec.mla is not None else "has no"
+        raise SpecError("--multi-latent-attention", f"model {model} {has} multi-latent attention")
+    if mla is None:
+        return
+    for flag, (field, _) in _MLA_FLAGS.items():
+        expected = getattr(spec.mla, field)
+        if mla[field] != expected:
+            raise SpecError(flag, f"{mla[field]} disagrees with model {model} ({expected})")
 
 
 def _read_moe(o: _Opts, ffn: int | None, layers: int | None) -> dict | None:

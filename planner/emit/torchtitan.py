@@ -162,6 +162,8 @@ def model_source(plan: LaunchPlan, version: str) -> ModelSource:
     why = None
     if m.moe is not None:
         why = "an MoE model outside torchtitan's registry (llama3, qwen3 30B-A3B, deepseek_v3 671B here)"
+    elif m.mla is not None:
+        why = "multi-head latent attention outside torchtitan's registry (its deepseek_v3 671B here)"
     elif m.mlp != "swiglu":
         why = f"a {m.mlp} MLP (torchtitan's dense models are llama-style SwiGLU)"
     elif m.head_dim is not None and m.head_dim * m.num_attention_heads != m.hidden_size:

@@ -48,7 +48,10 @@ def shape_of(model: ModelSpec) -> LayerShape:
 
 
 def shapes_match(measured: LayerShape, model: ModelSpec) -> bool:
-    """The profile's layer shape is the model's (the vocabulary only matters for embedding and logits points)."""
+    """The profile's layer shape is the model's (the vocabulary only matters for embedding and logits points). A
+    profile's layer shape has no latent attention: an MLA model's layers are never read from one."""
+    if model.mla is not None:
+        return False
     want = shape_of(model)
     keys = [k for k in LayerShape.model_fields if k != "vocab_size"]
     kv = measured.num_kv_heads or measured.num_attention_heads

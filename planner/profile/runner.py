@@ -146,6 +146,8 @@ def run_profile(
         raise SpecError("--group", f"no node group {group}; the cluster has {len(job.cluster)}")
     if model.mlp not in ("gelu", "swiglu"):
         raise SpecError("model.mlp", f"a profile's layer shape is gelu or swiglu; got {model.mlp!r}")
+    if model.mla is not None:
+        raise SpecError("model.mla", "the layer runner builds multi-head attention; latent attention is not profiled")
     mbs = _positive(micro_batches, "--micro-batches")
     seqs = _positive(seq_lengths if seq_lengths is not None else (job.training.seq_length,), "--seq-lengths")
     tp_list = _positive(tps, "--tp") if tps is not None else default_tps(job, group)

@@ -325,6 +325,16 @@ class MoEOut(_Out):
     first_dense_layers: int = _d("leading layers kept dense (no experts)")
 
 
+class MLAOut(_Out):
+    """Multi-head latent attention of the model (DeepSeek-V2/V3, Kimi K2)."""
+
+    q_lora_rank: int | None = _d("rank of the query latent; null: queries projected from the hidden state directly")
+    kv_lora_rank: int = _d("rank of the joint key/value latent")
+    qk_nope_head_dim: int = _d("per-head query/key dimension without rotary embedding")
+    qk_rope_head_dim: int = _d("per-head query/key dimension carrying RoPE (one rotary key shared by all heads)")
+    v_head_dim: int = _d("per-head value dimension")
+
+
 class ModelOut(_Out):
     """The model's dimensions, resolved (a preset or config.json is written out in full)."""
 
@@ -333,13 +343,19 @@ class ModelOut(_Out):
     hidden_size: int = _d("hidden (model) dimension")
     ffn_hidden_size: int = _d("FFN intermediate dimension of the dense layers")
     num_attention_heads: int = _d("query attention heads")
-    num_kv_heads: int | None = _d("key/value heads (GQA/MQA); null: num_attention_heads (MHA)")
-    head_dim: int | None = _d("dimension of one attention head; null: hidden_size / num_attention_heads")
+    num_kv_heads: int | None = _d(
+        "key/value heads (GQA/MQA); null: num_attention_heads (MHA); with mla: num_attention_heads"
+    )
+    head_dim: int | None = _d(
+        "dimension of one attention head; null: hidden_size / num_attention_heads; with mla: the query/key head "
+        "dimension qk_nope_head_dim + qk_rope_head_dim"
+    )
     vocab_size: int = _d("vocabulary size (rows of the embedding table)")
     mlp: Literal["gelu", "swiglu", "relu"] = _d("MLP activation: swiglu (gated, three matrices), gelu or relu (two)")
     tie_embeddings: bool = _d("input embedding and output projection share one matrix")
     dropout: bool = _d("hidden/attention dropout on (adds 1-byte masks to the activations)")
     moe: MoEOut | None = _d("mixture-of-experts settings; null for a dense model")
+    mla: MLAOut | None = _d("multi-head latent attention; null for MHA/GQA/MQA attention")
     source: str = _d("where the dimensions come from (preset citation, config.json path, or 'user supplied')")
 
 
