@@ -122,14 +122,24 @@ def test_search_reports_time_limit_at_zero_budget():
     assert not result.complete and result.stop_reason == "time_limit"
 
 
-def test_mixed_gap_from_heuristic_replicas_is_named():
-    """A mixed-GPU search whose mixed pipelines are proven but whose replica shapes (evaluated heuristically) have
-    a bound below the best plan: `complete` stays true (today's meaning), the plans are feasible with a gap, and
-    the sentence names the replica shapes instead of saying "complete"."""
+def test_mixed_gap_from_heuristic_replicas_is_named(monkeypatch):
+    """A mixed-GPU search whose mixed pipelines are proven but whose replica shapes (evaluated heuristically: the
+    exact evaluations left out here, as when the time limit stops them) have a bound below the best plan: `complete` stays
+    true (today's meaning), the plans are feasible with a gap, and the sentence names the replica shapes instead of
+    saying "complete"."""
     from test_hetero import OPTS, small_job
 
+    import planner.search.replicas as R
     from planner.search.mixed_pipelines import search_hetero
 
+    heuristic = R._heuristic_shape
+
+    def nothing_exact(*args):
+        est, infeasible, _ = heuristic(*args)
+        return est, infeasible, False
+
+    monkeypatch.setattr(R, "_heuristic_shape", nothing_exact)
+    monkeypatch.setattr(R, "_exact_shape", lambda ctx, cand, best, *rest: (best, False, 0.0))
     j = small_job()
     result = search_hetero(j, top=3, time_limit_s=3600, options=OPTS, single_type=False)
     assert result.complete and result.gap > 0
@@ -138,6 +148,18 @@ def test_mixed_gap_from_heuristic_replicas_is_named():
     assert doc["search"]["gap_source"] == "replica_shapes"
     assert text.startswith("mixed pipelines proven; gap ") and "evaluated heuristically" in text
     assert "does not close it" in text
+
+
+def test_the_exact_pass_proves_the_replica_shapes():
+    """The same job with the exact split of its pipelined replica shapes (planner/search/replica_partition.py):
+    nothing is left open, the top plans are proven."""
+    from test_hetero import OPTS, small_job
+
+    from planner.search.mixed_pipelines import search_hetero
+
+    result = search_hetero(small_job(), top=3, time_limit_s=3600, options=OPTS, single_type=False)
+    assert result.complete and result.gap == 0.0 and result.stop_reason == "proven"
+    assert all(p.status == "optimal" for p in result.plans)
 
 
 def test_mixed_progress_moves():

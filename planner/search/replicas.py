@@ -11,7 +11,7 @@ and micro-batch counts are per replica. For a shape:
   3. the micro-batch counts m_g (sum_g d_g m_g = global batch / micro-batch) are chosen to minimize the slowest
      replica's time, and the plan is evaluated exactly (planner/cost/estimate.estimate_replicas).
 With pipelines (pp > 1) steps 1-2 fix a layer split the model does not prove optimal, so those shapes stay open
-(their bound sets the reported gap); with one stage the evaluation is exact (_evaluate_shape) and closes the
+(their bound sets the reported gap); with one stage the evaluation is exact (_heuristic_shape) and closes the
 shape. Shapes are visited best-first by a throughput bound (the M micro-batches and each replica's pipeline fill
 over the groups' fastest possible micro-batch rates) and the search stops when the bound reaches the best plan
 already known.
@@ -39,6 +39,8 @@ from planner.parallel import (
 from planner.search import quick
 from planner.search.mixed_context import end_costs, per_layer_bound, pipeline_dims
 from planner.search.partition import solve_partition
+from planner.search.quick import RESOLUTION
+from planner.search.replica_partition import exact_splits
 from planner.search.result import stage_recompute
 
 REPLICA_ZERO = (1, 0, 3)
@@ -204,7 +206,44 @@ def _replica_dims(job, shape, zero, counts, layers, recs, ms, base) -> ReplicaDi
     return ReplicaDims(tuple(reps))
 
 
-def _evaluate_shape(ctx, cand: ReplicaCandidate, remaining: float, workers: int):
+def _exact_shape(ctx, cand: ReplicaCandidate, best, remaining: float, workers: int, beat: float, work):
+    """A pipelined shape's plans from the exact split of each micro-batch choice (planner/search/replica_partition
+    .py) below ``beat``: (the better of them and ``best``, whether that is the shape's optimum among plans faster
+    than ``beat``, the least time an unproven part of the shape could reach)."""
+    job = ctx.job
+    shape = (cand.tp, cand.cp, cand.pp, cand.mbs)
+    counts = cand.counts
+    beat = min(beat, best.iteration_time_s) if best is not None else beat
+    even = [job.model.num_layers // cand.pp] * cand.pp
+    zeros = [(0,) * cand.pp] * len(counts)
+
+    def stage_models_for(ms):
+        probe = _replica_dims(job, shape, cand.zero, counts, even, zeros, list(ms), cand.recompute)
+        return replica_stage_models(job, probe, ctx.costs)
+
+    found = exact_splits(
+        stage_models_for,
+        [ctx.capacity(g) for g, _ in counts],
+        job.training.global_batch_size // cand.mbs,
+        counts,
+        list(work),
+        cand.pp,
+        beat * (1 + RESOLUTION),
+        time.monotonic() + remaining,
+        partial_recompute=ctx.opts.partial_recompute,
+        even_layers=ctx.opts.even_layers,
+        uniform_recompute=ctx.opts.uniform_recompute,
+        workers=workers,
+    )
+    for split in found.splits:
+        dims = _replica_dims(job, shape, cand.zero, counts, split.layers, split.recompute, split.ms, cand.recompute)
+        est = estimate_replicas(job, dims, ctx.opts.memory_margin)
+        if est.fits and (best is None or est.iteration_time_s < best.iteration_time_s):
+            best = est
+    return best, found.proven, found.open_bound_s
+
+
+def _heuristic_shape(ctx, cand: ReplicaCandidate, remaining: float, workers: int):
     """(the best replica plan of one shape and ZeRO stage or None, whether the shape is proven infeasible, whether
     the plan is the shape's optimum). Module docstring, steps 1-3. With one stage the split is forced, each
     replica's fewest recomputed layers that fit is its fastest choice (a replica's time grows with its recompute
@@ -363,6 +402,8 @@ def search_replicas(ctx, incumbent_s: float, deadline: float, workers: int, prog
     # shapes the enumeration did not reach have no bound of their own: the floor of every plan stands for them
     unexplored = global_floor(ctx) if cut_short else float("inf")
     what = "replica shapes"  # evaluated, or ruled out by a bound
+    # pipelined shapes the heuristic evaluation leaves open: (bound, order, candidate, work, plan, its index in found)
+    pending = []
     for i, (bound, (tp, cp, pp, mbs, base, counts), work) in enumerate(shapes):
         if progress is not None:
             progress(i, len(shapes), what)
@@ -386,12 +427,31 @@ def search_replicas(ctx, incumbent_s: float, deadline: float, workers: int, prog
                 unexplored = min(unexplored, zbound)
                 continue
             cand = ReplicaCandidate(tp, cp, pp, mbs, zero, base, counts, bound)
-            est, infeasible, exact = _evaluate_shape(ctx, cand, remaining, workers)
-            if not infeasible and not exact:  # an exact evaluation closes its shape: no better plan hides in it
-                low = min(low, zbound)
+            est, infeasible, exact = _heuristic_shape(ctx, cand, remaining, workers)
+            if not infeasible and not exact:  # a pipelined shape: the exact pass below may close it
+                pending.append((zbound, len(pending), cand, work, est, len(found) if est is not None else None))
             if est is not None:
                 found.append((cand, est, exact))
                 best = min(best, est.iteration_time_s)
+    # The exact pass: pipelined shapes that could still beat the best plan, best bound first, while the time lasts.
+    pending.sort(key=lambda x: x[:2])
+    for zbound, _, cand, work, est, at in pending:
+        remaining = deadline - time.monotonic()
+        if zbound >= best * (1 - RESOLUTION):
+            break  # this shape and all after it are closed by their bounds
+        if remaining <= 0:
+            low = min(low, zbound)
+            break
+        better, proven, open_s = _exact_shape(ctx, cand, est, remaining, workers, best, work)
+        if not proven:
+            low = min(low, max(zbound, open_s))
+        if better is None:
+            continue
+        if at is not None:
+            found[at] = (cand, better, proven)  # the shape's plan: the exact one where it is better
+        else:
+            found.append((cand, better, proven))
+        best = min(best, better.iteration_time_s)
     if progress is not None:
         progress(len(shapes), len(shapes), what)
     return ReplicaSearch(found, low, unexplored)

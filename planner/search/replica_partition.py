@@ -1,0 +1,292 @@
+"""Exact layer split of a pipelined replica shape (planner/search/replicas.py): the CP-SAT model of
+planner/search/partition.py with one set of stage times, recompute counts, DP tail and optimizer step per replica
+group, sharing the stages' layer counts (the replicas reduce their gradients stage by stage, so they hold the same
+layers), and each group's micro-batch count m_g:
+
+    minimize  Z   s.t.  Z >= m_g*T_g + sum_i t_gi - T_g + D_g + O_g   for every used group g   (1F1B per replica)
+              sum_g d_g m_g = M,  t_gi <= T_g,  memory_gi <= capacity_g,  sum_i n_i = L
+
+m_g*T_g is an exact integer product (AddMultiplicationEquality). The m_g range comes from a lower bound -- a
+replica of g running m micro-batches takes at least (m + pp - 1) W_g / pp and at least W_g, with W_g its
+per-micro-batch work at the fastest per-layer rate (the shape bound of replicas.py) -- so only counts that could
+beat the best plan are in the model. Stage memory depends on m_g only below pp micro-batches (fewer in flight):
+when such counts are in range, each choice is solved with its own stage models instead (best bound first).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+
+from planner.cost.stage import StageModel
+from planner.search.partition import (
+    PartitionVars,
+    Scale,
+    _add_dp_tail,
+    _add_layer_counts,
+    _add_layer_totals,
+    _add_memory,
+    _add_optimizer_step,
+    _add_recompute_counts,
+    _add_stage_time,
+    _tiebreak_weight,
+    _time_horizon,
+    _time_unit,
+)
+
+MAX_CHOICES = 4096  # micro-batch choices one shape may enumerate (more: the shape stays open)
+STEADY_SOLVE_S = 1.0  # the variable-count model's time before the choices are solved one by one
+
+
+@dataclass
+class ShapeSplit:
+    """Per micro-batch choice solved: its counts, the shared layer split and each replica's recompute counts."""
+
+    ms: tuple[int, ...]
+    layers: tuple[int, ...]
+    recompute: tuple[tuple[int, ...], ...]
+
+
+@dataclass
+class ExactShape:
+    """The splits worth evaluating (best first), whether they include the shape's optimum (``proven``) and, when
+    not, the least time no unsolved choice can beat (``open_bound_s``)."""
+
+    splits: list[ShapeSplit]
+    proven: bool
+    open_bound_s: float
+
+
+def micro_batch_choices(M: int, counts, work: list[float], pp: int, beat: float) -> tuple[list, bool]:
+    """(bound, ms) for every m with sum_g d_g m_g = M, m_g >= 1, whose bound is below ``beat``, sorted; and
+    whether the enumeration was complete (False past MAX_CHOICES)."""
+    d = [c for _, c in counts]
+
+    def floor(g: int, m: int) -> float:
+        return max((m + pp - 1) * work[g] / pp, work[g])
+
+    out: list[tuple[float, tuple[int, ...]]] = []
+
+    def walk(g: int, left: int, ms: tuple[int, ...], lb: float) -> bool:
+        if g == len(d) - 1:
+            if left >= d[g] and left % d[g] == 0:
+                b = max(lb, floor(g, left // d[g]))
+                if b < beat:
+                    out.append((b, (*ms, left // d[g])))
+            return len(out) <= MAX_CHOICES
+        rest = sum(d[g + 1 :])
+        m = 1
+        while left - d[g] * m >= rest:
+            b = max(lb, floor(g, m))
+            if b >= beat:
+                break  # larger m only grows this replica's bound
+            if not walk(g + 1, left - d[g] * m, (*ms, m), b):
+                return False
+            m += 1
+        return True
+
+    complete = walk(0, M, (), 0.0)
+    out.sort()
+    return out, complete
+
+
+def micro_batch_range(M: int, counts, work: list[float], pp: int, beat: float) -> list[tuple[int, int]] | None:
+    """(lo, hi) of each group's micro-batch count over the choices whose bound is below ``beat``; None if none."""
+    d = [c for _, c in counts]
+    hi = []
+    for g, w in enumerate(work):
+        most = (M - sum(d) + d[g]) // d[g]  # every other replica runs at least one
+        if w >= beat:
+            return None
+        fast = math.ceil(beat * pp / w - pp + 1) - 1 if beat < float("inf") else most
+        hi.append(max(0, min(most, fast)))
+    lo = [
+        max(1, math.ceil((M - sum(dh * hh for h, (dh, hh) in enumerate(zip(d, hi)) if h != g)) / d[g]))
+        for g in range(len(d))
+    ]
+    if any(a > b for a, b in zip(lo, hi)):
+        return None
+    return list(zip(lo, hi))
+
+
+def solve_split(
+    per: list[list[StageModel]],
+    caps: list[float],
+    ms: tuple[int, ...] | list[tuple[int, int]],
+    counts,
+    M: int,
+    *,
+    partial_recompute: bool,
+    even_layers: bool,
+    uniform_recompute: bool,
+    cap_s: float,
+    time_limit_s: float,
+    workers: int,
+) -> tuple[ShapeSplit | None, str, float]:
+    """(split or None, status, proven lower bound in seconds) of the shared split for micro-batch counts ``ms``
+    (fixed counts, or per group a (lo, hi) range, solved for with sum_g d_g m_g = M); ``per[g][i]`` prices stage
+    i of replica group g, ``caps[g]`` its GPUs' capacity. Only splits faster than ``cap_s`` (up to the time unit's
+    precision) are of interest."""
+    ranges = [m if isinstance(m, tuple) else (m, m) for m in ms]
+    s0 = per[0][0]
+    job, d = s0.job, s0.dims
+    L, p = job.model.num_layers, d.pp
+    m = cp_model.CpModel()
+    every = [sm for sms in per for sm in sms]
+    horizon_s = max(_time_horizon(sm, L, p) for sm in {id(x): x for x in every}.values())
+    span = max(hi for _, hi in ranges) + p + 2
+    weight = _tiebreak_weight(p, L) * len(per)
+    unit = _time_unit(horizon_s, weight, span, every, d.zero_stage)
+    scale = Scale(unit, int(horizon_s * unit))
+
+    shared = PartitionVars()
+    before = (None, None)
+    for i in range(p):
+        before = _add_layer_counts(m, shared, i, s0, before)
+    pvs = []
+    for g in range(len(per)):
+        pv = PartitionVars(
+            layers=shared.layers,
+            chunks=shared.chunks,
+            moe_layers=shared.moe_layers,
+            dense_layers=shared.dense_layers,
+            holds_moe=shared.holds_moe,
+        )
+        for i in range(p):
+            _add_recompute_counts(m, pv, i, L, d.recompute == "full", partial_recompute)
+        _add_layer_totals(m, pv, before[0], L, even_layers, uniform_recompute)
+        pv.bottleneck = m.NewIntVar(0, scale.big_t, f"T[{g}]")
+        pv.dp_tail = m.NewIntVar(0, scale.big_t, f"D[{g}]")
+        pv.optimizer = m.NewIntVar(0, scale.big_t, f"O[{g}]")
+        for i, sm in enumerate(per[g]):
+            forms = sm.forms(i)
+            comp, fwd = _add_stage_time(m, pv, i, forms.time, sm.pp_time, scale)
+            _add_dp_tail(m, pv, i, forms.tail, comp, fwd, scale)
+            _add_optimizer_step(m, pv, i, forms.tail, scale)
+            _add_memory(m, pv, i, forms.memory, sm.allocatable(caps[g]))
+        pvs.append(pv)
+    z = m.NewIntVar(0, span * scale.big_t, "Z")
+    counts_m = []
+    for g, (pv, (lo, hi)) in enumerate(zip(pvs, ranges)):
+        T = pv.bottleneck
+        if lo == hi:
+            busy = lo * T
+            counts_m.append(lo)
+        else:
+            mg = m.NewIntVar(lo, hi, f"m[{g}]")
+            busy = m.NewIntVar(0, hi * scale.big_t, f"mT[{g}]")
+            m.AddMultiplicationEquality(busy, [mg, T])
+            counts_m.append(mg)
+        m.Add(z >= busy + sum(pv.stage_time) - T + pv.dp_tail + pv.optimizer)
+    m.Add(sum(d * x for (_, d), x in zip(counts, counts_m)) == M)
+    if cap_s < float("inf"):
+        m.Add(z <= int(cap_s * (1 + 1e-4) * scale.unit))
+    # ties in time: fewer layers on earlier stages, then less recompute (one optimum for any worker count)
+    tiebreak = sum((p - i) * (L + 1) * shared.layers[i] for i in range(p))
+    tiebreak += sum((p - i) * pv.recomputed[i] for pv in pvs for i in range(p))
+    if span * scale.big_t * weight < 2**62:  # as partition._set_objective: the tie-break only where it fits
+        m.Minimize(z * weight + tiebreak)
+    else:
+        weight = 1
+        m.Minimize(z)
+
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
+    solver.parameters.num_workers = max(1, workers)
+    solver.parameters.random_seed = 0
+    solver.parameters.catch_sigint_signal = False
+    status = solver.Solve(m)
+    if status == cp_model.INFEASIBLE:
+        return None, "infeasible", float("inf")
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        return None, "unknown", 0.0
+    bound = solver.BestObjectiveBound() / weight / unit
+    split = ShapeSplit(
+        tuple(int(solver.Value(x)) if not isinstance(x, int) else x for x in counts_m),
+        tuple(int(solver.Value(x)) for x in shared.layers),
+        tuple(tuple(int(solver.Value(pv.recomputed[i])) for i in range(p)) for pv in pvs),
+    )
+    return split, ("optimal" if status == cp_model.OPTIMAL else "feasible"), bound
+
+
+def exact_splits(
+    stage_models_for,
+    caps: list[float],
+    M: int,
+    counts,
+    work: list[float],
+    pp: int,
+    beat: float,
+    deadline: float,
+    *,
+    partial_recompute: bool,
+    even_layers: bool,
+    uniform_recompute: bool,
+    workers: int,
+) -> ExactShape:
+    """The best splits of a pipelined replica shape below ``beat`` (module docstring). ``stage_models_for(ms)``
+    gives the per-group stage models for micro-batch counts ``ms``."""
+    ranges = micro_batch_range(M, counts, work, pp, beat)
+    if ranges is None:
+        return ExactShape([], True, float("inf"))
+    kw = {"partial_recompute": partial_recompute, "even_layers": even_layers, "uniform_recompute": uniform_recompute}
+    splits: list[ShapeSplit] = []
+    open_bound = float("inf")
+    best = beat
+    # every replica with at least pp micro-batches: the stage models are the same for all such counts. One model
+    # with the counts as variables settles the common case at once (no split beats the cap: infeasible); otherwise
+    # each choice is solved with its counts fixed, a linear model that CP-SAT proves quickly (products propagate
+    # weakly), best bound first.
+    steady = [(max(lo, pp), hi) for lo, hi in ranges]
+    enumerate_steady = False
+    if all(lo <= hi for lo, hi in steady):
+        left = deadline - time.monotonic()
+        _, status, _ = solve_split(
+            stage_models_for(tuple(lo for lo, _ in steady)),
+            caps,
+            steady,
+            counts,
+            M,
+            cap_s=best,
+            time_limit_s=min(left, STEADY_SOLVE_S),
+            workers=workers,
+            **kw,
+        )
+        # a plan it finds is found again below, by the choice's own model (the same for any solve time)
+        enumerate_steady = status != "infeasible"
+    if all(lo >= pp for lo, _ in ranges) and not enumerate_steady:
+        return ExactShape(splits, True, float("inf"))
+    # counts where some replica runs fewer than pp micro-batches (fewer in flight): one model per choice
+    choices, complete = micro_batch_choices(M, counts, work, pp, beat)
+    if not complete:
+        open_bound = min(open_bound, choices[0][0] if choices else 0.0)
+    if not enumerate_steady:
+        choices = [(lb, ms) for lb, ms in choices if min(ms) < pp]
+    for i, (lb, ms) in enumerate(choices):
+        if lb >= best:
+            break
+        left = deadline - time.monotonic()
+        if left <= 0:
+            open_bound = min(open_bound, lb)
+            break
+        split, status, bound = solve_split(
+            stage_models_for(ms),
+            caps,
+            ms,
+            counts,
+            M,
+            cap_s=best,
+            time_limit_s=left / max(1, min(4, len(choices) - i)),
+            workers=workers,
+            **kw,
+        )
+        if status in ("feasible", "unknown"):
+            open_bound = min(open_bound, max(lb, bound))
+        if split is not None:
+            splits.append(split)
+            if status == "optimal":
+                best = min(best, bound)
+    return ExactShape(splits, open_bound == float("inf"), open_bound)
