@@ -264,7 +264,13 @@ def test_megatron_uses_one_tp_for_all_stages(megatron_doc):
         s["framework"] == "megatron"
         and s["unrestricted_best_s"] <= megatron_doc["plans"][0]["estimate"]["iteration_time_s"]
     )
-    assert s["single_type_best_s"] > 0 and s["hetero_vs_single_ratio"] > 0
+    # the single-type baselines, searched below the best mixed plan's time: either one beats it, with the ratio,
+    # or none does, and the plan's time is the bound
+    best = megatron_doc["plans"][0]["estimate"]["iteration_time_s"]
+    if "single_type_best_s" in s:
+        assert 0 < s["single_type_best_s"] <= best * 1.0001 and s["hetero_vs_single_ratio"] >= 0.9999
+    else:
+        assert s["single_type_bound_s"] == round(best, 6)
 
 
 def test_hetero_plan_json_validates_against_schema(megatron_doc):
@@ -369,11 +375,13 @@ def test_plan_finds_replicas_on_two_types(replica_doc):
     micro-batch counts, fits every stage's own GPU, and covers exactly the global batch."""
     best = replica_doc["plans"][0]
     lay = best["layout"]
-    assert lay.get("replicas") and best["optimality"]["status"] == "feasible"
+    assert lay.get("replicas") and best["optimality"]["status"] in ("optimal", "feasible")
     assert len({r["micro_batches"] for r in lay["replicas"]}) > 1
     assert sum(r["count"] * r["micro_batches"] for r in lay["replicas"]) * lay["micro_batch_size"] == 256
     assert all(s["peak_memory_gib"] <= s["memory_capacity_gib"] for s in best["estimate"]["stages"])
-    assert best["estimate"]["iteration_time_s"] < replica_doc["search"]["single_type_best_s"]
+    # no single-type plan beats it (the baselines stop at its time)
+    assert replica_doc["search"]["single_type_bound_s"] == best["estimate"]["iteration_time_s"]
+    assert "single_type_best_s" not in replica_doc["search"]
     jsonschema.validate(replica_doc, json.loads(run("schema", "plan")))
 
 

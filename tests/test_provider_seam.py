@@ -267,11 +267,17 @@ def test_doubled_rates_halve_the_best_replica_plan():
     def run():
         return search_hetero(j, top=1, time_limit_s=120)
 
+    def single():  # the single-type baselines, without the mixed plan's time as their cap
+        from planner.search.mixed_pipelines import best_single_type
+
+        return best_single_type(j, SearchOptions(), 1, 120)
+
     base, half = run(), doubled(run)
     assert base.plans[0].estimate.dims.as_dict().get("replicas")
     assert_same_best_plan_halved(base, half)
-    assert half.single_type_group == base.single_type_group
-    assert half.single_type_best_s == pytest.approx(base.single_type_best_s / 2, rel=REL)
+    assert half.single_type_bound_s == pytest.approx(base.single_type_bound_s / 2, rel=REL)
+    (one, group), (one_half, group_half) = single(), doubled(single)
+    assert group_half == group and one_half == pytest.approx(one / 2, rel=REL)
 
 
 # Datasheet rates and the calibrated efficiencies are read in the provider's modules only: a consumer that reads

@@ -124,6 +124,10 @@ def _comparisons(doc: dict) -> list[str]:
     """What the heterogeneous plan gains over one GPU type, and what a --framework restriction costs."""
     s, out = doc["search"], []
     best = doc["plans"][0]["estimate"]["iteration_time_s"] if doc["plans"] else None
+    if s.get("single_type_bound_s") is not None:
+        out.append(
+            "no plan on one node group alone is faster than this plan (the single-type searches stop at its time)"
+        )
     if s.get("single_type_best_s") is not None and best:
         out.append(
             f"best single-type plan (group {s['single_type_group']} alone): {s['single_type_best_s']:.3f} s; "

@@ -307,6 +307,12 @@ class SearchOut(_Out):
         "absent otherwise",
         None,
     )
+    single_type_bound_s: float | None = _d(
+        "mixed-GPU search: no plan on one node group alone is faster than this many seconds (the single-type "
+        "searches stop at the best mixed plan's time; present when none beats it, single_type_best_s is then "
+        "absent); absent otherwise",
+        None,
+    )
 
 
 # ----------------------------------------------------------------------------- the echoed job (planner.spec.Job)
@@ -672,6 +678,8 @@ def _search_extras(result: SearchResult, framework: str | None) -> dict:
         out["single_type_group"] = result.single_type_group
         if result.plans:
             out["hetero_vs_single_ratio"] = round(result.plans[0].time / result.single_type_best_s, 4)
+    if result.single_type_bound_s is not None:
+        out["single_type_bound_s"] = round(result.single_type_bound_s, 6)
     return out
 
 

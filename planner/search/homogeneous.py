@@ -40,7 +40,11 @@ def search(
     workers: int = 1,
     options: SearchOptions | None = None,
     progress: Callable[[int, int], None] | None = None,
+    beat: float = float("inf"),
 ) -> SearchResult:
+    """The top plans of a one-group job. ``beat``: only plans faster than it are of interest (the mixed search's
+    best plan, which a single-type baseline need not re-find): candidates whose bound reaches it are pruned, and no
+    plan in the result means none is faster."""
     check_searchable(job)
     opts = options or SearchOptions()
     start = time.monotonic()
@@ -61,7 +65,7 @@ def search(
     for idx, c in enumerate(cands):
         if progress is not None and idx % 64 == 0:
             progress(idx, len(cands))
-        kth = best[top - 1].time if len(best) >= top else float("inf")
+        kth = min(beat, best[top - 1].time if len(best) >= top else float("inf"))
         if c.lower_bound_s >= kth:
             stopped_at = idx
             break

@@ -610,16 +610,23 @@ def search_hetero(
         final, counted, counted - solved, solved, 0.0, complete, gap, stop_reason=reason, gap_source=source
     )
     if single_type:
+        # a single-type plan matters if it beats the best mixed plan: the baselines are searched below its time
+        beat = final[0].time * (1 + RESOLUTION) if final else float("inf")
         result.single_type_best_s, result.single_type_group = best_single_type(
-            job, opts, workers, max(0.5, start + time_limit_s - time.monotonic()), progress
+            job, opts, workers, max(0.5, start + time_limit_s - time.monotonic()), progress, beat
         )
+        if result.single_type_best_s is None and final:
+            result.single_type_bound_s = final[0].time
     result.seconds = time.monotonic() - start
     return result
 
 
-def best_single_type(job: Job, opts: SearchOptions, workers: int, time_limit_s: float, progress=None):
-    """(seconds, group) of the best homogeneous plan on one node group alone, or (None, None) if none fits.
-    ``progress(done, total, what)``: each search's candidates."""
+def best_single_type(
+    job: Job, opts: SearchOptions, workers: int, time_limit_s: float, progress=None, beat: float = float("inf")
+):
+    """(seconds, group) of the best homogeneous plan on one node group alone that is faster than ``beat``, or
+    (None, None) if none fits or none is faster. Each group's search is capped by ``beat`` and by the best
+    single-type plan found before it. ``progress(done, total, what)``: each search's candidates."""
     from planner.search.homogeneous import search
 
     out = (None, None)
@@ -630,7 +637,8 @@ def best_single_type(job: Job, opts: SearchOptions, workers: int, time_limit_s: 
         t0 = time.monotonic()
         what = f"candidates, group {g} ({job.cluster[g].gpu.name}) alone"
         each = None if progress is None else (lambda done, total, what=what: progress(done, total, what))
-        res = search(sub, top=1, time_limit_s=share, workers=workers, options=opts, progress=each)
+        cap = beat if out[0] is None else min(beat, out[0])
+        res = search(sub, top=1, time_limit_s=share, workers=workers, options=opts, progress=each, beat=cap)
         time_limit_s -= time.monotonic() - t0
         if res.plans and (out[0] is None or res.plans[0].time < out[0]):
             out = (res.plans[0].time, g)

@@ -49,6 +49,9 @@ class SearchResult:
     infeasible_reasons: dict = field(default_factory=dict)
     single_type_best_s: float | None = None  # heterogeneous search: best plan on one node group alone
     single_type_group: int | None = None
+    # heterogeneous search: no plan on one node group alone is faster than this (the baselines stop at the best
+    # mixed plan's time); set when none beats it, and then single_type_best_s is None
+    single_type_bound_s: float | None = None
     unrestricted_best_s: float | None = None  # --framework: best plan without the framework's limits
     stop_reason: str = "proven"  # one of STOP_REASONS
     gap_source: str | None = None  # mixed search: "mixed_pipelines" | "replica_shapes", the part of
