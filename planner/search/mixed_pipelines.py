@@ -476,9 +476,8 @@ def search_hetero(
     opts = options or SearchOptions()
     start = time.monotonic()
     # shares of the time limit: mixed pipelines, then replicas on different types, then the single-type searches
-    # (the single-type searches are capped by the best mixed plan's time, so they need little of it)
-    share = 0.85 if single_type else 1.0
-    deadline = start + time_limit_s * share * 0.8
+    share = 0.6 if single_type else 1.0
+    deadline = start + time_limit_s * share * 0.7
     ctx = MixedContext(job, opts, opts.framework, cost_source(job), group_order(job.cluster))
     L = job.model.num_layers
     groups = _families(ctx)
