@@ -12,6 +12,11 @@ from planner.cost.estimate import neighbour_links
 from planner.cost.stage import StageModel
 from planner.search.mixed_context import MixedContext
 
+# Relative width at which the bottleneck bisections stop. Their lower end is a valid bound at every step, so a
+# coarser width only weakens the bound (by at most this share) and saves iterations; 1e-5 is a tenth of the
+# resolution at which plans count as equal (quick.RESOLUTION).
+BISECTION = 1e-5
+
 if TYPE_CHECKING:
     from planner.search.mixed_pipelines import HeteroCandidate, _Family
 
@@ -230,7 +235,7 @@ def _memory_bottleneck(
         return float("inf")
     if probe is not None:
         return probe if probe < hi and held(probe) < need else lo
-    while hi - lo > 1e-6 * hi:
+    while hi - lo > BISECTION * hi:
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if held(mid) >= need else (mid, hi)
     return lo
@@ -249,7 +254,7 @@ def _capped_bottleneck(a, c, caps, L, probe: float | None = None) -> float:
         return lo
     if probe is not None:
         return probe if lo < probe < hi and holds(probe) < L else lo
-    while hi - lo > 1e-6 * hi:
+    while hi - lo > BISECTION * hi:
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if holds(mid) >= L else (mid, hi)
     return lo
