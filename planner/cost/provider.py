@@ -36,13 +36,18 @@ class AnalyticCosts:
     source: CostSource | None = None  # the job's CostSource when it built this provider (links between groups)
 
     def __init__(
-        self, group: NodeGroup, precision: str, cal: Calibration | None = None, attention_kernel: str = "flash"
+        self,
+        group: NodeGroup,
+        precision: str,
+        cal: Calibration | None = None,
+        attention_kernel: str = "flash",
+        cross_entropy: str = "fused",
     ):
         self.group = group
         self.cal = cal or default_calibration()
         self.precision = precision
         self.attention_kernel = attention_kernel  # Training.attention: which fused kernel prices the attention core
-        self.cross_entropy = "fused"  # Training.cross_entropy: the loss kernel (set by CostSource)
+        self.cross_entropy = cross_entropy  # Training.cross_entropy: the loss kernel of the logits
         self._layers: dict = {}
         self._ends: dict = {}  # embedding and logits PassTime per (kind, model, micro-batch, TP, SP)
         self._models: list = []
@@ -143,7 +148,7 @@ class AnalyticCosts:
         return hit
 
     def logits(self, model: ModelSpec, tokens: int, tp: int) -> compute.PassTime:
-        key = ("logits", id(model), tokens, tp, self.cross_entropy)
+        key = ("logits", id(model), tokens, tp)
         hit = self._ends.get(key)
         if hit is None:
             hit = self._ends[key] = compute.logits_time(model, self._roof, tokens, tp, self.cross_entropy)
@@ -196,8 +201,7 @@ class CostSource:
 
                 provider = MeasuredCosts
             t = self.job.training
-            hit = self._groups[group] = provider(node_group, t.precision, self.cal, t.attention)
-            hit.cross_entropy = t.cross_entropy
+            hit = self._groups[group] = provider(node_group, t.precision, self.cal, t.attention, t.cross_entropy)
             hit.source = self
         return hit
 
