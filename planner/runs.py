@@ -28,7 +28,7 @@ from typing import Any
 
 from planner.cost import flops as F
 from planner.errors import SpecError
-from planner.spec import Job, Layout
+from planner.spec import GpuSpec, Job, Layout
 
 
 @dataclass
@@ -503,13 +503,7 @@ def _family_gpu(name: str, hw: _Section):
         data["memory_gib"] = mem
     if peak:
         k = peak / base.peak_tflops_bf16
-        for key in (
-            "peak_tflops_bf16",
-            "peak_tflops_fp16",
-            "peak_tflops_fp8",
-            "matmul_tflops_bf16",
-            "attention_tflops_bf16",
-        ):
+        for key in (f for f in GpuSpec.model_fields if "tflops" in f):  # every compute rate of the spec
             if data.get(key):
                 data[key] = data[key] * k
     note = (

@@ -143,3 +143,14 @@ def test_torchtitan_runs_price_its_unfused_loss(tmp_path):
     assert logits_bytes(m, 4096, 1, "unfused") == 2.5 * logits_bytes(m, 4096, 1, "fused") == 10.0 * 4096 * m.vocab_size
     (nemo,) = read(tmp_path, RUN)
     assert nemo.job.training.cross_entropy == "fused"
+
+
+def test_a_gpu_built_from_its_family_scales_every_compute_rate_with_the_stated_peak(tmp_path):
+    from planner.catalog import resolve_gpu
+
+    r = run(hardware__gpu="H100-Custom", hardware__mem_gb=82, hardware__peak_tflops_16bit=989 / 2)
+    (case,) = read(tmp_path, r)
+    built, base = case.job.cluster[0].gpu, resolve_gpu("h100-sxm")
+    for key in ("peak_tflops_bf16", "peak_tflops_fp8", "matmul_tflops_bf16", "attention_tflops_bf16"):
+        assert getattr(built, key) == pytest.approx(getattr(base, key) / 2)
+    assert built.attention3_tflops_bf16 == pytest.approx(base.attention3_tflops_bf16 / 2)
