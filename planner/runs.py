@@ -158,27 +158,28 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
     preset = _preset(model_s)
     arch = _text(model_s.get("arch"), par.get("framework"))
 
-    def dim(key: str, attr: str, default: Any = None) -> Any:
-        value = model_s.int(key)
-        if value is None and preset is not None:
-            value = getattr(preset, attr)
-            if value is not None:
-                filled.append(key)
-        if value is None and default is None:
-            raise _Skip(f"model.{key} is not stated" + ("" if preset else " and the model name is no known preset"))
-        return default if value is None else value
+    filled: list[str] = []  # the dimensions taken from the preset
 
-    filled: list[str] = []
+    def dim(key: str, attr: str, required: bool = True) -> int | None:
+        """The stated value, else the preset's; a required one that neither gives skips the run."""
+        value = model_s.int(key)
+        if value is None and preset is not None and getattr(preset, attr) is not None:
+            value = getattr(preset, attr)
+            filled.append(key)
+        if value is None and required:
+            raise _Skip(f"model.{key} is not stated" + ("" if preset else " and the model name is no known preset"))
+        return value
+
     hidden = dim("hidden", "hidden_size")
     heads = dim("heads", "num_attention_heads")
     layers = dim("layers", "num_layers")
     vocab = dim("vocab", "vocab_size")
-    ffn = dim("ffn_hidden", "ffn_hidden_size", default=-1)
-    if ffn == -1:
+    ffn = dim("ffn_hidden", "ffn_hidden_size", required=False)
+    if ffn is None:
         ffn = 4 * hidden
         assumed.append("ffn_hidden=4*hidden")
-    kv = dim("kv_heads", "num_kv_heads", default=-1)
-    if kv == -1:
+    kv = dim("kv_heads", "num_kv_heads", required=False)
+    if kv is None:
         kv = heads
         assumed.append("kv_heads=heads")
     if preset is not None and model_s.get("arch") is None:
