@@ -233,9 +233,16 @@ def exact_splits(
     if ranges is None:
         return ExactShape([], True, float("inf"))
     kw = {"partial_recompute": partial_recompute, "even_layers": even_layers, "uniform_recompute": uniform_recompute}
-    splits: list[ShapeSplit] = []
-    open_bound = float("inf")
-    best = beat
+    built: dict[tuple[int, ...], list[list[StageModel]]] = {}
+
+    def models_for(ms) -> list[list[StageModel]]:
+        """The stage models depend on a count only below pp (micro-batches in flight): built once per in-flight
+        choice."""
+        key = tuple(min(m, pp) for m in ms)
+        if key not in built:
+            built[key] = stage_models_for(ms)
+        return built[key]
+
     # every replica with at least pp micro-batches: the stage models are the same for all such counts. One model
     # with the counts as variables settles the common case at once (no split beats the cap: infeasible); otherwise
     # each choice is solved with its counts fixed, a linear model that CP-SAT proves quickly (products propagate
@@ -245,12 +252,12 @@ def exact_splits(
     if all(lo <= hi for lo, hi in steady):
         left = deadline - time.monotonic()
         _, status, _ = solve_split(
-            stage_models_for(tuple(lo for lo, _ in steady)),
+            models_for(tuple(lo for lo, _ in steady)),
             caps,
             steady,
             counts,
             M,
-            cap_s=best,
+            cap_s=beat,
             time_limit_s=min(left, STEADY_SOLVE_S),
             workers=workers,
             **kw,
@@ -258,11 +265,12 @@ def exact_splits(
         # a plan it finds is found again below, by the choice's own model (the same for any solve time)
         enumerate_steady = status != "infeasible"
     if all(lo >= pp for lo, _ in ranges) and not enumerate_steady:
-        return ExactShape(splits, True, float("inf"))
+        return ExactShape([], True, float("inf"))
     # counts where some replica runs fewer than pp micro-batches (fewer in flight): one model per choice
     choices, complete = micro_batch_choices(M, counts, work, pp, beat)
-    if not complete:
-        open_bound = min(open_bound, choices[0][0] if choices else 0.0)
+    splits: list[ShapeSplit] = []
+    best = beat
+    open_bound = float("inf") if complete else (choices[0][0] if choices else 0.0)
     if not enumerate_steady:
         choices = [(lb, ms) for lb, ms in choices if min(ms) < pp]
     for i, (lb, ms) in enumerate(choices):
@@ -273,7 +281,7 @@ def exact_splits(
             open_bound = min(open_bound, lb)
             break
         split, status, bound = solve_split(
-            stage_models_for(ms),
+            models_for(ms),
             caps,
             ms,
             counts,
