@@ -230,3 +230,14 @@ def test_validate_prices_the_runs_of_the_profiles_gpu_with_it(tmp_path):
         return json.loads(out.stdout)["runs"][0]["predicted"]["iteration_time_s"]
 
     assert predicted("--profile", str(tmp_path / "p.yaml")) > 1.5 * predicted()
+
+
+def test_measured_links_with_other_curves_do_not_share_a_cached_collective_line():
+    """forms.collective_line caches by link value: two measured links alike in bus bandwidth, latency and size but
+    with other curves (two node groups' profiles) must each get their own line."""
+    from planner.cost.forms import collective_line
+    from planner.profile.measured import MeasuredLink
+
+    slow = MeasuredLink(1e11, 1e-5, 8, {"all_reduce": ((1e9, 0.04), (1e10, 0.4))})
+    fast = MeasuredLink(1e11, 1e-5, 8, {"all_reduce": ((1e9, 0.02), (1e10, 0.2))})
+    assert collective_line(slow, "all_reduce", 2.0).at(1e9) > collective_line(fast, "all_reduce", 2.0).at(1e9)

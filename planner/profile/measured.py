@@ -69,6 +69,12 @@ class MeasuredLink(comm.Link):
     reach: float = 2.0
     record: object = field(default=None, compare=False, hash=False)  # MeasuredCosts.note
 
+    # A measured link is equal only to itself. Links are otherwise values (forms.collective_line caches by them):
+    # two measured links with the same bus bandwidth but other curves, or reporting to another provider's record,
+    # must not share a cached line. MeasuredCosts builds each link once per key, so its own lines stay cached.
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
+
     def _measured(self, op: str, nbytes: float) -> float | None:
         curve = self.curves.get(op)
         value = loglog(curve, nbytes, self.reach) if curve else None
