@@ -19,11 +19,13 @@ from planner.emit.bundle import Bundle, EmitOptions
 from planner.emit.launch_plan import LaunchPlan
 from planner.errors import SpecError, did_you_mean
 
-TARGETS = {  # target name -> module of planner/emit, and the framework whose rules apply (planner/frameworks.py)
-    "megatron": ("megatron", "megatron"),
-    "megatron-bridge": ("megatron_bridge", "megatron"),
-    "deepspeed": ("deepspeed", "deepspeed"),
-    "torchtitan": ("torchtitan", "torchtitan"),
+# target name -> module of planner/emit; each module's ``render`` first applies its framework's rules
+# (planner/frameworks.py check_runnable)
+TARGETS = {
+    "megatron": "megatron",
+    "megatron-bridge": "megatron_bridge",
+    "deepspeed": "deepspeed",
+    "torchtitan": "torchtitan",
 }
 LAUNCHERS = ("torchrun", "slurm")
 
@@ -40,22 +42,20 @@ def _target_name(target: str) -> str:
 
 def target_module(target: str):
     """The emitter module of ``target`` (bad input when unknown)."""
-    return importlib.import_module(f"planner.emit.{TARGETS[_target_name(target)][0]}")
+    return importlib.import_module(f"planner.emit.{TARGETS[_target_name(target)]}")
 
 
 def emit(doc: dict, target: str, plan_rank: int = 1, options: EmitOptions | None = None) -> dict[str, str]:
     """The files of a launch of plan ``plan_rank`` of plan JSON ``doc`` on ``target``: the framework's configs,
     the launcher scripts and a README. Raises Inexpressible (exit 4) for what the framework cannot run."""
     from planner.emit import launch, readme
-    from planner.frameworks import check_runnable
 
     opts = options or EmitOptions()
     if opts.launcher not in LAUNCHERS:
         raise SpecError("--launcher", f"unknown launcher '{opts.launcher}'; choose one of {', '.join(LAUNCHERS)}")
     name = _target_name(target)
     plan = LaunchPlan.of(doc, plan_rank, name)
-    check_runnable(TARGETS[name][1], plan, name)
-    bundle = target_module(name).render(plan, opts)
+    bundle = target_module(name).render(plan, opts)  # Inexpressible (exit 4) first: its framework's rules
     files = dict(bundle.files)
     files.update(launch.render(plan, bundle, opts))
     files["README.md"] = readme.render(plan, bundle, opts, name)

@@ -21,7 +21,7 @@ from __future__ import annotations
 import ast
 import re
 import shlex
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -116,7 +116,6 @@ class Settings:
     """What Megatron-Core is told for one plan, after every rule was checked (``settings``)."""
 
     plan: LaunchPlan
-    target: str
     # model shape
     num_layers: int
     hidden_size: int
@@ -140,7 +139,6 @@ class Settings:
     vpp: int
     virtual_stages: int | None  # --num-virtual-stages-per-pipeline-rank (even split with vpp > 1)
     layout: str | None  # --pipeline-model-parallel-layout (any uneven split); never together with the above
-    chunk_layers: tuple[int, ...]  # decoder layers per model chunk, Megatron's order (vpp_rank * pp + pp_rank)
     micro_batch_size: int
     global_batch_size: int
     # recompute
@@ -165,7 +163,6 @@ class Settings:
     arches: tuple[tuple[str, tuple[int, int] | None], ...]  # (GPU name, compute capability) of the plan's stages
     forced_sequence_parallel: bool = False  # EP > 1 with TP > 1 and the plan without SP (emitters.md 5.2)
     dropped_selective: bool = False  # selective + partial full recompute with flash attention: selective dropped
-    notes: tuple[str, ...] = field(default=())
 
 
 def _redo(target: str) -> str:
@@ -325,7 +322,6 @@ def settings(plan: LaunchPlan, target: str = TARGET) -> Settings:
 
     return Settings(
         plan=plan,
-        target=target,
         num_layers=m.num_layers,
         hidden_size=m.hidden_size,
         ffn_hidden_size=m.ffn_hidden_size,
@@ -347,7 +343,6 @@ def settings(plan: LaunchPlan, target: str = TARGET) -> Settings:
         vpp=vpp,
         virtual_stages=virtual_stages,
         layout=layout,
-        chunk_layers=chunks,
         micro_batch_size=plan.micro_batch_size,
         global_batch_size=plan.global_batch_size,
         recompute_granularity=granularity,

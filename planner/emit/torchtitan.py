@@ -88,8 +88,8 @@ def render(plan: LaunchPlan, options: EmitOptions) -> Bundle:
     (``--job.config_file plan.toml``), with plan_model.py when the model is not a registry flavor."""
     from planner.frameworks import check_runnable
 
-    version = version_of(options)
     check_runnable("torchtitan", plan, "torchtitan")
+    version = version_of(options)
     check_torchtitan(plan)
     if version == "0.2" and plan.tp > 1 and not plan.sequence_parallel:
         raise Inexpressible(
