@@ -462,8 +462,7 @@ def load_baseline(path: Path, for_update: bool = False) -> Baseline:
         except ValidationError as exc:
             from planner.load import format_validation_error
 
-            err = format_validation_error(exc, prefix="--baseline.")
-            raise SpecError(err.field, err.message)
+            raise format_validation_error(exc, prefix="--baseline.")
         if lock.schema_version != LOCK_SCHEMA_VERSION:
             raise SpecError(
                 "--baseline.schema_version", f"{lock.schema_version} is not {LOCK_SCHEMA_VERSION}; rewrite the lock"

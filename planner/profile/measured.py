@@ -27,8 +27,6 @@ from planner.profile.schema import LayerShape, Profile
 from planner.spec import ModelSpec
 
 # Link method -> the nccl-tests operation whose rows price it
-LINK_OPS = {"all_reduce": "all_reduce", "all_gather": "all_gather", "reduce_scatter": "reduce_scatter"}
-LINK_OPS["all_to_all"] = "all_to_all"
 
 
 def shape_of(model: ModelSpec) -> LayerShape:

@@ -8,21 +8,13 @@ import io
 import xml.etree.ElementTree as ET
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
 from rich.table import Table
 
 from planner.gate import FAIL, PASS, SKIPPED, GateReport
+from planner.report.plan_json import _d, _Out
 
 CHECK_SCHEMA_VERSION = 1
 FORMATS = ("text", "json", "github", "junit")
-
-
-class _Out(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-
-def _d(text: str, default=...):
-    return Field(default, description=text)
 
 
 class CheckOut(_Out):

@@ -41,7 +41,15 @@ from pydantic import ValidationError
 from planner.errors import SpecError
 from planner.profile.ingest import aceso, galvatron, metis, mist, nccl_json, nccl_text, sailor, torch_trace
 from planner.profile.ingest._common import PRECISIONS, CollectiveRow, Given, LayerRow, Parsed, Source, clean, median
-from planner.profile.schema import LAYER_KINDS, CollectivePoint, LayerPoint, LayerShape, Profile, Provenance
+from planner.profile.schema import (
+    LAYER_KINDS,
+    SCHEMA_VERSION,
+    CollectivePoint,
+    LayerPoint,
+    LayerShape,
+    Profile,
+    Provenance,
+)
 
 MAX_FILE_BYTES = 512 * 1024 * 1024  # a real per-rank trace reaches 100s of MB
 MAX_UNPACKED_BYTES = 2 * 1024 * 1024 * 1024
@@ -123,7 +131,7 @@ def ingest(
     provenance = _provenance(parsed, paths)
     said.extend(_device_notes(parsed, gpu_name))
     profile = Profile(
-        schema_version=1,
+        schema_version=SCHEMA_VERSION,
         gpu=gpu_name,
         provenance=provenance,
         model=shape if layers else None,
