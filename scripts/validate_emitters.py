@@ -85,20 +85,6 @@ SETUP_COMMAND = {
 }
 LAUNCHER_FILES = ("launch.sh", "sbatch.sh", "README.md")
 
-# GPU major architecture of the catalog GPUs (Megatron asserts CUDA_DEVICE_MAX_CONNECTIONS=1 below 10 with TP/CP);
-# unknown and inline GPUs count as pre-Blackwell (9), the stricter case.
-ARCH = {"v100": 7, "a100": 8, "a10": 8, "a30": 8, "a40": 8, "l4": 8, "l40": 8, "rtx": 8, "h100": 9, "h200": 9}
-ARCH.update({"h800": 9, "gh200": 9, "b100": 10, "b200": 10, "gb200": 10, "b300": 10, "gb300": 10})
-
-
-def gpu_arch(name: str) -> int:
-    low = name.lower()
-    for prefix in sorted(ARCH, key=len, reverse=True):
-        if low.startswith(prefix):
-            return ARCH[prefix]
-    return 9
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # Random valid plans
 
@@ -117,7 +103,6 @@ class GeneratedPlan:
     summary: str
     kind: str  # dense | moe
     mixed: bool
-    attempts: int = 1
 
 
 def _pick(rng: random.Random, options, bias_up: float = 0.0):
@@ -278,14 +263,12 @@ def _mixed_layout(rng: random.Random, job_raw: dict, model, training) -> dict:
 
 
 def _draw(index: int, rng: random.Random) -> GeneratedPlan:
+    from emit_fixtures import fixed_layout_doc
     from strategies import RandomChooser, gen_training
 
     from planner.cost.estimate import estimate
     from planner.errors import SpecError
     from planner.load import parse_job
-    from planner.report.plan_json import plan_document
-    from planner.search.result import Plan, SearchResult
-    from planner.search.space import Candidate
     from planner.spec import Layout
 
     ch = RandomChooser(rng)
@@ -308,31 +291,7 @@ def _draw(index: int, rng: random.Random) -> GeneratedPlan:
         est = estimate(job, layout)  # runs the layout's check() (planner.parallel rules)
     except SpecError as exc:
         raise _Retry(str(exc))
-    d = est.dims
-    cand = Candidate(
-        tp=max(getattr(d, "stage_tp", None) or (getattr(d, "tp", 1),)),
-        cp=d.cp,
-        pp=d.pp,
-        dp=d.dp,
-        ep=d.ep,
-        mbs=d.micro_batch_size,
-        vpp=d.vpp,
-        zero=d.zero_stage,
-        recompute=d.recompute,
-        lower_bound_s=est.iteration_time_s,
-        world=d.world,
-    )
-    result = SearchResult(
-        plans=[Plan(cand, est, "feasible")],
-        candidates=1,
-        pruned=0,
-        solved=0,
-        seconds=0.0,
-        complete=False,
-        gap=0.0,
-        stop_reason="time_limit",
-    )
-    doc = plan_document(job, result, None, timing=False, memory_margin=0.0)
+    doc = fixed_layout_doc(job, est)
     lay = doc["plans"][0]["layout"]
     split = "/".join(str(s["layers"]) for s in lay["stages"])
     m = job.model
@@ -350,11 +309,9 @@ def _draw(index: int, rng: random.Random) -> GeneratedPlan:
 def gen_plan(seed: int, index: int) -> GeneratedPlan:
     """Plan ``index`` of ``seed``: the first valid draw of random.Random(f"{seed}:{index}")."""
     rng = random.Random(f"{seed}:{index}")
-    for attempt in range(1, 201):
+    for _ in range(200):
         try:
-            plan = _draw(index, rng)
-            plan.attempts = attempt
-            return plan
+            return _draw(index, rng)
         except _Retry:
             continue
     raise RuntimeError(f"plan {index} of seed {seed}: no valid layout in 200 draws")
@@ -711,6 +668,8 @@ def _deepspeed_json(bundle: Bundle, program: list[str]) -> tuple[str, dict] | No
 
 def cases_of(bundle: Bundle) -> dict[str, list[dict]]:
     """validator name -> cases for this bundle."""
+    from planner.emit.megatron import gpu_arch
+
     plan = bundle.launch_plan
     out: dict[str, list[dict]] = defaultdict(list)
     for node in bundle.nodes:
@@ -725,8 +684,10 @@ def cases_of(bundle: Bundle) -> dict[str, list[dict]]:
     seen = set()
     for group, node in _per_group_nodes(bundle):
         program = _program_of(bundle, node)
-        gpu = plan.job.cluster[group].gpu.name
-        base = {"world_size": launched_world(bundle), "arch": gpu_arch(gpu), "env": node["env"], "group": group}
+        # GPU major architecture (Megatron asserts CUDA_DEVICE_MAX_CONNECTIONS=1 below 10 with TP/CP); unknown and
+        # inline GPUs count as pre-Blackwell (9), the stricter case
+        arch = (gpu_arch(plan.job.cluster[group].gpu.name) or (9, 0))[0]
+        base = {"world_size": launched_world(bundle), "arch": arch, "env": node["env"], "group": group}
         if fw == "megatron":
             case = {**base, "kind": "megatron", "argv": program[1:]}
         elif fw == "megatron-bridge":
@@ -985,12 +946,12 @@ def round_trip(bundle: Bundle) -> str | None:
 
     import yaml
 
-    from planner.emit import TARGETS
+    from planner.emit import target_module
     from planner.errors import SpecError
     from planner.load import parse_job
 
     target = SETUP[bundle.framework][0]
-    module = __import__(f"planner.emit.{TARGETS[target][0]}", fromlist=["read"])
+    module = target_module(target)
     if not hasattr(module, "read") or bundle.framework == "megatron-bridge":
         raise LookupError("no importer")
     path = config_file(bundle)
@@ -1184,13 +1145,6 @@ def main(argv=None) -> int:
     start = time.perf_counter()
     tallies = {fw: Tally() for fw in frameworks}
     launch_tallies = {ln: Tally() for ln in launchers}
-    # an emitter that does not exist yet is a skip, not a crash
-    for fw in frameworks:
-        target = SETUP[fw][0]
-        try:
-            __import__(f"planner.emit.{target.replace('-', '_')}")
-        except ModuleNotFoundError as exc:
-            tallies[fw].skipped = f"no emitter: {exc}"
 
     indices = [a.only] if a.only is not None else list(range(a.plans))
     plans: list[GeneratedPlan] = []

@@ -10,18 +10,14 @@ import sys
 from pathlib import Path
 
 import pytest
+from emit_fixtures import PLANS, load
 
 from planner.emit import TARGETS, EmitOptions, emit
 from planner.emit.launch import node_runs
 from planner.emit.launch_plan import LaunchPlan
 from planner.errors import Inexpressible, SpecError
 
-FIXTURES = Path(__file__).parent / "fixtures" / "plans"
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def load(name: str) -> dict:
-    return json.loads((FIXTURES / name).read_text())
 
 
 def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
@@ -35,7 +31,7 @@ def run_cli(*args: str, cwd: Path | None = None) -> subprocess.CompletedProcess:
 
 
 def test_per_stage_tp_is_refused_for_every_target():
-    doc = load("llama3-405b-3types-megatron.json")
+    doc = load("llama3-405b-3types-megatron")
     doc["plans"][0]["layout"]["stages"][0]["tp"] = 4
     for target in TARGETS:
         with pytest.raises(Inexpressible, match=rf"different TP degrees.*--framework {target}"):
@@ -44,11 +40,11 @@ def test_per_stage_tp_is_refused_for_every_target():
 
 def test_replicas_with_different_microbatch_counts_are_refused():
     with pytest.raises(Inexpressible, match="different micro-batch counts.*--framework megatron"):
-        emit(load("gpt-32l-2x32-replicas.json"), "megatron")
+        emit(load("gpt-32l-2x32-replicas"), "megatron")
 
 
 def test_replicas_of_one_shape_are_plain_data_parallelism():
-    doc = load("gpt-32l-2x32-replicas.json")
+    doc = load("gpt-32l-2x32-replicas")
     for rep in doc["plans"][0]["layout"]["replicas"]:
         rep["micro_batches"] = 2
     plan = LaunchPlan.of(doc, 1, "megatron")
@@ -58,7 +54,7 @@ def test_replicas_of_one_shape_are_plain_data_parallelism():
 
 def test_per_stage_recompute_counts_are_refused():
     with pytest.raises(Inexpressible, match="recompute different numbers of layers"):
-        emit(load("llama3-70b-h100.json"), "megatron", plan_rank=2)
+        emit(load("llama3-70b-h100"), "megatron", plan_rank=2)
 
 
 @pytest.mark.parametrize(
@@ -73,7 +69,7 @@ def test_per_stage_recompute_counts_are_refused():
     ],
 )
 def test_framework_limits_are_refused_naming_the_flag(target, change, field):
-    doc = copy.deepcopy(load("llama3-70b-h100-megatron.json"))
+    doc = copy.deepcopy(load("llama3-70b-h100-megatron"))
     doc["plans"][0]["layout"].update(change)
     if change.get("pp") == 2:
         doc["plans"][0]["layout"]["stages"] = [{"layers": 40}, {"layers": 40}]
@@ -84,7 +80,7 @@ def test_framework_limits_are_refused_naming_the_flag(target, change, field):
 
 
 def test_partial_recompute_is_refused_where_the_framework_has_no_count():
-    doc = copy.deepcopy(load("llama3-70b-h100-torchtitan.json"))
+    doc = copy.deepcopy(load("llama3-70b-h100-torchtitan"))
     for stage in doc["plans"][0]["layout"]["stages"]:
         stage["recompute_layers"] = 2
     with pytest.raises(Inexpressible, match="all layers of a stage or none"):
@@ -98,7 +94,7 @@ def test_partial_recompute_is_refused_where_the_framework_has_no_count():
 def test_bad_plan_input_is_a_spec_error():
     with pytest.raises(SpecError, match="not a plan JSON"):
         LaunchPlan.of({"plans": []})
-    doc = load("llama3-70b-h100-megatron.json")
+    doc = load("llama3-70b-h100-megatron")
     with pytest.raises(SpecError, match="--plan-rank"):
         LaunchPlan.of(doc, 9)
     with pytest.raises(SpecError, match="schema_version"):
@@ -114,7 +110,7 @@ def test_bad_plan_input_is_a_spec_error():
 
 
 def test_cli_exit_codes(tmp_path):
-    plan = FIXTURES / "llama3-70b-h100.json"
+    plan = PLANS / "llama3-70b-h100.json"
     bad = run_cli("emit", str(plan), "--framework", "megatron", "--plan-rank", "2", "-o", str(tmp_path / "x"))
     assert bad.returncode == 4, bad.stderr
     assert bad.stderr.count("\n") == 1 and bad.stderr.startswith("error: plans[1].layout.stages: ")
@@ -133,7 +129,7 @@ def test_cli_exit_codes(tmp_path):
 def test_emit_writes_a_runnable_folder(tmp_path, target):
     out = tmp_path / "launch"
     res = run_cli(
-        "emit", str(FIXTURES / "llama3-70b-h100-megatron.json"), "--framework", target, "--launcher", "slurm",
+        "emit", str(PLANS / "llama3-70b-h100-megatron.json"), "--framework", target, "--launcher", "slurm",
         "-o", str(out),
     )  # fmt: skip
     assert res.returncode == 0, res.stderr
@@ -152,7 +148,7 @@ def test_launch_script_refuses_a_node_rank_out_of_range(tmp_path):
     out = tmp_path / "launch"
     assert (
         run_cli(
-            "emit", str(FIXTURES / "llama3-70b-h100-megatron.json"), "--framework", "megatron", "-o", str(out)
+            "emit", str(PLANS / "llama3-70b-h100-megatron.json"), "--framework", "megatron", "-o", str(out)
         ).returncode
         == 0
     )
@@ -161,7 +157,7 @@ def test_launch_script_refuses_a_node_rank_out_of_range(tmp_path):
 
 
 def test_mixed_plan_lands_each_stage_on_its_gpu_type(tmp_path):
-    doc = load("llama3-405b-3types-megatron.json")
+    doc = load("llama3-405b-3types-megatron")
     plan = LaunchPlan.of(doc, 1, "megatron")
     runs = node_runs(plan)
     files = emit(doc, "megatron", options=EmitOptions(launcher="slurm"))
@@ -190,7 +186,7 @@ def test_plan_emit_writes_one_folder_per_framework(tmp_path):
 
 
 def test_emitted_files_are_deterministic():
-    doc = load("llama3-70b-h100-megatron.json")
+    doc = load("llama3-70b-h100-megatron")
     assert emit(doc, "megatron") == emit(copy.deepcopy(doc), "megatron")
 
 
@@ -198,7 +194,7 @@ def test_written_files_are_not_private(tmp_path):
     out = tmp_path / "l"
     assert (
         run_cli(
-            "emit", str(FIXTURES / "llama3-70b-h100-megatron.json"), "--framework", "megatron", "-o", str(out)
+            "emit", str(PLANS / "llama3-70b-h100-megatron.json"), "--framework", "megatron", "-o", str(out)
         ).returncode
         == 0
     )

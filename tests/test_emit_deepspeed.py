@@ -7,18 +7,18 @@ from __future__ import annotations
 import copy
 import inspect
 import json
-import os
 from pathlib import Path
 
 import pytest
 import yaml
-from emit_fixtures import load, runnable
+from emit_fixtures import check_golden_folder, job_shape, load, plan_shape, runnable
 
 from planner.catalog import resolve_model
 from planner.emit import EmitOptions, deepspeed_import, emit
 from planner.emit import deepspeed as ds
 from planner.emit.launch_plan import LaunchPlan
 from planner.errors import Inexpressible, SpecError
+from planner.io import write_folder
 from planner.load import parse_job
 from planner.parallel import dims_from_layout
 
@@ -33,8 +33,7 @@ RUNNABLE = runnable("deepspeed")
 
 def write_bundle(plan: LaunchPlan, folder: Path) -> dict[str, str]:
     files = ds.render(plan, EmitOptions()).files
-    for name, text in files.items():
-        (folder / name).write_text(text)
+    write_folder(folder, files)
     return files
 
 
@@ -62,43 +61,6 @@ def read_back(plan: LaunchPlan, folder: Path, **given) -> dict:
     return ds.read(folder / "ds_config.json", **{**args, **given})
 
 
-def plan_shape(plan: LaunchPlan) -> tuple:
-    full = plan.recompute == "full" or plan.recompute_layers >= max(plan.stage_layers)
-    return (
-        plan.tp,
-        plan.pp,
-        plan.dp,
-        plan.cp,
-        plan.ep,
-        plan.vpp,
-        plan.micro_batch_size,
-        plan.sequence_parallel,
-        plan.zero_stage,
-        "full" if full else "none",
-        tuple(plan.stage_layers),
-        plan.global_batch_size,
-    )
-
-
-def job_shape(raw: dict, base_dir: Path) -> tuple:
-    job = parse_job(raw, base_dir=base_dir)
-    d = dims_from_layout(job.layout, job).check()
-    return (
-        d.tp,
-        d.pp,
-        d.dp,
-        d.cp,
-        d.ep,
-        d.vpp,
-        d.micro_batch_size,
-        d.sequence_parallel,
-        d.zero_stage,
-        d.recompute,
-        tuple(d.stage_layers),
-        job.training.global_batch_size,
-    )
-
-
 # ---------------------------------------------------------------------------------------------------------------
 # emit
 
@@ -106,16 +68,7 @@ def job_shape(raw: dict, base_dir: Path) -> tuple:
 @pytest.mark.parametrize("stem", sorted(GOLDEN_PLANS))
 def test_golden_files(stem):
     files = ds.render(LaunchPlan.of(load(stem), GOLDEN_PLANS[stem], "deepspeed"), EmitOptions()).files
-    folder = GOLDEN / stem
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        folder.mkdir(parents=True, exist_ok=True)
-        for old in folder.iterdir():
-            old.unlink()
-        for name, text in files.items():
-            (folder / name).write_text(text)
-    assert sorted(files) == sorted(p.name for p in folder.iterdir())
-    for name, text in files.items():
-        assert text == (folder / name).read_text(), f"{stem}/{name} differs (UPDATE_GOLDEN=1 to accept)"
+    check_golden_folder(GOLDEN / stem, files, stem)
 
 
 def test_fixtures_cover_pipelines_and_zero_3():

@@ -7,13 +7,13 @@ from __future__ import annotations
 
 import copy
 import inspect
-import json
 import os
 import shlex
 from pathlib import Path
 
 import pytest
-from emit_fixtures import load
+from emit_fixtures import flag_values as argv_flag_values
+from emit_fixtures import load, runnable
 
 from planner.emit import EmitOptions, LaunchPlan, megatron, megatron_bridge, megatron_import
 from planner.errors import Inexpressible, SpecError
@@ -21,7 +21,6 @@ from planner.frameworks import check_runnable
 from planner.load import parse_job
 
 ROOT = Path(__file__).resolve().parent
-PLANS = ROOT / "fixtures" / "plans"
 CONFIGS = ROOT / "fixtures" / "configs" / "megatron"
 GOLDEN = ROOT / "golden" / "emit"
 UPDATE = os.environ.get("UPDATE_GOLDEN") == "1"
@@ -67,15 +66,7 @@ def variant(stem: str, rank: int = 1, *, job=None, model=None, training=None, **
 
 
 def flag_values(bundle, flag: str) -> list[str] | None:
-    argv = bundle.program[1:]
-    if flag not in argv:
-        return None
-    i = argv.index(flag) + 1
-    values = []
-    while i < len(argv) and not argv[i].startswith("--"):
-        values.append(argv[i])
-        i += 1
-    return values
+    return argv_flag_values(bundle.program[1:], flag)
 
 
 def check_golden(path: Path, text: str) -> None:
@@ -419,17 +410,7 @@ def test_per_stage_recompute_refused_before_render():
 
 
 def runnable_plans():
-    out = []
-    for path in sorted(PLANS.glob("*.json")):
-        doc = json.loads(path.read_text())
-        for rank in range(1, len(doc.get("plans", [])) + 1):
-            try:
-                plan_of(doc, rank)
-                megatron.settings(LaunchPlan.of(doc, rank, "megatron"))
-            except (Inexpressible, SpecError):
-                continue
-            out.append(pytest.param(doc, rank, id=f"{path.stem}-{rank}"))
-    return out
+    return [pytest.param(load(stem), rank, id=f"{stem}-{rank}") for stem, rank in runnable("megatron")]
 
 
 VARIANTS = [

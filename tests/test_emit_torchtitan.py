@@ -7,18 +7,20 @@ from __future__ import annotations
 import ast
 import copy
 import inspect
-import os
 import tomllib
 from pathlib import Path
 
 import pytest
-from emit_fixtures import load, runnable
+from emit_fixtures import check_golden_folder, load, runnable
+from emit_fixtures import job_shape as shared_job_shape
+from emit_fixtures import plan_shape as shared_plan_shape
 
 from planner.emit import EmitOptions, emit
 from planner.emit import torchtitan as tt
 from planner.emit import torchtitan_import as tt_import
 from planner.emit.launch_plan import LaunchPlan
 from planner.errors import Inexpressible, SpecError
+from planner.io import write_folder
 from planner.load import parse_job
 from planner.parallel import dims_from_layout
 
@@ -36,56 +38,17 @@ def render(plan: LaunchPlan, version: str | None = None) -> dict[str, str]:
     return tt.render(plan, EmitOptions(framework_version=version)).files
 
 
-def write(files: dict[str, str], folder: Path) -> None:
-    for name, text in files.items():
-        (folder / name).write_text(text)
-
-
 def config_path(folder: Path, version: str) -> Path:
     return folder / ("plan_config.py" if version == "0.3" else "plan.toml")
 
 
 def plan_shape(plan: LaunchPlan) -> tuple:
-    full = plan.recompute == "full" or plan.recompute_layers >= max(plan.stage_layers)
-    return (
-        plan.tp,
-        plan.pp,
-        plan.dp,
-        plan.cp,
-        plan.ep,
-        plan.vpp,
-        plan.micro_batch_size,
-        plan.sequence_parallel,
-        plan.zero_stage,
-        "full" if full else "op" if plan.recompute == "op" else "none",
-        tuple(plan.stage_layers),
-        plan.global_batch_size,
-        plan.training.seq_length,
-        plan.model.num_layers,
-        plan.model.hidden_size,
-    )
+    return (*shared_plan_shape(plan), plan.training.seq_length, plan.model.num_layers, plan.model.hidden_size)
 
 
 def job_shape(raw: dict, base_dir: Path | None = None) -> tuple:
     job = parse_job(raw, base_dir=base_dir)
-    d = dims_from_layout(job.layout, job).check()
-    return (
-        d.tp,
-        d.pp,
-        d.dp,
-        d.cp,
-        d.ep,
-        d.vpp,
-        d.micro_batch_size,
-        d.sequence_parallel,
-        d.zero_stage,
-        d.recompute,
-        tuple(d.stage_layers),
-        job.training.global_batch_size,
-        job.training.seq_length,
-        job.model.num_layers,
-        job.model.hidden_size,
-    )
+    return (*shared_job_shape(raw, base_dir), job.training.seq_length, job.model.num_layers, job.model.hidden_size)
 
 
 def read_back(plan: LaunchPlan, folder: Path, version: str) -> dict:
@@ -106,15 +69,7 @@ def read_back(plan: LaunchPlan, folder: Path, version: str) -> dict:
 def test_golden_files(stem):
     plan = LaunchPlan.of(load(stem), GOLDEN_PLANS[stem], "torchtitan")
     files = {**render(plan, "0.3"), **render(plan, "0.2")}
-    folder = GOLDEN / stem
-    if os.environ.get("UPDATE_GOLDEN") == "1":
-        folder.mkdir(parents=True, exist_ok=True)
-        for old in folder.iterdir():
-            old.unlink()
-        write(files, folder)
-    assert sorted(files) == sorted(p.name for p in folder.iterdir())
-    for name, text in files.items():
-        assert text == (folder / name).read_text(), f"{stem}/{name} differs (UPDATE_GOLDEN=1 to accept)"
+    check_golden_folder(GOLDEN / stem, files, stem)
 
 
 def test_fixtures_cover_the_interesting_shapes():
@@ -257,7 +212,7 @@ def test_per_op_checkpointing_is_selective_ac_and_round_trips(version, tmp_path)
             "mode": "selective",
             "selective_ac_option": "op",
         }
-    write(files, tmp_path)
+    write_folder(tmp_path, files)
     assert job_shape(read_back(plan, tmp_path, version), tmp_path) == plan_shape(plan)
 
 
@@ -339,7 +294,7 @@ def test_read_forwards_to_the_importer_with_its_parameters():
 @pytest.mark.parametrize("version", VERSIONS)
 def test_round_trip(stem, rank, version, tmp_path):
     plan = LaunchPlan.of(load(stem), rank, "torchtitan")
-    write(render(plan, version), tmp_path)
+    write_folder(tmp_path, render(plan, version))
     assert job_shape(read_back(plan, tmp_path, version), tmp_path) == plan_shape(plan)
 
 
@@ -349,7 +304,7 @@ def test_round_trip_of_full_recompute_and_fp8(version, tmp_path):
     doc["plans"][0]["layout"]["recompute"] = "full"
     doc["job"]["training"]["precision"] = "fp8"
     plan = LaunchPlan.of(doc, 1, "torchtitan")
-    write(render(plan, version), tmp_path)
+    write_folder(tmp_path, render(plan, version))
     raw = read_back(plan, tmp_path, version)
     assert raw["training"]["precision"] == "fp8" and raw["model"] == "llama3-70b"
     assert job_shape(raw, tmp_path) == plan_shape(plan)

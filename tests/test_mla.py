@@ -9,6 +9,7 @@ import json
 import math
 
 import pytest
+from emit_fixtures import fixed_layout_doc, flag_values
 
 from planner.catalog import resolve_model
 from planner.catalog.hf import load_hf_config
@@ -19,9 +20,6 @@ from planner.cost.estimate import estimate
 from planner.emit import EmitOptions, LaunchPlan, megatron, megatron_bridge
 from planner.errors import Inexpressible, SpecError
 from planner.load import parse_job
-from planner.report.plan_json import plan_document
-from planner.search.result import Plan, SearchResult
-from planner.search.space import Candidate
 from planner.spec import Layout, ModelSpec
 
 V3_MLA = {"q_lora_rank": 1536, "kv_lora_rank": 512, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128}
@@ -270,44 +268,10 @@ def plan_doc(raw: dict, layout: dict) -> dict:
     """A plan JSON document for one fixed layout (as scripts/validate_emitters.py builds them)."""
     j = parse_job(raw)
     est = estimate(j, Layout.model_validate(layout))
-    d = est.dims
-    cand = Candidate(
-        tp=d.tp,
-        cp=d.cp,
-        pp=d.pp,
-        dp=d.dp,
-        ep=d.ep,
-        mbs=d.micro_batch_size,
-        vpp=d.vpp,
-        zero=d.zero_stage,
-        recompute=d.recompute,
-        lower_bound_s=est.iteration_time_s,
-        world=d.world,
-    )
-    result = SearchResult(
-        plans=[Plan(cand, est, "feasible")],
-        candidates=1,
-        pruned=0,
-        solved=0,
-        seconds=0.0,
-        complete=False,
-        gap=0.0,
-        stop_reason="time_limit",
-    )
-    return json.loads(json.dumps(plan_document(j, result, None, timing=False, memory_margin=0.0)))
+    return json.loads(json.dumps(fixed_layout_doc(j, est)))
 
 
 LAYOUT = {"tp": 2, "pp": 2, "ep": 2, "micro_batch_size": 1, "zero_stage": 1, "recompute": "selective"}
-
-
-def flag_values(argv: list[str], flag: str) -> list[str] | None:
-    if flag not in argv:
-        return None
-    i, values = argv.index(flag) + 1, []
-    while i < len(argv) and not argv[i].startswith("--"):
-        values.append(argv[i])
-        i += 1
-    return values
 
 
 def test_megatron_flags_and_round_trip(tmp_path):
