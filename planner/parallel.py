@@ -11,6 +11,7 @@ layouts a search proposes and the layouts ``check()`` accepts follow the same ru
 | rule | predicate | options |
 |---|---|---|
 | TP shards the heads, kv-heads divide or are replicated | tp_heads_error | tp_options, node_group_tp_options |
+| TP shards the FFN and expert-FFN widths (layer profiler) | tp_ffn_error | profile/runner.py default_tps |
 | TP within one node: homogeneous no larger than a node, node groups a divisor | tp_fits_node, tp_node_error | (same) |
 | the sequence shard splits over TP (sequence parallelism) | seq_shard_error | (per cp, in the enumerators) |
 | load-balanced CP cuts the sequence in 2*cp chunks | cp_error | cp_options |
@@ -84,6 +85,16 @@ def tp_heads_error(model: ModelSpec, tp: int) -> str | None:
         return f"num_attention_heads ({model.num_attention_heads}) is not divisible by tp ({tp})"
     if model.kv_heads % tp and tp % model.kv_heads:
         return f"num_kv_heads ({model.kv_heads}) and tp ({tp}) must divide one another"
+    return None
+
+
+def tp_ffn_error(model: ModelSpec, tp: int) -> str | None:
+    """Why ``tp`` cannot shard the MLP widths (None when it can): the FFN and expert-FFN widths split evenly over
+    TP ranks (column-parallel up-projections)."""
+    if model.ffn_hidden_size % tp:
+        return f"ffn_hidden_size ({model.ffn_hidden_size}) is not divisible by tp ({tp})"
+    if model.moe is not None and model.moe.expert_ffn_hidden_size % tp:
+        return f"moe.expert_ffn_hidden_size ({model.moe.expert_ffn_hidden_size}) is not divisible by tp ({tp})"
     return None
 
 

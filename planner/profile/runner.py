@@ -92,16 +92,9 @@ def default_tps(job: Job, group: int = 0) -> tuple[int, ...]:
 
 
 def _tp_error(model: ModelSpec, tp: int) -> str | None:
-    from planner.parallel import tp_heads_error
+    from planner.parallel import tp_ffn_error, tp_heads_error
 
-    why = tp_heads_error(model, tp)
-    if why:
-        return why
-    if model.ffn_hidden_size % tp:
-        return f"ffn_hidden_size ({model.ffn_hidden_size}) is not divisible by tp ({tp})"
-    if model.moe is not None and model.moe.expert_ffn_hidden_size % tp:
-        return f"moe.expert_ffn_hidden_size ({model.moe.expert_ffn_hidden_size}) is not divisible by tp ({tp})"
-    return None
+    return tp_heads_error(model, tp) or tp_ffn_error(model, tp)
 
 
 def measured_kinds(model: ModelSpec) -> tuple[str, ...]:
