@@ -393,7 +393,7 @@ def plan(
     import time
 
     from planner.cost.estimate import estimate as run_estimate
-    from planner.frameworks import get_framework
+    from planner.frameworks import get_framework, priced_for
     from planner.load import load_job
     from planner.report.plan_json import plan_document
     from planner.search import run_search
@@ -402,7 +402,7 @@ def plan(
     started = time.monotonic()
     fw = get_framework(framework)
     targets = _emit_targets(emit_targets, emit_dir)
-    spec = _with_profile(load_job(job), profile, calibration)
+    spec = priced_for(_with_profile(load_job(job), profile, calibration), fw)
     warnings = _warn(spec)
     opts = SearchOptions(
         allow_cross_node_tp=allow_cross_node_tp,

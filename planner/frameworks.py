@@ -34,6 +34,7 @@ class Framework:
     recompute_per_chunk: bool = False  # a stage's recompute count is per interleaved chunk: a multiple of vpp
     cp_needs_fsdp: bool = False  # FSDP shards over the CP ranks whenever cp > 1: with CP only ZeRO-3 is as planned
     op_recompute: bool = False  # per-op selective checkpointing (torchtitan's SAC "op" policy: recompute: op)
+    tp_backward_overlap: bool = True  # Training.tp_backward_overlap: its TP backward collectives run under wgrad GEMMs
     precisions: frozenset = frozenset({"bf16", "fp16", "fp8"})
 
     def zero_stages(self, pp: int) -> frozenset:
@@ -142,6 +143,7 @@ FRAMEWORKS = {
         microbatches_cover_pp=True,
         op_recompute=True,  # activation_checkpoint mode selective, selective_ac_option "op" (0.3: SelectiveAC)
         cp_needs_fsdp=True,  # parallel_dims.fsdp_enabled: dp_shard * cp > 1
+        tp_backward_overlap=False,  # DTensor ColwiseParallel/RowwiseParallel: every TP collective on the critical path
         precisions=frozenset({"bf16", "fp8"}),
     ),
 }
@@ -214,3 +216,14 @@ def check_precision(fw: Framework | None, precision: str) -> None:
     if fw is not None and precision not in fw.precisions:
         ok = ", ".join(sorted(fw.precisions))
         raise SpecError("training.precision", f"{fw.name} has no {precision} training ({ok}); change the job")
+
+
+def priced_for(job, fw: Framework | None):
+    """``job`` priced as ``fw`` runs it: a training setting the job leaves unstated that is a property of the
+    framework's implementation (Training.tp_backward_overlap) takes the framework's value."""
+    if fw is None or "tp_backward_overlap" in job.training.model_fields_set:
+        return job
+    if job.training.tp_backward_overlap == fw.tp_backward_overlap:
+        return job
+    training = job.training.model_copy(update={"tp_backward_overlap": fw.tp_backward_overlap})
+    return job.model_copy(update={"training": training})

@@ -259,13 +259,14 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
         assumed.append(f"seq_len={seq} ({stack} default)")
     gbs = par.int("global_batch", required=True)
     flash = "flash" in arch or "megatron-core" in arch or par.bool("flash_attention", False)
-    if not flash and stack in FUSED_ATTENTION_STACKS:
-        flash = True
-        assumed.append(f"attention=flash ({stack} default)")
+    flash_assumed = not flash and stack in FUSED_ATTENTION_STACKS
+    flash = flash or flash_assumed
     attention = "flash" if flash else "eager"
     if flash and stack in FLASH3_STACKS and _text(model_s.get("attention_kernel")) in ("", "flash3", "cudnn"):
         attention = "flash3"
         assumed.append(f"attention=flash3 (cuDNN fused attention, {stack} default)")
+    elif flash_assumed:
+        assumed.append(f"attention=flash ({stack} default)")
     training = {
         "seq_length": seq,
         "global_batch_size": gbs,
@@ -280,6 +281,9 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
     if stack in UNFUSED_LOSS_STACKS:
         training["cross_entropy"] = "unfused"
         assumed.append(f"cross_entropy=unfused ({stack} default)")
+    if stack in DTENSOR_TP_STACKS and (par.int("tp") or 1) > 1:
+        training["tp_backward_overlap"] = False
+        assumed.append(f"tp_backward_overlap=false (DTensor TP, {stack})")
 
     # ---- layout
     tp = par.int("tp")
@@ -379,6 +383,9 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
         # The source's notes name full checkpointing, or its hardware-FLOP count includes the recompute pass.
         choices = ["full"]
         assumed.append("recompute=full (from notes / hardware-FLOP convention)")
+    elif stack in RECOMPUTE_DEFAULTS:
+        choices = [RECOMPUTE_DEFAULTS[stack]]
+        assumed.append(f"recompute={choices[0]} ({stack} default)")
     else:
         choices = ["none", "selective", "full"]
         assumed.append("recompute=least that fits")
@@ -418,6 +425,13 @@ BF16_GRADIENT_STACKS = frozenset({"nemo"})
 # torchtitan's loss is torch cross_entropy over the upcast logits (components/loss.py cross_entropy_loss, 0.2):
 # no fused vocab-parallel kernel.
 UNFUSED_LOSS_STACKS = frozenset({"torchtitan"})
+# Stacks whose tensor parallelism is PyTorch DTensor (torchtitan parallelize.py ColwiseParallel/RowwiseParallel):
+# no backward collective runs under the weight-gradient GEMM (Training.tp_backward_overlap).
+DTENSOR_TP_STACKS = frozenset({"torchtitan"})
+# Activation recomputation where a run leaves it unstated: NeMo's and Megatron-Bridge's recipes leave it off
+# (Megatron-Core TransformerConfig recompute_granularity = None; NeMo 1.x configs
+# activations_checkpoint_granularity: null) unless the recipe sets it, which the run would then state.
+RECOMPUTE_DEFAULTS = {"nemo": "none", "megatron-bridge": "none"}
 # Sequence length of the stack's reference configs where a run leaves it unstated: torchtitan's Llama 3
 # train_configs (llama3_8b.toml, llama3_70b.toml, llama3_405b.toml: [training] seq_len = 8192).
 SEQ_LEN_DEFAULTS = {"torchtitan": 8192}

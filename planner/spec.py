@@ -258,6 +258,12 @@ class Training(StrictModel):
         "logits, gradient written in place) or unfused (torch cross_entropy over upcast logits, torchtitan: bf16 "
         "logits, an fp32 copy and the fp32 log-softmax)",
     )
+    tp_backward_overlap: bool = Field(
+        True,
+        description="the backward's tensor-parallel collectives run under the weight-gradient GEMMs (Megatron-LM / "
+        "Megatron-Core linear layers, also under DeepSpeed and NeMo); false for PyTorch DTensor TP (torchtitan), "
+        "where every TP collective of the backward is on the critical path",
+    )
     grad_dtype: Literal["fp32", "bf16", "bf16+fp32"] = Field(
         "fp32",
         description="gradient buffers: fp32 (Megatron main_grad), bf16, or bf16+fp32 (16-bit .grad plus an "

@@ -314,7 +314,13 @@ def test_import_of_a_0_2_toml_like_the_llama3_train_configs():
     raw = tt.read(CONFIGS / "llama3_8b.toml", world_size=64, gpu="h100-sxm")
     assert raw["model"] == "llama3-8b"
     assert raw["cluster"] == [{"gpu": "h100-sxm", "nodes": 8, "gpus_per_node": 8}]
-    assert raw["training"] == {"seq_length": 8192, "global_batch_size": 64, "precision": "bf16"}
+    assert raw["training"] == {
+        "seq_length": 8192,
+        "global_batch_size": 64,
+        "precision": "bf16",
+        "cross_entropy": "unfused",  # torchtitan's loss and DTensor TP: its own kernels, not Megatron's
+        "tp_backward_overlap": False,
+    }
     lay = raw["layout"]
     assert (lay["tp"], lay["pp"], lay["dp"], lay["zero_stage"], lay["micro_batch_size"]) == (1, 1, 64, 3, 1)
     assert lay["recompute"] == "op"  # torchtitan's per-op selective checkpointing

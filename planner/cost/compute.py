@@ -152,6 +152,20 @@ def layer_time(
     return PassTime(forward, backward, extra)
 
 
+def tp_paired_gemms(model: ModelSpec, roof: Roofline, tokens: int, tp: int, sp: bool, moe: bool, ep: int) -> tuple:
+    """Forward seconds of the GEMMs a layer's 4 TP collectives are pipelined with when TP communication is
+    overlapped (all-gather -> attention input projections, output projection -> reduce-scatter, all-gather -> MLP
+    input GEMMs, MLP output GEMMs -> reduce-scatter; the router and the shared experts go with the MLP side they
+    feed or close)."""
+    attn = F.attention_gemms(model, tokens, tp, sp)
+    mlp = F.mlp_gemms(model, tokens, tp, moe, ep)
+    # dense: [in, out]; MoE: [router, expert in, expert out] + [shared in, shared out]
+    closing = {1} if not moe else {2, 4}
+    mlp_in = [g for i, g in enumerate(mlp) if i not in closing]
+    mlp_out = [g for i, g in enumerate(mlp) if i in closing]
+    return (roof.gemms(attn[:-1]), roof.gemms(attn[-1:]), roof.gemms(mlp_in), roof.gemms(mlp_out))
+
+
 def embedding_time(model: ModelSpec, roof: Roofline, tokens: int, tp: int, sp: bool) -> PassTime:
     """Embedding lookup (write tokens*h) and its gradient scatter-add."""
     nbytes = 2.0 * tokens * model.hidden_size / (tp if sp else 1)

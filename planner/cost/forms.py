@@ -255,8 +255,7 @@ class TimeForms:
 
     compute: Affine  # forward + backward (+ recompute), embedding and logits included
     forward: Affine
-    tp: Affine  # TP collectives; with ``tp_hidden`` only max(0, tp - compute) is exposed
-    tp_hidden: bool
+    tp: Affine  # exposed TP collectives (stage.tp_overlap_share where they overlap GEMMs)
     cp: Affine
     ep: Affine
     zero: Overlap | None  # ZeRO-2/3 traffic behind the compute (None below ZeRO-2)
@@ -272,10 +271,6 @@ class TimeForms:
         comp, fwd = self.compute.at(plan), self.forward.at(plan)
         out = {"compute": comp, "forward": fwd}
         tp = self.tp.at(plan)
-        if self.tp_hidden:
-            # Pipelined with the adjacent GEMMs (Transformer Engine userbuffers, Megatron --tp-comm-overlap):
-            # only the part longer than the compute stays on the critical path.
-            tp = max(0.0, tp - comp)
         cp, ep = self.cp.at(plan), self.ep.at(plan)
         out.update(tp_comm=tp, cp_comm=cp, ep_comm=ep, pp_comm=pp)
         out["zero_comm"] = self.zero.exposed(self.zero.traffic.at(plan), comp) if self.zero else 0.0

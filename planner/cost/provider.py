@@ -134,6 +134,15 @@ class AnalyticCosts:
             self.keep(model)
         return hit
 
+    def tp_gemms(self, model: ModelSpec, tokens: int, tp: int, sp: bool, moe: bool, ep: int) -> tuple:
+        """Forward seconds of the GEMMs a layer's TP collectives overlap with (compute.tp_paired_gemms)."""
+        key = ("tp_gemms", id(model), tokens, tp, sp, moe, ep)
+        hit = self._ends.get(key)
+        if hit is None:
+            hit = self._ends[key] = compute.tp_paired_gemms(model, self._roof, tokens, tp, sp, moe, ep)
+            self.keep(model)
+        return hit
+
     def keep(self, model: ModelSpec) -> None:
         """Hold a model referenced by id() in a cache key, so its id cannot be reused."""
         if not any(x is model for x in self._models):

@@ -75,8 +75,8 @@ class KindCoeffs:
     forward: float  # forward part of compute
     backward: float  # backward part of compute (without recompute)
     recompute_extra: float  # extra seconds when the layer is fully recomputed
-    tp: float  # TP collective seconds
-    tp_recompute: float  # extra TP seconds when fully recomputed
+    tp: float  # exposed TP collective seconds (overlapped with GEMMs where the layout says so)
+    tp_recompute: float  # extra exposed TP seconds when fully recomputed
     cp: float  # exposed CP ring seconds
     ep: float  # EP all-to-all seconds
     ep_recompute: float
@@ -86,21 +86,20 @@ class KindCoeffs:
     act_recomputed: float  # stored activation bytes when fully recomputed
     act_working: float  # full activations of one layer, present while a recomputed layer runs backward
 
-    def layer_floor(self, tp_hidden: bool = False) -> float:
-        """The least seconds one layer of this kind adds to a stage's micro-batch: its compute and the TP (unless
-        hidden under compute, ``tp_hidden``), CP and EP communication it cannot avoid. Every per-layer time bound
-        of the searches starts here."""
-        return self.compute + (0.0 if tp_hidden else self.tp) + self.cp + self.ep
+    def layer_floor(self) -> float:
+        """The least seconds one layer of this kind adds to a stage's micro-batch: its compute and the exposed TP,
+        CP and EP communication it cannot avoid. Every per-layer time bound of the searches starts here."""
+        return self.compute + self.tp + self.cp + self.ep
 
-    def recompute_floor(self, tp_hidden: bool = False) -> float:
-        """The least seconds full recompute adds to one layer: its forward again, with its TP (unless hidden under
-        compute, ``tp_hidden``) and EP collectives."""
-        return self.recompute_extra + (0.0 if tp_hidden else self.tp_recompute) + self.ep_recompute
+    def recompute_floor(self) -> float:
+        """The least seconds full recompute adds to one layer: its forward again, with its TP and EP
+        collectives."""
+        return self.recompute_extra + self.tp_recompute + self.ep_recompute
 
 
-def fastest_layer(kinds: dict[str, KindCoeffs], tp_hidden: bool = False) -> float:
+def fastest_layer(kinds: dict[str, KindCoeffs]) -> float:
     """The per-layer time floor (KindCoeffs.layer_floor) of the cheapest layer kind: valid for any layer."""
-    return min(k.layer_floor(tp_hidden) for k in kinds.values())
+    return min(k.layer_floor() for k in kinds.values())
 
 
 @dataclass(slots=True)
@@ -134,14 +133,24 @@ class LayerKinds(dict):
 
 
 def kind_coeffs(
-    job: Job, costs: AnalyticCosts, tokens: int, tp: int, cp: int, ep: int, sp: bool, base_rc: str
+    job: Job,
+    costs: AnalyticCosts,
+    tokens: int,
+    tp: int,
+    cp: int,
+    ep: int,
+    sp: bool,
+    base_rc: str,
+    tp_overlap: bool = False,
 ) -> LayerKinds:
-    """Per-layer coefficients of each layer kind. They depend only on TP, CP, EP, the micro-batch and the model,
-    so they are memoized on the costs object and shared by every pipeline/DP/ZeRO choice."""
+    """Per-layer coefficients of each layer kind. They depend only on TP (and whether its collectives overlap
+    GEMMs, ``tp_overlap``), CP, EP, the micro-batch and the model, so they are memoized on the costs object and
+    shared by every pipeline/DP/ZeRO choice."""
     m, t = job.model, job.training
     seq = t.seq_length
     flash = t.fused_attention
-    key = (id(m), tokens, seq, tp, cp, ep, sp, flash, base_rc)
+    tp_overlap = tp_overlap and tp > 1
+    key = (id(m), tokens, seq, tp, cp, ep, sp, flash, base_rc, t.tp_backward_overlap, tp_overlap)
     hit = costs.kind_coeffs.get(key)
     if hit is not None:
         return hit
@@ -156,9 +165,11 @@ def kind_coeffs(
             continue
         lt = costs.layer(m, tokens, seq, tp, sp, cp, ep, moe, flash, base_rc)
         full = costs.layer(m, tokens, seq, tp, sp, cp, ep, moe, flash, "full")
-        # TP: 2 all-reduces (or AG + RS with SP, same bytes) per layer forward and 2 backward, 2 more when the
-        # forward is recomputed (Narayanan et al. 2021, Sec. 3.3; Korthikanti et al. 2022, Sec. 4.2.2).
         ar = tp_link.all_reduce(act_tok) if tp > 1 else 0.0
+        tp_s, tp_recompute_s = tp_exposed(ar, base_rc, t.tp_backward_overlap)
+        if tp_overlap:
+            share = tp_overlap_share(tp_link.all_gather(act_tok), costs.tp_gemms(m, tokens, tp, sp, moe, ep), tp)
+            tp_s, tp_recompute_s = share * tp_s, share * tp_recompute_s
         ring_exposed = 0.0
         if cp > 1:
             ring_exposed = ring_attention_exposed(
@@ -179,8 +190,8 @@ def kind_coeffs(
             forward=lt.forward,
             backward=lt.backward,
             recompute_extra=full.recompute - lt.recompute,
-            tp=2 * ar,
-            tp_recompute=ar,
+            tp=tp_s,
+            tp_recompute=tp_recompute_s,
             cp=ring_exposed,
             ep=4 * a2a,
             ep_recompute=2 * a2a,
@@ -192,6 +203,44 @@ def kind_coeffs(
         )
     costs.kind_coeffs[key] = kinds
     return kinds
+
+
+def tp_exposed(all_reduce_s: float, base_rc: str, backward_overlap: bool) -> tuple[float, float]:
+    """(per-layer TP seconds on the critical path, extra TP seconds when the layer is fully recomputed), given one
+    all-reduce of the layer's activation (``all_reduce_s``; with sequence parallelism an all-gather plus a
+    reduce-scatter, the same bytes).
+
+    A layer runs 2 such all-reduces forward and 2 backward (Narayanan et al. 2021, Sec. 3.3; Korthikanti et al.
+    2022, Sec. 4.2.2). Megatron's linear layers (``backward_overlap``) launch the backward's input-gradient
+    all-reduce / reduce-scatter asynchronously under the weight-gradient GEMM (Megatron-LM
+    tensor_parallel/layers.py LinearWithGradAccumulationAndAsyncCommunication); the forward's 2 stay exposed and a
+    full recompute adds 1 more (the calibrated reading of Megatron's cost, fitted with it on
+    ../shared/reference/measured-runs.yaml). PyTorch DTensor TP (torchtitan parallelize.py ColwiseParallel /
+    RowwiseParallel) issues every collective on the critical path: 2 forward and 2 backward, and a full recompute
+    reruns the forward's 2. Per-op selective checkpointing keeps the reduce-scatter outputs but not the all-gather
+    outputs (torchtitan activation_checkpoint.py ``_save_list``), so it reruns the forward's 2 all-gathers: one
+    all-reduce's bytes."""
+    base, rerun = (2 * all_reduce_s, all_reduce_s) if backward_overlap else (4 * all_reduce_s, 2 * all_reduce_s)
+    if base_rc == "op":
+        gathers = min(all_reduce_s, rerun)
+        return base + gathers, rerun - gathers
+    return base, rerun
+
+
+def tp_overlap_share(collective_s: float, gemms_s: tuple, tp: int) -> float:
+    """The share of a layer's TP collective seconds left exposed when each collective is pipelined with the GEMM
+    it feeds or closes (Megatron --tp-comm-overlap with Transformer Engine userbuffers; torchtitan async TP,
+    torch.distributed._symmetric_memory): both are split into ``tp`` chunks and chunk i's transfer runs under
+    chunk i-1's GEMM (Wang et al. 2023, "Overlap Communication with Dependent Computation via Decomposition in
+    Large Deep Learning Models", ASPLOS '23, Sec. 3). The first chunk's transfer (or the last one's reduction)
+    has nothing to hide under, and a transfer longer than its GEMM chunk shows the difference:
+    exposed = c/tp + max(0, c - g) * (tp - 1)/tp per collective of ``collective_s`` (c) and GEMM of g seconds.
+    Backward collectives pair with GEMMs of the same shapes (the input-gradient GEMMs), so one share serves
+    every pass."""
+    if collective_s <= 0 or not gemms_s:
+        return 1.0
+    exposed = sum(max(0.0, collective_s - g * (tp - 1) / tp) for g in gemms_s)
+    return min(1.0, exposed / (collective_s * len(gemms_s)))
 
 
 def ring_attention_exposed(cp_link, *, kv_bytes: float, attention_s: float, cp: int) -> float:
@@ -290,7 +339,9 @@ class StageModel:
         self.exp_link = costs.link(self.exp_shard, min(self.exp_shard, dp_per_node))
 
         act_tok = 2.0 * tokens * m.hidden_size  # one 16-bit activation of the micro-batch
-        self.kinds = kind_coeffs(job, costs, tokens, dims.tp, dims.cp, dims.ep, dims.sequence_parallel, base_rc)
+        self.kinds = kind_coeffs(
+            job, costs, tokens, dims.tp, dims.cp, dims.ep, dims.sequence_parallel, base_rc, dims.tp_comm_overlap
+        )
         self.has_moe = "moe" in self.kinds
         # Per-position constants: embedding on the first stage, logits on the last, pipeline sends in between.
         emb = costs.embedding(m, tokens, dims.tp, dims.sequence_parallel)
@@ -312,7 +363,7 @@ class StageModel:
         self.bytes_per_param = {group: sum(per.values()) for group, per in self.states_per_param.items()}
         # ZeRO-3 (FSDP) holds the gathered layer and the prefetched next one, 16-bit (Zhao et al. 2023, Sec. 3.3)
         self.gathered_layers = 2 * 2.0 * self.largest_layer if dims.zero_stage >= 3 else 0.0
-        self._layer_floor = fastest_layer(self.kinds, dims.tp_comm_overlap)
+        self._layer_floor = fastest_layer(self.kinds)
         self._deep = dims.pp > 1
         self.form_cache = FormCache() if caches is None else _registered(caches, self.form_key())
 
@@ -507,7 +558,7 @@ class StageModel:
                 "compute",
                 self.cal.fsdp_overlap,
             )
-        return TimeForms(self.compute_form(first, last), forward, tp, self.dims.tp_comm_overlap, cp, ep, zero)
+        return TimeForms(self.compute_form(first, last), forward, tp, cp, ep, zero)
 
     def _tail_forms(self, first: bool, last: bool) -> TailForms:
         """Overlapped with the last backward (Megatron --overlap-grad-reduce, PyTorch DDP buckets) and the next
@@ -630,7 +681,7 @@ class StageModel:
         for kind, count in (("dense", m.num_layers - n_moe), ("moe", n_moe)):
             if count:
                 k = self.kinds[kind]
-                total += count * k.layer_floor(d.tp_comm_overlap)
+                total += count * k.layer_floor()
                 params += count * (k.params_dense + k.params_expert)
         sched = total / d.pp * (self.mb + (d.pp - 1) / d.vpp)
         sharded = d.zero_stage >= 1

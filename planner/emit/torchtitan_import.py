@@ -532,7 +532,14 @@ def _job(f: _Found, *, world_size, gpu, gpus_per_node, model) -> dict:
     return {
         "model": model,
         "cluster": cluster,
-        "training": {"seq_length": seq, "global_batch_size": gbs, "precision": "fp8" if f.fp8 else "bf16"},
+        "training": {
+            "seq_length": seq,
+            "global_batch_size": gbs,
+            "precision": "fp8" if f.fp8 else "bf16",
+            # torchtitan's own kernels: torch cross_entropy over upcast logits (components/loss.py), DTensor TP
+            "cross_entropy": "unfused",
+            "tp_backward_overlap": False,
+        },
         "layout": layout,
     }
 

@@ -427,6 +427,10 @@ class TrainingOut(_Out):
         "loss kernel: fused (vocab-parallel / fused cross-entropy, fp32 logits) or unfused (torch cross_entropy "
         "over upcast logits: bf16 logits, an fp32 copy and the fp32 log-softmax)"
     )
+    tp_backward_overlap: bool = _d(
+        "the backward's TP collectives run under the weight-gradient GEMMs (Megatron linear layers); false: every "
+        "one on the critical path (PyTorch DTensor TP, torchtitan)"
+    )
     grad_dtype: Literal["fp32", "bf16", "bf16+fp32"] = _d(
         "gradient buffers: fp32 (Megatron main_grad), bf16, or bf16+fp32 (16-bit grads plus an unsharded fp32 "
         "accumulation buffer, DeepSpeed BF16_Optimizer)"

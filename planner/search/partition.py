@@ -249,13 +249,6 @@ def _add_layer_totals(
             m.Add(pv.recomputed[i] == pv.recomputed[0])
 
 
-def _exposed_units(m: cp_model.CpModel, name: str, traffic, window, big_t: int):
-    """max(0, traffic - window) in time units: communication the whole window hides (TP overlap)."""
-    out = m.NewIntVar(0, big_t, name)
-    m.AddMaxEquality(out, [traffic - window, 0])
-    return out
-
-
 def _exposed_milli(m: cp_model.CpModel, name: str, traffic, window, share: float, big_t: int):
     """max(0, traffic - share * window) in thousandths of a time unit, the share rounded to thousandths: no
     division constraint, which CP-SAT propagates poorly."""
@@ -274,8 +267,6 @@ def _add_stage_time(m: cp_model.CpModel, pv: PartitionVars, i: int, time: TimeFo
     m.Add(comp == pv.linear(time.compute, i, ti))
     fwd = pv.linear(time.forward, i, ti)
     tp = pv.linear(time.tp, i, ti)
-    if time.tp_hidden:
-        tp = _exposed_units(m, f"tp_exposed[{i}]", tp, comp, big_t)
     other = pv.linear(time.cp, i, ti) + pv.linear(time.ep, i, ti) + ti(pp_time)
     zero = 0
     if time.zero is not None:

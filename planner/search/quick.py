@@ -178,8 +178,8 @@ def _memory_counts(sm: StageModel, capacity_gib: float):
     d = sm.dims
     v = d.vpp
     heavy = sm.kinds["moe" if sm.has_moe else "dense"]
-    a = heavy.layer_floor(d.tp_comm_overlap)
-    rc = heavy.recompute_floor(d.tp_comm_overlap)
+    a = heavy.layer_floor()
+    rc = heavy.recompute_floor()
     terms = _stage_memory_terms(sm, capacity_gib)
     consts = _stage_consts(sm)
 
@@ -242,7 +242,7 @@ def lower_bound(sm: StageModel, capacity_gib: float | None = None, cutoff: float
         if forced is None:
             return float("inf")
         if forced > 0:
-            total += forced * min(k.recompute_floor(d.tp_comm_overlap) for k in sm.kinds.values())
+            total += forced * min(k.recompute_floor() for k in sm.kinds.values())
             comp += forced * min(k.recompute_extra for k in sm.kinds.values())
     if time.zero is not None:
         total += time.zero.exposed(time.zero.traffic.at(whole), comp)

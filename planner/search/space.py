@@ -199,9 +199,10 @@ def _enumerate_world(
     return out, pruned, True
 
 
-def _compute_lower_bound(job: Job, costs: AnalyticCosts, tp, cp, ep, mbs, base, tp_hidden: bool = False) -> float:
+def _compute_lower_bound(job: Job, costs: AnalyticCosts, tp, cp, ep, mbs, base, tp_overlap: bool = False) -> float:
     """Seconds of one micro-batch through all layers (the per-layer floor KindCoeffs.layer_floor: compute and the
-    TP (unless ``tp_hidden`` under compute), CP and EP communication every layer needs), embedding and logits,
+    exposed TP (overlapped with GEMMs under ``tp_overlap``), CP and EP communication every layer needs), embedding
+    and logits,
     without pipeline sends or extra recompute. Spread over p stages this bounds the
     iteration from below, since with stage times t_i the schedule takes
     m*max(t) + (sum(t) - max(t))/v >= sum(t)/p * (m + (p-1)/v)."""
@@ -210,12 +211,12 @@ def _compute_lower_bound(job: Job, costs: AnalyticCosts, tp, cp, ep, mbs, base, 
     m, t = job.model, job.training
     tokens = mbs * t.seq_length // cp
     n_moe = m.num_moe_layers
-    kinds = kind_coeffs(job, costs, tokens, tp, cp, ep, tp > 1, base)
+    kinds = kind_coeffs(job, costs, tokens, tp, cp, ep, tp > 1, base, tp_overlap)
     total = 0.0
     for kind, count in (("dense", m.num_layers - n_moe), ("moe", n_moe)):
         if count:
             k = kinds[kind]
-            total += count * k.layer_floor(tp_hidden)
+            total += count * k.layer_floor()
     e = costs.embedding(m, tokens, tp, tp > 1)
     lg = costs.logits(m, tokens, tp)
     return total + e.forward + e.backward + lg.forward + lg.backward
