@@ -35,6 +35,7 @@ class Framework:
     cp_needs_fsdp: bool = False  # FSDP shards over the CP ranks whenever cp > 1: with CP only ZeRO-3 is as planned
     op_recompute: bool = False  # per-op selective checkpointing (torchtitan's SAC "op" policy: recompute: op)
     tp_backward_overlap: bool = True  # Training.tp_backward_overlap: its TP backward collectives run under wgrad GEMMs
+    fp8_saved_inputs: bool = True  # Training.fp8_saved_inputs: its FP8 linears keep FP8 inputs (Transformer Engine)
     precisions: frozenset = frozenset({"bf16", "fp16", "fp8"})
 
     def zero_stages(self, pp: int) -> frozenset:
@@ -144,6 +145,7 @@ FRAMEWORKS = {
         op_recompute=True,  # activation_checkpoint mode selective, selective_ac_option "op" (0.3: SelectiveAC)
         cp_needs_fsdp=True,  # parallel_dims.fsdp_enabled: dp_shard * cp > 1
         tp_backward_overlap=False,  # DTensor ColwiseParallel/RowwiseParallel: every TP collective on the critical path
+        fp8_saved_inputs=False,  # torchao Float8Linear saves the 16-bit input
         precisions=frozenset({"bf16", "fp8"}),
     ),
 }
@@ -218,12 +220,21 @@ def check_precision(fw: Framework | None, precision: str) -> None:
         raise SpecError("training.precision", f"{fw.name} has no {precision} training ({ok}); change the job")
 
 
+# Training settings that are properties of a framework's implementation (Framework fields of the same names).
+IMPLEMENTATION_SETTINGS = ("tp_backward_overlap", "fp8_saved_inputs")
+
+
 def priced_for(job, fw: Framework | None):
-    """``job`` priced as ``fw`` runs it: a training setting the job leaves unstated that is a property of the
-    framework's implementation (Training.tp_backward_overlap) takes the framework's value."""
-    if fw is None or "tp_backward_overlap" in job.training.model_fields_set:
+    """``job`` priced as ``fw`` runs it: each IMPLEMENTATION_SETTINGS field the job leaves unstated takes the
+    framework's value."""
+    if fw is None:
         return job
-    if job.training.tp_backward_overlap == fw.tp_backward_overlap:
+    t = job.training
+    update = {
+        k: getattr(fw, k)
+        for k in IMPLEMENTATION_SETTINGS
+        if k not in t.model_fields_set and getattr(t, k) != getattr(fw, k)
+    }
+    if not update:
         return job
-    training = job.training.model_copy(update={"tp_backward_overlap": fw.tp_backward_overlap})
-    return job.model_copy(update={"training": training})
+    return job.model_copy(update={"training": t.model_copy(update=update)})

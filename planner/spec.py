@@ -264,6 +264,11 @@ class Training(StrictModel):
         "Megatron-Core linear layers, also under DeepSpeed and NeMo); false for PyTorch DTensor TP (torchtitan), "
         "where every TP collective of the backward is on the critical path",
     )
+    fp8_saved_inputs: bool = Field(
+        True,
+        description="fp8 training: the linear layers keep their FP8-cast inputs for the backward (Transformer "
+        "Engine: Megatron, NeMo); false: they keep the 16-bit inputs (torchao Float8Linear: torchtitan)",
+    )
     grad_dtype: Literal["fp32", "bf16", "bf16+fp32"] = Field(
         "fp32",
         description="gradient buffers: fp32 (Megatron main_grad), bf16, or bf16+fp32 (16-bit .grad plus an "

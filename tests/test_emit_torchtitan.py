@@ -320,6 +320,7 @@ def test_import_of_a_0_2_toml_like_the_llama3_train_configs():
         "precision": "bf16",
         "cross_entropy": "unfused",  # torchtitan's loss and DTensor TP: its own kernels, not Megatron's
         "tp_backward_overlap": False,
+        "fp8_saved_inputs": False,
     }
     lay = raw["layout"]
     assert (lay["tp"], lay["pp"], lay["dp"], lay["zero_stage"], lay["micro_batch_size"]) == (1, 1, 64, 3, 1)

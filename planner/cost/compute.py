@@ -26,13 +26,18 @@ class PassTime:
     recompute: float  # extra forward work during backward (activation recompute)
 
 
+def runs_fp8(gpu: GpuSpec, precision: str) -> bool:
+    """The GEMMs run in FP8: fp8 training on a GPU with FP8 tensor cores (else fp8 is priced as bf16)."""
+    return precision == "fp8" and bool(gpu.peak_tflops_fp8)
+
+
 def matmul_tflops(gpu: GpuSpec, precision: str) -> float:
     """Achievable dense GEMM TFLOP/s before calibration: measured MAMF where known, else 80% of peak
     (gpus.yaml rules_of_thumb: large well-shaped GEMMs reach ~80% on Ampere/Hopper)."""
     bf16 = gpu.matmul_tflops_bf16 or 0.8 * gpu.peak_tflops_bf16
     if precision == "fp16":
         return bf16 * (gpu.peak_tflops_fp16 or gpu.peak_tflops_bf16) / gpu.peak_tflops_bf16
-    if precision == "fp8" and gpu.peak_tflops_fp8:
+    if runs_fp8(gpu, precision):
         # FP8 GEMMs reach a lower fraction of their peak (H100: 71% vs 80%, stas00 MAMF table).
         return 0.71 / 0.80 * bf16 * gpu.peak_tflops_fp8 / gpu.peak_tflops_bf16
     return bf16
@@ -41,7 +46,7 @@ def matmul_tflops(gpu: GpuSpec, precision: str) -> float:
 def peak_tflops(gpu: GpuSpec, precision: str) -> float:
     if precision == "fp16":
         return gpu.peak_tflops_fp16 or gpu.peak_tflops_bf16
-    if precision == "fp8" and gpu.peak_tflops_fp8:
+    if runs_fp8(gpu, precision):
         return gpu.peak_tflops_fp8
     return gpu.peak_tflops_bf16
 

@@ -49,6 +49,7 @@ def activation_bytes_per_layer(
     flash: bool,
     recompute: str,
     moe: bool,
+    fp8_inputs: bool = False,
 ) -> float:
     """Activation bytes one layer keeps for the backward pass, per micro-batch of ``tokens`` tokens (CP shard).
 
@@ -59,7 +60,13 @@ def activation_bytes_per_layer(
     Extensions: GQA (K and V are kv_heads*head_dim wide), SwiGLU (gate and up outputs plus their product:
     3 ffn-wide tensors), flash attention (no s^2 term; keeps its output and the row log-sum-exp), MoE
     (router input, per-token expert inputs and activations times top-k, dispatch buffers), MLA (mla_attention_bytes).
-    Full recompute keeps only the layer input, 2sbh (split by t under SP)."""
+    Full recompute keeps only the layer input, 2sbh (split by t under SP).
+    ``fp8_inputs`` (FP8 training whose linear layers save their FP8-cast input for the weight gradient:
+    Transformer Engine's Linear / LayerNormLinear / LayerNormMLP keep ``inputmat`` (or its transpose) in FP8 when
+    FP8 is on, transformer_engine/pytorch/module/linear.py ``_Linear.forward``; torchao's Float8Linear keeps the
+    16-bit input, float8_linear.py ``matmul_with_hp_or_float8_args``): the QKV and fc1 inputs and the fc2
+    (expert down-projection) input take 1 byte per element instead of 2. The output projection's input is the
+    attention output, which the attention kernel keeps in 16 bits for its own backward anyway."""
     t = tokens
     h, d, a = model.hidden_size, model.dim_head, model.num_attention_heads
     if recompute == "full":
@@ -67,7 +74,8 @@ def activation_bytes_per_layer(
     if recompute == "op":
         return op_checkpoint_bytes(model, tokens=t, tp=tp, sp=sp, moe=moe)
     masks = 1.0 if model.dropout else 0.0
-    replicated = (8.0 + 2 * masks) * t * h  # norm inputs, QKV and fc1 inputs, two dropout masks
+    gemm_in = 1.0 if fp8_inputs else 2.0  # bytes per element of a saved linear-layer input
+    replicated = (4.0 + 2 * gemm_in + 2 * masks) * t * h  # norm inputs, QKV and fc1 inputs, two dropout masks
     if model.mla is not None:
         latents, attn_split = mla_attention_bytes(model, t)
         replicated += latents
@@ -77,11 +85,12 @@ def activation_bytes_per_layer(
     if moe:
         m = model.moe
         fe = m.expert_ffn_hidden_size
-        wide = (3 if model.mlp == "swiglu" else 2) * 2.0 * fe
-        mlp_split = t * (m.top_k + m.shared_experts) * (2.0 * h + wide) + 4.0 * t * m.top_k * h
+        wide = (2 if model.mlp == "swiglu" else 1) * 2.0 * fe + gemm_in * fe  # activation input(s) + fc2 input
+        mlp_split = t * (m.top_k + m.shared_experts) * (gemm_in * h + wide) + 4.0 * t * m.top_k * h
     else:
         f = model.ffn_hidden_size
-        mlp_split = (3 if model.mlp == "swiglu" else 2) * 2.0 * t * f  # activation input(s) + fc2 input
+        # activation input(s) + fc2 input
+        mlp_split = ((2 if model.mlp == "swiglu" else 1) * 2.0 + gemm_in) * t * f
     total = replicated / (tp if sp else 1) + (attn_split + mlp_split) / tp
     if flash:
         total += 4.0 * t * a / tp  # fp32 log-sum-exp per head and query
@@ -159,10 +168,11 @@ def working_bytes_full_recompute(
     sp: bool,
     flash: bool,
     moe: bool,
+    fp8_inputs: bool = False,
 ) -> float:
     """Under full recompute one layer's complete activations exist again while its backward runs."""
     return activation_bytes_per_layer(
-        model, tokens=tokens, seq=seq, tp=tp, sp=sp, flash=flash, recompute="none", moe=moe
+        model, tokens=tokens, seq=seq, tp=tp, sp=sp, flash=flash, recompute="none", moe=moe, fp8_inputs=fp8_inputs
     )
 
 

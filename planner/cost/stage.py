@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from planner.cost import flops as F
 from planner.cost import memory as M
 from planner.cost.comm import Link
+from planner.cost.compute import runs_fp8
 from planner.cost.forms import (
     Affine,
     Collective,
@@ -150,7 +151,8 @@ def kind_coeffs(
     seq = t.seq_length
     flash = t.fused_attention
     tp_overlap = tp_overlap and tp > 1
-    key = (id(m), tokens, seq, tp, cp, ep, sp, flash, base_rc, t.tp_backward_overlap, tp_overlap)
+    fp8_inputs = t.fp8_saved_inputs and runs_fp8(costs.group.gpu, t.precision)
+    key = (id(m), tokens, seq, tp, cp, ep, sp, flash, base_rc, t.tp_backward_overlap, tp_overlap, fp8_inputs)
     hit = costs.kind_coeffs.get(key)
     if hit is not None:
         return hit
@@ -185,6 +187,7 @@ def kind_coeffs(
         else:
             pd, pe = F.attention_params_per_tp_rank(m, tp) + F.dense_mlp_params(m) / tp, 0.0
         act_kw = {"tokens": tokens, "seq": seq, "tp": tp, "sp": sp, "flash": flash, "moe": moe}
+        act_kw["fp8_inputs"] = fp8_inputs
         kinds[kind] = KindCoeffs(
             compute=lt.forward + lt.backward + lt.recompute,
             forward=lt.forward,

@@ -539,6 +539,7 @@ def _job(f: _Found, *, world_size, gpu, gpus_per_node, model) -> dict:
             # torchtitan's own kernels: torch cross_entropy over upcast logits (components/loss.py), DTensor TP
             "cross_entropy": "unfused",
             "tp_backward_overlap": False,
+            "fp8_saved_inputs": False,  # torchao Float8Linear
         },
         "layout": layout,
     }

@@ -431,6 +431,10 @@ class TrainingOut(_Out):
         "the backward's TP collectives run under the weight-gradient GEMMs (Megatron linear layers); false: every "
         "one on the critical path (PyTorch DTensor TP, torchtitan)"
     )
+    fp8_saved_inputs: bool = _d(
+        "fp8 training: linear layers keep FP8-cast inputs for the backward (Transformer Engine); false: 16-bit "
+        "inputs (torchao Float8Linear, torchtitan)"
+    )
     grad_dtype: Literal["fp32", "bf16", "bf16+fp32"] = _d(
         "gradient buffers: fp32 (Megatron main_grad), bf16, or bf16+fp32 (16-bit grads plus an unsharded fp32 "
         "accumulation buffer, DeepSpeed BF16_Optimizer)"
