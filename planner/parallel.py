@@ -443,8 +443,10 @@ def group_order(cluster) -> list[int]:
 
 @dataclass(frozen=True)
 class HeteroDims:
-    """Degrees of a heterogeneous plan. ep = vpp = 1; CP, micro-batch, micro-batch count, ZeRO stage (sharded
-    over each stage's own DP*CP group) and the baseline recompute mode are shared by all stages."""
+    """Degrees of a heterogeneous plan. vpp = 1; CP, EP, micro-batch, micro-batch count, ZeRO stage (sharded
+    over each stage's own DP*CP group) and the baseline recompute mode are shared by all stages. Each stage's EP
+    groups are carved out of its own DP*CP ranks (ep_error, as in ParallelDims), so they stay on the stage's node
+    group; with per-stage TP the EP group's stride (tp*cp ranks, ParallelDims.spans) is the stage's own."""
 
     stage_groups: tuple[int, ...]
     stage_tp: tuple[int, ...]
@@ -469,9 +471,8 @@ class HeteroDims:
         stages = layout.stages
         if not all(s.placed for s in stages):
             raise SpecError("layout.stages", "either every stage names its group, tp and gpus, or none does")
-        for key in ("ep", "vpp"):
-            if getattr(layout, key) != 1:
-                raise SpecError(f"layout.{key}", f"heterogeneous layouts (stages on node groups) need {key} = 1")
+        if layout.vpp != 1:
+            raise SpecError("layout.vpp", "heterogeneous layouts (stages on node groups) need vpp = 1")
         if layout.dp is None:
             raise SpecError("layout.dp", "a heterogeneous layout must state dp")
         if layout.pp != len(stages):
@@ -506,6 +507,7 @@ class HeteroDims:
             model=job.model,
             training=job.training,
             cp=layout.cp,
+            ep=layout.ep,
             **extra,
         )
 
@@ -519,6 +521,10 @@ class HeteroDims:
             check_tp_heads(m, tp, f"{field}[{i}].tp")
             check_rule(f"{field}[{i}].tp", seq_shard_error(t, self.cp, tp))
         check_cp(t, self.cp)
+        # every stage carves its EP groups out of its own dp*cp ranks (the rule does not depend on the stage's TP);
+        # a replica (micro_batches set) out of its own count's: its EP all-to-alls run in step with its micro-batches
+        err = ep_error(m, self.ep, self.dp, self.cp)
+        check_rule("layout.ep", err and (f"{err} of {field.rsplit('.', 1)[0]}" if self.micro_batches else err))
         runs = [g for i, g in enumerate(self.stage_groups) if i == 0 or self.stage_groups[i - 1] != g]
         if len(runs) != len(set(runs)):
             raise SpecError(
@@ -565,7 +571,7 @@ class HeteroDims:
             pp=self.pp,
             dp=self.dp_total or self.dp,
             cp=self.cp,
-            ep=1,
+            ep=self.ep,
             vpp=1,
             micro_batch_size=self.micro_batch_size,
             sequence_parallel=tp > 1,
@@ -587,7 +593,7 @@ class HeteroDims:
             "pp": self.pp,
             "dp": self.dp,
             "cp": self.cp,
-            "ep": 1,
+            "ep": self.ep,
             "vpp": 1,
             "micro_batch_size": self.micro_batch_size,
             "sequence_parallel": max(self.stage_tp) > 1,
@@ -615,10 +621,13 @@ class HeteroDims:
 @dataclass(frozen=True)
 class ReplicaDims:
     """Several pipelines (each a HeteroDims: ``dp`` = its replica count, its own micro-batch count) training one
-    model together. They share the layer split, each stage's TP degree, CP, the micro-batch size, the ZeRO stage
-    and the baseline recompute mode, so that stage s holds the same parameter shards in every replica: its
+    model together. They share the layer split, each stage's TP degree, CP, EP, the micro-batch size, the ZeRO
+    stage and the baseline recompute mode, so that stage s holds the same parameter shards in every replica: its
     gradients are synchronized (and ZeRO-sharded) over the stage-s GPUs of all replicas, across node groups when
-    the replicas sit on different ones. Placement and recompute counts may differ per replica."""
+    the replicas sit on different ones. Placement and recompute counts may differ per replica. Each replica entry
+    carves its EP groups out of its own count*cp ranks (ep_error in HeteroDims.check): an EP group's all-to-alls
+    run every micro-batch, so its ranks run the same micro-batches on one GPU type; the expert gradients are then
+    synchronized over the expert-DP ranks (dp*cp/ep) of all replicas."""
 
     replicas: tuple[HeteroDims, ...]
 
@@ -626,9 +635,8 @@ class ReplicaDims:
     def from_layout(cls, layout: Layout, job: Job) -> ReplicaDims:
         if layout.stages is not None:
             raise SpecError("layout.stages", "give either layout.stages or layout.replicas, not both")
-        for key in ("ep", "vpp"):
-            if getattr(layout, key) != 1:
-                raise SpecError(f"layout.{key}", f"layouts with replicas need {key} = 1")
+        if layout.vpp != 1:
+            raise SpecError("layout.vpp", "layouts with replicas need vpp = 1")
         total = sum(r.count for r in layout.replicas)
         if layout.dp is not None and layout.dp != total:
             raise SpecError("layout.dp", f"dp ({layout.dp}) must equal the replicas' total count ({total})")

@@ -34,8 +34,16 @@ def check_mixed_layout(job, lay: dict) -> list[str]:
     cp, mbs = lay.get("cp"), lay.get("micro_batch_size")
     if not (_pos_int(cp) and _pos_int(mbs)):
         return [f"cp {cp!r} / micro_batch_size {mbs!r} not positive integers"]
-    if lay.get("ep") != 1 or lay.get("vpp") != 1:
-        v.append(f"mixed plan with ep={lay.get('ep')} vpp={lay.get('vpp')}")
+    ep = lay.get("ep")
+    if lay.get("vpp") != 1:
+        v.append(f"mixed plan with vpp={lay.get('vpp')}")
+    if not _pos_int(ep):
+        v.append(f"ep {ep!r} not a positive integer")
+        ep = 1
+    if ep > 1 and m.moe is None:
+        v.append(f"ep {ep} on a model without experts")
+    elif ep > 1 and m.moe.num_experts % ep:
+        v.append(f"ep {ep} does not split the {m.moe.num_experts} experts evenly")
     if cp > 1 and t.seq_length % (2 * cp):
         v.append(f"seq_length {t.seq_length} not divisible by 2*cp = {2 * cp}")
     if bool(lay.get("stages")) == bool(lay.get("replicas")):
@@ -50,6 +58,10 @@ def check_mixed_layout(job, lay: dict) -> list[str]:
             v.append(f"pipeline {r}: count {count!r}, micro_batches {micro!r}, {len(stages)} stages")
             continue
         sequences += mbs * count * micro
+        # an expert group is made of ranks that hold the same stage: the count*cp data/context-parallel copies of
+        # the pipeline in this entry (expert all-to-alls run every micro-batch, so no group mixes two entries)
+        if (count * cp) % ep:
+            v.append(f"pipeline {r}: ep {ep} does not divide its count*cp = {count}*{cp} ranks per stage")
         if [s.get("layers") for s in stages] != [s.get("layers") for s in first]:
             v.append(f"pipeline {r}: layers per stage differ from pipeline 0")
         if [s.get("tp") for s in stages] != [s.get("tp") for s in first]:

@@ -62,8 +62,16 @@ def compositions(total, parts):
             yield (first,) + rest
 
 
+def expert_degrees(model, dp, cp):
+    """EP degrees of a plan (written here, not read from planner.parallel): 1, or with experts a divisor of the
+    expert count that divides the dp*cp ranks of each stage."""
+    if model.moe is None:
+        return [1]
+    return [ep for ep in divisors(model.moe.num_experts) if (dp * cp) % ep == 0]
+
+
 def brute_force_best(j, opts):
-    """Every dp, cp, micro-batch, ZeRO, per-group (tp, stage count), layer composition and recompute count."""
+    """Every dp, cp, ep, micro-batch, ZeRO, per-group (tp, stage count), layer composition and recompute count."""
     L, t = j.model.num_layers, j.training
     costs = costs_by_group(j)
     order = group_order(j.cluster)
@@ -71,14 +79,18 @@ def brute_force_best(j, opts):
     models = {}  # a StageModel depends on the degrees only, not on the split
 
     def stage_model(dims, s, g):
-        key = (g, dims.stage_tp[s], dims.dp, dims.cp, dims.micro_batch_size, dims.zero_stage, dims.recompute, dims.pp)
+        key = (g, dims.stage_tp[s], dims.dp, dims.cp, dims.ep, dims.micro_batch_size, dims.zero_stage, dims.recompute)
+        key += (dims.pp,)
         if key not in models:
             models[key] = StageModel(j, dims.stage_dims(s), costs(g))
         return models[key]
 
     cps = [cp for cp in divisors(max(g.num_gpus for g in j.cluster)) if t.seq_length % (2 * cp) == 0]
     for dp, cp in itertools.product(divisors(t.global_batch_size), cps):
-        for mbs in [x for x in divisors(t.global_batch_size // dp) if x <= opts.max_micro_batch]:
+        for ep, mbs in itertools.product(
+            expert_degrees(j.model, dp, cp),
+            [x for x in divisors(t.global_batch_size // dp) if x <= opts.max_micro_batch],
+        ):
             per_group = []
             for g in order:
                 gpn, n = j.cluster[g].gpus_per_node, j.cluster[g].num_gpus
@@ -97,10 +109,8 @@ def brute_force_best(j, opts):
                     if not used or sum(k for _, _, k in used) > L:
                         continue
                     for groups in itertools.permutations(used):  # every pipeline order of the groups
-                        best = min(
-                            best,
-                            _best_of(j, HeteroCandidate(dp, cp, mbs, zero, base, groups, 0.0), L, opts, stage_model),
-                        )
+                        cand = HeteroCandidate(dp, cp, mbs, zero, base, groups, 0.0, ep)
+                        best = min(best, _best_of(j, cand, L, opts, stage_model))
     return best
 
 

@@ -30,7 +30,7 @@ def replica_job(gbs: int = 8):
     )
 
 
-def brute_force(job, shape, zero, counts, base):
+def brute_force(job, shape, zero, counts, base, ep=1):
     """Every layer split, every recompute count of every replica's stages, every micro-batch split."""
     tp, cp, pp, mbs = shape
     L, M = job.model.num_layers, job.training.global_batch_size // mbs
@@ -43,7 +43,7 @@ def brute_force(job, shape, zero, counts, base):
                 rest = M - d[0] * m0
                 if rest < d[1] or rest % d[1]:
                     continue
-                dims = _replica_dims(job, shape, zero, counts, layers, list(recs), [m0, rest // d[1]], base)
+                dims = _replica_dims(job, shape, zero, counts, layers, list(recs), [m0, rest // d[1]], base, ep)
                 est = estimate_replicas(job, dims, SearchOptions().memory_margin)
                 if est.fits:
                     best = min(best, est.iteration_time_s)

@@ -299,21 +299,31 @@ def mean_peak_tflops(gpus, weights, precision: str) -> float:
 
 def replica_stage_models(job: Job, dims: ReplicaDims, costs_for) -> list[list[StageModel]]:
     """Stage models of every replica; stage s's DP ring runs over the stage-s GPUs of all replicas, so where those
-    sit on several node groups its collectives use the slowest NVLink, NIC and inter-group link on the ring."""
+    sit on several node groups its collectives use the slowest NVLink, NIC and inter-group link on the ring. With
+    EP the expert parameters' ring (expert-DP: dp*cp/ep ranks of every replica) spans the groups too, at its own
+    size."""
     per = [hetero_stage_models(job, r, costs_for) for r in dims.replicas]
     for s in range(dims.pp):
         groups = sorted({r.stage_groups[s] for r in dims.replicas})
         if len(groups) == 1:
             continue
         sms = [models[s] for models in per]
-        per_node = min(sm.shard_per_node for sm in sms)
-        link = costs_for.spanning(groups, sms[0].shard, per_node)
-        slowest = min(sm.shard_link.busbw for sm in sms)
-        if slowest < link.busbw:
-            link = dataclasses.replace(link, busbw=slowest)
+        link = _spanning_ring(costs_for, groups, sms[0].shard, sms, [sm.shard_per_node for sm in sms], "shard_link")
+        exp_link = None
+        if sms[0].exp_shard != sms[0].shard:  # ep > 1: a smaller ring of its own
+            per_node = [sm.exp_shard_per_node for sm in sms]
+            exp_link = _spanning_ring(costs_for, groups, sms[0].exp_shard, sms, per_node, "exp_link")
         for models in per:
-            models[s] = models[s].with_dp_link(link)
+            models[s] = models[s].with_dp_link(link, exp_link)
     return per
+
+
+def _spanning_ring(costs_for, groups, size: int, sms: list[StageModel], per_node: list[int], own: str):
+    """A ring of ``size`` ranks over the node groups: CostSource.spanning at the fewest ranks per node, and no
+    faster than the slowest of the stages' own links (attribute ``own``) for that ring."""
+    link = costs_for.spanning(groups, size, min(per_node))
+    slowest = min(getattr(sm, own).busbw for sm in sms)
+    return dataclasses.replace(link, busbw=slowest) if slowest < link.busbw else link
 
 
 def estimate_replicas(

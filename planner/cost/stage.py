@@ -98,9 +98,12 @@ class KindCoeffs:
         return self.recompute_extra + self.tp_recompute + self.ep_recompute
 
 
-def fastest_layer(kinds: dict[str, KindCoeffs]) -> float:
-    """The per-layer time floor (KindCoeffs.layer_floor) of the cheapest layer kind: valid for any layer."""
-    return min(k.layer_floor() for k in kinds.values())
+def fastest_layer(kinds: dict[str, KindCoeffs], model) -> float:
+    """The least seconds one layer of ``model`` adds to a stage's micro-batch: the cheapest of the layer kinds the
+    model has (a model whose every layer is an MoE layer has no cheaper dense layer; its floor pays the EP
+    all-to-all)."""
+    count = {"dense": model.num_layers - model.num_moe_layers, "moe": model.num_moe_layers}
+    return min(k.layer_floor() for kind, k in kinds.items() if count.get(kind))
 
 
 @dataclass(slots=True)
@@ -339,7 +342,8 @@ class StageModel:
         self.shard_per_node = min(self.shard, dp_per_node * dims.group_span("cp", gpn)[1])
         self.shard_link = costs.link(self.shard, self.shard_per_node)
         self.exp_shard = dims.expert_dp
-        self.exp_link = costs.link(self.exp_shard, min(self.exp_shard, dp_per_node))
+        self.exp_shard_per_node = min(self.exp_shard, dp_per_node)
+        self.exp_link = costs.link(self.exp_shard, self.exp_shard_per_node)
 
         act_tok = 2.0 * tokens * m.hidden_size  # one 16-bit activation of the micro-batch
         self.kinds = kind_coeffs(
@@ -366,7 +370,7 @@ class StageModel:
         self.bytes_per_param = {group: sum(per.values()) for group, per in self.states_per_param.items()}
         # ZeRO-3 (FSDP) holds the gathered layer and the prefetched next one, 16-bit (Zhao et al. 2023, Sec. 3.3)
         self.gathered_layers = 2 * 2.0 * self.largest_layer if dims.zero_stage >= 3 else 0.0
-        self._layer_floor = fastest_layer(self.kinds)
+        self._layer_floor = fastest_layer(self.kinds, m)
         self._deep = dims.pp > 1
         self.form_cache = FormCache() if caches is None else _registered(caches, self.form_key())
 
@@ -408,11 +412,13 @@ class StageModel:
         """Pipeline-send seconds per micro-batch with the given links to the neighbours (None: own links)."""
         return (prev or self.own_p2p).p2p(self.send_bytes) + (nxt or self.own_p2p).p2p(self.send_bytes)
 
-    def with_dp_link(self, link: Link) -> StageModel:
+    def with_dp_link(self, link: Link, expert_link: Link | None = None) -> StageModel:
         """This model with its DP*CP gradient/parameter collectives on ``link`` (a ring that spans node groups,
-        planner/cost/comm.spanning_link). A shallow copy; memory and compute are shared."""
+        planner/cost/comm.spanning_link) and the expert parameters' on ``expert_link`` (the expert-DP ring, its own
+        with EP; default ``link``). A shallow copy; memory and compute are shared."""
         out = copy.copy(self)
-        out.shard_link = out.exp_link = link
+        out.shard_link = link
+        out.exp_link = expert_link or link
         out.form_cache = self.form_cache.without_links()
         return out
 

@@ -1,6 +1,6 @@
 """What both mixed-cluster searches share (planner/search/mixed_pipelines.py: mixed pipelines;
 planner/search/replicas.py: replicas on different GPU types): the search context with its per-model memory terms,
-the TP and CP degrees a node group may use, and per-micro-batch lower bounds on a stage's time (layers, sends,
+the TP, CP and EP degrees a node group may use, and per-micro-batch lower bounds on a stage's time (layers, sends,
 embedding and logits)."""
 
 from __future__ import annotations
@@ -28,10 +28,12 @@ def pipeline_dims(
     base: str,
     layers: tuple[int, ...] | None = None,
     recompute=None,
+    ep: int = 1,
     **extra,
 ) -> HeteroDims:
-    """The degrees of a mixed pipeline (``extra``: a replica's micro_batches and dp_total); without ``layers`` an
-    even split (the last stage takes the rest), which the cost coefficients do not depend on."""
+    """The degrees of a mixed pipeline (``ep``: the plan's EP degree, shared by all stages; ``extra``: a replica's
+    micro_batches and dp_total); without ``layers`` an even split (the last stage takes the rest), which the cost
+    coefficients do not depend on."""
     p, L = len(stage_groups), job.model.num_layers
     return HeteroDims(
         stage_groups=tuple(stage_groups),
@@ -46,20 +48,21 @@ def pipeline_dims(
         model=job.model,
         training=job.training,
         cp=cp,
+        ep=ep,
         **extra,
     )
 
 
-def per_layer_bound(ctx: MixedContext, g: int, tp: int, cp: int, mbs: int, base: str) -> float:
-    """Smallest seconds per layer of any kind on group g's GPU with this TP and CP (stage.fastest_layer: compute,
-    TP collectives, exposed CP ring; mixed plans have no EP)."""
-    key = (g, tp, cp, mbs, base)
+def per_layer_bound(ctx: MixedContext, g: int, tp: int, cp: int, mbs: int, base: str, ep: int = 1) -> float:
+    """Smallest seconds per layer of any kind the model has on group g's GPU with this TP, CP and EP
+    (stage.fastest_layer: compute, TP collectives, exposed CP ring, EP all-to-all)."""
+    key = (g, tp, cp, ep, mbs, base)
     hit = ctx.caches.fastest_layer.get(key)
     if hit is None:
         job = ctx.job
         tokens = mbs * job.training.seq_length // cp
         hit = ctx.caches.fastest_layer[key] = fastest_layer(
-            kind_coeffs(job, ctx.costs(g), tokens, tp, cp, 1, tp > 1, base)
+            kind_coeffs(job, ctx.costs(g), tokens, tp, cp, ep, tp > 1, base), job.model
         )
     return hit
 
@@ -69,7 +72,7 @@ class MixedCaches:
     """Memoized bounds of the mixed searches, one table per quantity (the key is the arguments of the function that
     fills it)."""
 
-    fastest_layer: dict = field(default_factory=dict)  # per_layer_bound: (group, tp, cp, mbs, base)
+    fastest_layer: dict = field(default_factory=dict)  # per_layer_bound: (group, tp, cp, ep, mbs, base)
     stage_terms: dict = field(default_factory=dict)  # MixedContext.stage_terms: memory room and layer cap
     tail_floor: dict = field(default_factory=dict)  # MixedContext.tail_floor: least DP tail
     sharded_line: dict = field(default_factory=dict)  # MixedContext.sharded_line: ZeRO-2/3 traffic line
@@ -163,20 +166,26 @@ class ZeroTerms:
         return self.caps[top] - self.caps[after]
 
 
-def zero_terms(ctx: MixedContext, g: int, tp: int, dp: int, cp: int, mbs: int, base: str, zero: int) -> ZeroTerms:
-    key = (g, tp, dp, cp, mbs, base, zero)
+def zero_terms(
+    ctx: MixedContext, g: int, tp: int, dp: int, cp: int, mbs: int, base: str, zero: int, ep: int = 1
+) -> ZeroTerms:
+    key = (g, tp, dp, cp, ep, mbs, base, zero)
     hit = ctx.caches.zero_terms.get(key)
     if hit is None:
-        hit = ctx.caches.zero_terms[key] = _zero_terms(ctx, g, tp, dp, cp, mbs, base, zero)
+        hit = ctx.caches.zero_terms[key] = _zero_terms(ctx, g, tp, dp, cp, mbs, base, zero, ep)
     return hit
 
 
-def _zero_terms(ctx: MixedContext, g: int, tp: int, dp: int, cp: int, mbs: int, base: str, zero: int) -> ZeroTerms:
+def _zero_terms(
+    ctx: MixedContext, g: int, tp: int, dp: int, cp: int, mbs: int, base: str, zero: int, ep: int
+) -> ZeroTerms:
+    """The group's model at these degrees (EP included: it shrinks the expert parameters a stage holds, so the
+    memory room below is that of an EP plan)."""
     job = ctx.job
     L = job.model.num_layers
     if L < 3:
         return ZeroTerms(0.0, 0.0, 0.0, 0.0, None, 0.0)
-    dims = pipeline_dims(job, (g, g, g), (tp, tp, tp), dp, cp, mbs, zero, base)
+    dims = pipeline_dims(job, (g, g, g), (tp, tp, tp), dp, cp, mbs, zero, base, ep=ep)
     sm = StageModel(job, dims.stage_dims(0), ctx.costs(g), ctx.form_caches)
     lines = [ctx.sharded_line(sm, s) for s in range(3)]
     room = quick.stage_memory_term(sm, ctx.capacity(g), 1)[0]
@@ -200,6 +209,13 @@ def cp_options(ctx: MixedContext) -> list[int]:
     """CP degrees shared by all stages (planner.parallel.cp_options over the largest group); the sequence shard
     divisible by every TP degree a stage may use is checked per family."""
     return parallel.cp_options(ctx.job.training, max(g.num_gpus for g in ctx.job.cluster))
+
+
+def ep_options(ctx: MixedContext, dp: int, cp: int) -> list[int]:
+    """EP degrees shared by all stages at this dp and cp (planner.parallel.ep_options: every stage carves its EP
+    groups out of its own dp*cp ranks, whatever its TP) that the framework, if any, runs; the framework's rules
+    that also read a stage's TP and ZeRO stage are checked per candidate (mixed_pipelines._Family.candidates)."""
+    return [ep for ep in parallel.ep_options(ctx.job.model, dp, cp) if ctx.fw is None or ctx.fw.allows(cp=cp, ep=ep)]
 
 
 def send_bound(ctx: MixedContext, g: int, tp: int, cp: int, dp: int, mbs: int) -> float:

@@ -184,6 +184,8 @@ def refined_bound(
     T = _capped_bottleneck(a, cst, caps, L, probe)
     if probe is None or T < probe:
         T = max(T, _memory_bottleneck(ctx, c, sms, cst, probe))
+    if T == float("inf"):
+        return T  # the layers cannot fit (and with one micro-batch (mb - 1) * T would be nan)
     if probe is not None and T >= probe:
         return max(target, (mb - 1) * T + rest)  # the bound reaches target (float rounding aside)
     return (mb - 1) * T + rest

@@ -1,11 +1,13 @@
 """Mixed-pipeline search: one pipeline template whose stages run on different node groups (GPU types).
 
-A candidate fixes dp, cp, micro-batch, ZeRO stage, the baseline recompute mode, the order of the used node groups
-along the pipeline and, per used group g, the TP degree tp_g of its stages and their number k_g >= 1, with
-k_g*tp_g*cp*dp <= GPUs of g and P = sum k_g <= num_layers. CP-SAT (planner/search/partition.py) then chooses each
-stage's layers and recomputed layers with one StageModel per stage, priced on that stage's own GPUs.
+A candidate fixes dp, cp, ep (one EP degree for all stages: each stage's EP groups are carved out of its own dp*cp
+ranks, planner.parallel.ep_options, as in the homogeneous search), micro-batch, ZeRO stage, the baseline recompute
+mode, the order of the used node groups along the pipeline and, per used group g, the TP degree tp_g of its stages
+and their number k_g >= 1, with k_g*tp_g*cp*dp <= GPUs of g and P = sum k_g <= num_layers. CP-SAT
+(planner/search/partition.py) then chooses each stage's layers and recomputed layers with one StageModel per stage,
+priced on that stage's own GPUs (with EP: its all-to-all on the stage's own links and 1/ep of the experts per GPU).
 
-Candidates are reached through a best-first search over bounds: a _TpChoiceNode (dp, cp, micro-batch, recompute)
+Candidates are reached through a best-first search over bounds: a _TpChoiceNode (dp, cp, ep, micro-batch, recompute)
 fixes the TP choice of one node group at a time down to _Family objects (per-group TP; group order and ZeRO stage
 still open), which open into one family per group order and ZeRO stage, whose boxes of stage counts are halved down
 to single candidates; every level's bound holds for all it stands for. A candidate's refined bound
@@ -35,6 +37,7 @@ from planner.search.mixed_context import (
     ZeroTerms,
     cp_options,
     end_costs,
+    ep_options,
     per_layer_bound,
     pipeline_dims,
     send_bound,
@@ -75,6 +78,7 @@ class HeteroCandidate:
     recompute: str
     groups: tuple[tuple[int, int, int], ...]  # (group, tp, stages) in pipeline order, stages >= 1
     lower_bound_s: float
+    ep: int = 1  # expert-parallel degree of every stage
 
     @functools.cached_property
     def pp(self) -> int:
@@ -89,7 +93,7 @@ class HeteroCandidate:
         return tuple(tp for _, tp, k in self.groups for _ in range(k))
 
     def sort_key(self):
-        return (self.lower_bound_s, self.dp, self.cp, self.mbs, self.zero, self.recompute, self.groups)
+        return (self.lower_bound_s, self.dp, self.cp, self.ep, self.mbs, self.zero, self.recompute, self.groups)
 
     def dims(
         self, job: Job, layers: tuple[int, ...] | None = None, recompute=None, base: str | None = None
@@ -105,12 +109,13 @@ class HeteroCandidate:
             base or self.recompute,
             layers,
             recompute,
+            ep=self.ep,
         )
 
 
 # ----------------------------------------------------------------------------------------------- search
 def _families(ctx: MixedContext) -> list[tuple[float, _TpChoiceNode, int]]:
-    """(bound, group of families, candidates in it) for every dp, cp, micro-batch and baseline recompute; each
+    """(bound, group of families, candidates in it) for every dp, cp, ep, micro-batch and baseline recompute; each
     group stands for its families (one per per-group TP choice, None = unused), opened as it is visited."""
     job, opts = ctx.job, ctx.opts
     m, t = job.model, job.training
@@ -129,10 +134,11 @@ def _families(ctx: MixedContext) -> list[tuple[float, _TpChoiceNode, int]]:
             continue
         size = _space_size(ctx, tp_opts, kmax_of) * len(zeros)
         per_replica = t.global_batch_size // dp
-        for mbs in micro_batch_options(t, dp, opts.max_micro_batch):
-            for base in bases:
-                grp = _TpChoiceNode(dp, cp, mbs, base, zeros, per_replica // mbs, tp_opts, kmax_of)
-                out.append((grp.bound(ctx), grp, size))
+        for ep in ep_options(ctx, dp, cp):
+            for mbs in micro_batch_options(t, dp, opts.max_micro_batch):
+                for base in bases:
+                    grp = _TpChoiceNode(dp, cp, mbs, base, zeros, per_replica // mbs, tp_opts, kmax_of, ep=ep)
+                    out.append((grp.bound(ctx), grp, size))
     return out
 
 
@@ -189,7 +195,7 @@ def _uniform_ok(ctx: MixedContext, used) -> bool:
 
 @dataclass(frozen=True)
 class _TpChoiceNode:
-    """The families of one dp, cp, micro-batch and baseline recompute whose TP choices (None: group unused) start
+    """The families of one dp, cp, ep, micro-batch and baseline recompute whose TP choices (None: group unused) start
     with ``fixed`` for the first groups of ctx.order, the others ranging over ``tp_opts``. Opening it fixes the
     next group's choice (with all fixed: the family), so only choices whose bounds the search reaches are made."""
 
@@ -202,15 +208,16 @@ class _TpChoiceNode:
     tp_opts: tuple[tuple[int | None, ...], ...]  # per group of ctx.order: None (unused) and its TP degrees
     kmax_of: dict
     fixed: tuple[int | None, ...] = ()
+    ep: int = 1
 
     def _terms(self, ctx: MixedContext, u) -> tuple[float, tuple[float, float], float]:
         """(per-layer seconds, (embedding, logits) seconds, pipeline-send seconds) bounds of group u[0] at TP u[1]."""
-        key = (u, self.dp, self.cp, self.mbs, self.base)
+        key = (u, self.dp, self.cp, self.ep, self.mbs, self.base)
         hit = ctx.caches.group_terms.get(key)
         if hit is None:
             g, tp = u
             hit = ctx.caches.group_terms[key] = (
-                per_layer_bound(ctx, g, tp, self.cp, self.mbs, self.base),
+                per_layer_bound(ctx, g, tp, self.cp, self.mbs, self.base, self.ep),
                 end_costs(ctx, u, u, self.cp, self.mbs),
                 send_bound(ctx, g, tp, self.cp, self.dp, self.mbs),
             )
@@ -220,7 +227,7 @@ class _TpChoiceNode:
         """box_bound terms (a, (emb, logits), send, lo, hi) valid for group i at any of its choices: not required
         (lo = 0), the ends at their least, sends left out, and its layer throughput (box_bound's k_g/a_g) at its
         best TP: passed as its fastest per-layer time a with hi stages, hi/a being that best throughput."""
-        key = (i, self.dp, self.cp, self.mbs, self.base)
+        key = (i, self.dp, self.cp, self.ep, self.mbs, self.base)
         if key not in ctx.caches.free_group_terms:
             g = ctx.order[i]
             terms = [(self._terms(ctx, (g, tp)), self.kmax_of[g][tp]) for tp in self.tp_opts[i] if tp]
@@ -275,6 +282,7 @@ class _TpChoiceNode:
                 self.mb,
                 tuple(x[2] for x in terms),
                 ordered=False,
+                ep=self.ep,
             )
             box = (1,) * len(used), tuple(self.kmax_of[g][tp] for g, tp in used)
             return [(fam.bound(L, *box), fam, box)]
@@ -286,7 +294,7 @@ class _TpChoiceNode:
             if (last and not used) or (used and not _uniform_ok(ctx, used)):
                 continue
             node = _TpChoiceNode(
-                self.dp, self.cp, self.mbs, self.base, self.zeros, self.mb, self.tp_opts, self.kmax_of, fixed
+                self.dp, self.cp, self.mbs, self.base, self.zeros, self.mb, self.tp_opts, self.kmax_of, fixed, self.ep
             )
             out.append((node.bound(ctx), node, None))
         return out
@@ -310,6 +318,7 @@ class _Family:
     ordered: bool = True  # False: order and ZeRO stage still open (expand before splitting boxes)
     zero: int | None = None  # the ZeRO stage of an ordered family
     zt: tuple[ZeroTerms, ...] = ()  # what it adds per used group
+    ep: int = 1  # the EP degree of every stage
 
     @functools.cached_property
     def bound_ends(self) -> Ends:
@@ -345,7 +354,7 @@ class _Family:
         follow them)."""
         out = []
         terms = {
-            zero: [zero_terms(ctx, g, tp, self.dp, self.cp, self.mbs, self.base, zero) for g, tp in self.used]
+            zero: [zero_terms(ctx, g, tp, self.dp, self.cp, self.mbs, self.base, zero, self.ep) for g, tp in self.used]
             for zero in self.zeros
         }
         for perm in itertools.permutations(range(len(self.used))):
@@ -370,24 +379,25 @@ class _Family:
                     ordered=True,
                     zero=zero,
                     zt=pick(terms[zero]),
+                    ep=self.ep,
                 )
                 out.append((fam, box))
         return out
 
     def candidates(self, ctx: MixedContext, ks, lb: float) -> list[HeteroCandidate]:
         """The candidate of one stage-count choice if it is in the space: at most one stage per layer, and the
-        framework's limits."""
+        framework's limits, asked with each stage's own TP (some read it together with EP)."""
         P = sum(ks)
         L = ctx.job.model.num_layers
         if P > L or (ctx.opts.even_layers and L % P):
             return []
         if ctx.fw is not None:
-            tps = {tp for _, tp in self.used}
-            degrees = {"pp": P, "zero": self.zero, "cp": self.cp, "dp": self.dp, "recompute": self.base}
-            if not ctx.fw.allows(**degrees, tp=max(tps), microbatches=self.mb, sequence_parallel=max(tps) > 1):
-                return []
+            degrees = {"pp": P, "zero": self.zero, "cp": self.cp, "ep": self.ep, "dp": self.dp, "recompute": self.base}
+            for tp in sorted({tp for _, tp in self.used}):
+                if not ctx.fw.allows(**degrees, tp=tp, microbatches=self.mb, sequence_parallel=tp > 1):
+                    return []
         groups = tuple((g, tp, k) for (g, tp), k in zip(self.used, ks))
-        return [HeteroCandidate(self.dp, self.cp, self.mbs, self.zero, self.base, groups, lb)]
+        return [HeteroCandidate(self.dp, self.cp, self.mbs, self.zero, self.base, groups, lb, self.ep)]
 
 
 def _split(lo, hi) -> list[tuple]:
@@ -420,7 +430,7 @@ def _stage_models(ctx: MixedContext, c: HeteroCandidate, cache: dict) -> list[St
     dims = None
     out = []
     for g, tp, k in c.groups:
-        key = (g, tp, c.dp, c.cp, c.mbs, c.zero, c.recompute, c.pp)
+        key = (g, tp, c.dp, c.cp, c.ep, c.mbs, c.zero, c.recompute, c.pp)
         sm = cache.get(key)
         if sm is None:
             dims = dims or c.dims(ctx.job)
@@ -508,7 +518,7 @@ def search_hetero(
         if progress is not None:
             progress(min(settled, counted), counted, MIXED_PROGRESS)
 
-    def solve(c: HeteroCandidate, sms: list[StageModel], kth: float) -> None:
+    def solve(c: HeteroCandidate, sms: list[StageModel], kth: float, bound: float) -> None:
         nonlocal solved, settled
         # without a plan to beat, a solve only needs to find one: a short limit (its bound is kept)
         limit = solve_limit(deadline - time.monotonic(), time_limit_s if kth < float("inf") else 0.0)
@@ -516,7 +526,7 @@ def search_hetero(
         solved += 1
         settled += 1
         if res.status not in ("optimal", "infeasible"):
-            open_bounds.append(res.bound_s)
+            open_bounds.append(max(res.bound_s, bound))  # the candidate's own bound holds for the solve too
         if est is not None and est.fits:
             keep_top(best, Plan(c, est, res.status), top)
         report()
@@ -550,7 +560,7 @@ def search_hetero(
                 push(flb, family, fbox)
             continue
         if isinstance(fam, HeteroCandidate):  # a candidate back with its refined bound: solve it
-            solve(fam, box, kth)
+            solve(fam, box, kth, lb)
             continue
         lo, hi = box
         if not fam.ordered:
@@ -573,7 +583,7 @@ def search_hetero(
                 settled += 1
                 continue
             if kth == float("inf") and (not heap or refined <= heap[0][0] * (1 + DIVE)):
-                solve(c, sms, kth)  # no plan yet: one close to the frontier gives the cut a start
+                solve(c, sms, kth, max(lb, refined))  # no plan yet: one close to the frontier starts the cut
             else:
                 heapq.heappush(heap, (max(lb, refined), next(tie), c, sms))
     report()

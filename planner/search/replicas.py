@@ -2,9 +2,11 @@
 micro-batches so that they finish together (layout.replicas, planner.parallel.ReplicaDims).
 
 A shape fixes tp, cp, pp, micro-batch, ZeRO stage and baseline recompute, and a set of >= 2 node groups; group g
-then runs d_g = GPUs_g // (tp*cp*pp) replicas of a pipeline placed entirely on g. The replicas share the layer
-split and TP (their gradients are reduced stage by stage over a ring that spans the groups); recompute counts
-and micro-batch counts are per replica. For a shape:
+then runs d_g = GPUs_g // (tp*cp*pp) replicas of a pipeline placed entirely on g; and an EP degree shared by all
+replicas, which carves its groups out of each replica entry's own d_g*cp ranks (planner.parallel.ep_error, the
+rule of the homogeneous search; ReplicaDims). The replicas share the layer split and TP (their gradients are
+reduced stage by stage over a ring that spans the groups); recompute counts and micro-batch counts are per
+replica. For a shape:
   1. each group's balanced split on its own GPUs (the homogeneous search's greedy splits, planner/search/quick.py,
      else CP-SAT);
   2. every group's split is tried for all replicas, each replica recomputing the fewest layers that fit its GPUs;
@@ -32,6 +34,8 @@ from planner.parallel import (
     ReplicaDims,
     baseline_recompute_modes,
     cp_options,
+    ep_error,
+    ep_options,
     micro_batch_options,
     node_group_tp_options,
     seq_shard_error,
@@ -58,16 +62,18 @@ class ReplicaCandidate:
     recompute: str
     counts: tuple[tuple[int, int], ...]  # (group, replicas) per used group
     lower_bound_s: float
+    ep: int = 1  # expert-parallel degree of every replica
 
     @property
     def dp(self) -> int:
         return sum(d for _, d in self.counts)
 
-    def sort_key(self):
+    def sort_key(self):  # aligned with mixed_pipelines.HeteroCandidate.sort_key (the top list compares both)
         return (
             self.lower_bound_s,
             self.dp,
             self.cp,
+            self.ep,
             self.mbs,
             self.zero,
             self.recompute,
@@ -75,9 +81,22 @@ class ReplicaCandidate:
         )
 
 
+def _ep_superset(model) -> list[int]:
+    """Every EP degree planner.parallel.ep_error accepts at some dp*cp: those it accepts at dp*cp = the expert count
+    (any degree it accepts divides the expert count); [1] for a dense model."""
+    return ep_options(model, model.moe.num_experts if model.moe is not None else 1, 1)
+
+
+def replica_ep_options(ctx, counts, cp: int, eps: list[int] | None = None) -> list[int]:
+    """EP degrees (of ``eps``, default every one) that every replica entry accepts: ep_error with the entry's own
+    count as its dp (its EP groups run in step with its own micro-batches, planner.parallel.ReplicaDims)."""
+    m = ctx.job.model
+    return [ep for ep in eps or _ep_superset(m) if all(ep_error(m, ep, d, cp) is None for _, d in counts)]
+
+
 def _shapes(ctx, deadline: float, beat: float):
-    """((bound, shape, work) for every tp, cp, pp, micro-batch, baseline recompute and set of >= 2 used groups
-    whose bound is below ``beat``, whether the deadline cut the enumeration short)."""
+    """((bound, shape, work) for every tp, cp, pp, micro-batch, baseline recompute, set of >= 2 used groups and EP
+    degree whose bound is below ``beat``, whether the deadline cut the enumeration short)."""
     job = ctx.job
     m, t = job.model, job.training
     L = m.num_layers
@@ -95,17 +114,22 @@ def _shapes(ctx, deadline: float, beat: float):
         for cp in cps:
             if seq_shard_error(t, cp, tp):
                 continue
+            eps = [ep for ep in _ep_superset(m) if ctx.fw is None or ctx.fw.allows(cp=cp, ep=ep)]
             for mbs in micro_batch_options(t, 1, ctx.opts.max_micro_batch):  # replicas run their own counts
                 M = t.global_batch_size // mbs
                 for base in bases:
                     per_mb = {
-                        g: L * per_layer_bound(ctx, g, tp, cp, mbs, base)
-                        + sum(end_costs(ctx, (g, tp), (g, tp), cp, mbs))
-                        for g in groups
+                        ep: {
+                            g: L * per_layer_bound(ctx, g, tp, cp, mbs, base, ep)
+                            + sum(end_costs(ctx, (g, tp), (g, tp), cp, mbs))
+                            for g in groups
+                        }
+                        for ep in eps
                     }
+                    least = {g: min(per_mb[ep][g] for ep in eps) for g in groups}  # valid at every EP degree
                     # every depth: d_g <= GPUs_g/(tp*cp*pp), so the rate below is at most the groups' GPU rate,
                     # and with >= 2 replicas the bound is at least (M + 2(pp - 1)) over it, growing with pp
-                    most = sum(gpus[g] / (tp * cp * per_mb[g]) for g in groups)
+                    most = sum(gpus[g] / (tp * cp * least[g]) for g in groups)
                     if M / most >= beat:
                         continue
                     for pp in range(1, L + 1):
@@ -118,22 +142,24 @@ def _shapes(ctx, deadline: float, beat: float):
                         fit = {g: gpus[g] // (tp * cp * pp) for g in groups}  # whole replicas per group
                         if sum(1 for d in fit.values() if d >= 1) < 2:
                             break  # deeper pipelines fit even fewer replicas
-                        if M / sum(fit[g] * pp / per_mb[g] for g in groups) >= beat:
+                        if M / sum(fit[g] * pp / least[g] for g in groups) >= beat:
                             continue  # the bound below, even with every group's replicas
                         for used in subsets:
                             counts = tuple((g, fit[g]) for g in used)
                             if any(d < 1 for _, d in counts) or sum(d for _, d in counts) > M:
                                 continue
-                            # a replica of g running m micro-batches takes >= (m + pp - 1) W_g / pp (1F1B with
-                            # the per-micro-batch work W_g spread evenly), and sum_g d_g m_g = M
-                            rate = sum(d * pp / per_mb[g] for g, d in counts)
-                            # ... and every replica runs at least one micro-batch: >= W_g
-                            bound = max(
-                                (M + (pp - 1) * sum(d for _, d in counts)) / rate, max(per_mb[g] for g, _ in counts)
-                            )
-                            if bound < beat:
-                                work = tuple(per_mb[g] for g, _ in counts)
-                                out.append((bound, (tp, cp, pp, mbs, base, counts), work))
+                            for ep in replica_ep_options(ctx, counts, cp, eps):
+                                # a replica of g running m micro-batches takes >= (m + pp - 1) W_g / pp (1F1B
+                                # with the per-micro-batch work W_g spread evenly), and sum_g d_g m_g = M
+                                rate = sum(d * pp / per_mb[ep][g] for g, d in counts)
+                                # ... and every replica runs at least one micro-batch: >= W_g
+                                bound = max(
+                                    (M + (pp - 1) * sum(d for _, d in counts)) / rate,
+                                    max(per_mb[ep][g] for g, _ in counts),
+                                )
+                                if bound < beat:
+                                    work = tuple(per_mb[ep][g] for g, _ in counts)
+                                    out.append((bound, (tp, cp, pp, mbs, base, counts, ep), work))
     return out, False
 
 
@@ -192,7 +218,7 @@ def _balance_within(M: int, counts, slopes: list[float], offsets: list[float], w
     return best[1] if best else None
 
 
-def _replica_dims(job, shape, zero, counts, layers, recs, ms, base) -> ReplicaDims:
+def _replica_dims(job, shape, zero, counts, layers, recs, ms, base, ep: int = 1) -> ReplicaDims:
     tp, cp, pp, mbs = shape[:4]
     total = sum(d for _, d in counts)
     reps = []
@@ -200,7 +226,19 @@ def _replica_dims(job, shape, zero, counts, layers, recs, ms, base) -> ReplicaDi
         rec, mode = stage_recompute(layers, rec, base)
         reps.append(
             pipeline_dims(
-                job, (g,) * pp, (tp,) * pp, d, cp, mbs, zero, mode, tuple(layers), rec, micro_batches=mi, dp_total=total
+                job,
+                (g,) * pp,
+                (tp,) * pp,
+                d,
+                cp,
+                mbs,
+                zero,
+                mode,
+                tuple(layers),
+                rec,
+                ep=ep,
+                micro_batches=mi,
+                dp_total=total,
             )
         )
     return ReplicaDims(tuple(reps))
@@ -218,7 +256,7 @@ def _exact_shape(ctx, cand: ReplicaCandidate, best, remaining: float, workers: i
     zeros = [(0,) * cand.pp] * len(counts)
 
     def stage_models_for(ms):
-        probe = _replica_dims(job, shape, cand.zero, counts, even, zeros, list(ms), cand.recompute)
+        probe = _replica_dims(job, shape, cand.zero, counts, even, zeros, list(ms), cand.recompute, cand.ep)
         return replica_stage_models(job, probe, ctx.costs)
 
     found = exact_splits(
@@ -236,7 +274,9 @@ def _exact_shape(ctx, cand: ReplicaCandidate, best, remaining: float, workers: i
         workers=workers,
     )
     for split in found.splits:
-        dims = _replica_dims(job, shape, cand.zero, counts, split.layers, split.recompute, split.ms, cand.recompute)
+        dims = _replica_dims(
+            job, shape, cand.zero, counts, split.layers, split.recompute, split.ms, cand.recompute, cand.ep
+        )
         est = estimate_replicas(job, dims, ctx.opts.memory_margin)
         if est.fits and (best is None or est.iteration_time_s < best.iteration_time_s):
             best = est
@@ -266,6 +306,7 @@ def _heuristic_shape(ctx, cand: ReplicaCandidate, remaining: float, workers: int
         [(0,) * cand.pp] * len(cand.counts),
         [guess] * len(cand.counts),
         cand.recompute,
+        cand.ep,
     )
     for (g, _), replica in zip(cand.counts, first.replicas):
         sm = StageModel(job, replica.stage_dims(0), ctx.costs(g))
@@ -297,6 +338,7 @@ def _heuristic_shape(ctx, cand: ReplicaCandidate, remaining: float, workers: int
             [(0,) * cand.pp] * len(cand.counts),
             [guess] * len(cand.counts),
             cand.recompute,
+            cand.ep,
         )
         per = replica_stage_models(job, probe, ctx.costs)
         recs = []
@@ -318,39 +360,55 @@ def _heuristic_shape(ctx, cand: ReplicaCandidate, remaining: float, workers: int
             ms = _balance(M, cand.counts, slopes, offsets)
             if ms is None:
                 continue
-            dims = _replica_dims(job, shape, cand.zero, cand.counts, layers, recs, ms, cand.recompute)
+            dims = _replica_dims(job, shape, cand.zero, cand.counts, layers, recs, ms, cand.recompute, cand.ep)
             est = estimate_replicas(job, dims, ctx.opts.memory_margin)
             if est.fits and (best is None or est.iteration_time_s < best.iteration_time_s):
                 best = est
     return best, False, cand.pp == 1 and bool(splits)
 
 
-def _states_fit(ctx, tp: int, cp: int, pp: int, zero: int, counts) -> bool:
+def _param_groups(model, ep: int) -> tuple[float, float, int]:
+    """(dense, routed-expert) parameters of the model on one TP rank's share of all stages before ZeRO sharding,
+    the experts split over ``ep`` ranks (planner/cost/stage.kind_coeffs: num_experts / ep experts per GPU), and the
+    divisor of the expert parameters' DP*CP ring (its expert-DP ranks are 1/ep of them)."""
+    routed = model.num_moe_layers * model.moe.num_experts * F.expert_params(model) if model.moe is not None else 0
+    return F.total_params(model) - routed, routed / ep, ep
+
+
+def _states_fit(ctx, tp: int, cp: int, pp: int, zero: int, counts, ep: int = 1) -> bool:
     """A necessary memory condition: some stage holds at least the average 1/pp of the model, so its weights,
     gradients and optimizer states (planner/cost/memory.model_state_bytes, sharded over all replicas' DP*CP
-    under ZeRO) must fit the smallest used GPU."""
+    under ZeRO; the routed experts split over EP and sharded over the expert-DP ranks, dp*cp/ep) must fit the
+    smallest used GPU."""
     t = ctx.job.training
     shard = cp * sum(d for _, d in counts)
-    per_param = sum(model_state_bytes(1.0, shard, zero, t.grad_dtype, t.optimizer).values())
-    need = per_param * F.total_params(ctx.job.model) / (tp * pp)
+    dense, expert, ep_div = _param_groups(ctx.job.model, ep)
+
+    def per_param(n: int) -> float:
+        return sum(model_state_bytes(1.0, n, zero, t.grad_dtype, t.optimizer).values())
+
+    need = (dense * per_param(shard) + expert * per_param(shard // ep_div)) / (tp * pp)
     return need <= min(ctx.capacity(g) for g, _ in counts) * GIB
 
 
 def _sharded_bound(
-    ctx, zero: int, tp: int, cp: int, pp: int, mbs: int, counts, work, grad_wire: float, params: float
+    ctx, zero: int, tp: int, cp: int, pp: int, mbs: int, counts, work, grad_wire: float, ep: int = 1
 ) -> float:
     """The shape bound with ZeRO-2/3's per-micro-batch traffic (planner/cost/stage.StageModel._collectives_of):
     each stage reduce-scatters its gradients (ZeRO-3 also all-gathers its 16-bit weights twice) over all
-    replicas' DP*CP ranks (at best at the ring's fastest possible bus bandwidth), and only fsdp_overlap of the stage's
-    compute hides it. A stage holds >= 1/pp of the parameters on average, and its time is compute + exposed."""
+    replicas' DP*CP ranks, the routed experts' over the expert-DP ranks (dp*cp/ep; each GPU holds 1/ep of them),
+    at best at the ring's fastest possible bus bandwidth, and only fsdp_overlap of the stage's compute hides it.
+    A stage holds >= 1/pp of the parameters on average, and its time is compute + exposed."""
     t = ctx.job.training
     M = t.global_batch_size // mbs
     n = cp * sum(d for _, d in counts)
     # the ring spans the groups' nodes: no faster than the best NVLink, nor than a full node of GPUs sending at the
     # slowest NIC or inter-group rate on the ring (planner/cost/provider.CostSource.spanning_ceiling)
     fastest = ctx.costs.spanning_ceiling([g for g, _ in counts])
-    per_gpu = params / (tp * pp) * (grad_wire + (4.0 if zero >= 3 else 0.0))
-    comm = (n - 1) / n * per_gpu / fastest
+    dense, expert, ep_div = _param_groups(ctx.job.model, ep)
+    ne = n // ep_div
+    wire = (grad_wire + (4.0 if zero >= 3 else 0.0)) / (tp * pp)
+    comm = ((n - 1) / n * dense + (ne - 1) / ne * expert) * wire / fastest
     rate, single = 0.0, 0.0
     for (g, d), w in zip(counts, work):
         stage = w / pp
@@ -392,10 +450,9 @@ def search_replicas(ctx, incumbent_s: float, deadline: float, workers: int, prog
     plan is faster than them, which is all these heuristic plans prove. ``progress(done, total, what)``: shapes
     evaluated or ruled out."""
     shapes, cut_short = _shapes(ctx, deadline, incumbent_s)
-    shapes.sort(key=lambda x: (x[0], x[1][:5], x[1][5]))
+    shapes.sort(key=lambda x: (x[0], x[1]))
     t = ctx.job.training
     grad_wire = 2.0 if t.grad_dtype == "bf16" else 4.0
-    params = F.total_params(ctx.job.model)
     found = []
     best = incumbent_s
     low = float("inf")  # no replica plan beats this: the least bound of a (shape, ZeRO) not proven infeasible
@@ -404,7 +461,7 @@ def search_replicas(ctx, incumbent_s: float, deadline: float, workers: int, prog
     what = "replica shapes"  # evaluated, or ruled out by a bound
     # pipelined shapes the heuristic evaluation leaves open: (bound, order, candidate, work, plan, its index in found)
     pending = []
-    for i, (bound, (tp, cp, pp, mbs, base, counts), work) in enumerate(shapes):
+    for i, (bound, (tp, cp, pp, mbs, base, counts, ep), work) in enumerate(shapes):
         if progress is not None:
             progress(i, len(shapes), what)
         if bound >= best:
@@ -414,11 +471,12 @@ def search_replicas(ctx, incumbent_s: float, deadline: float, workers: int, prog
             unexplored = min(unexplored, bound)  # this shape and all after it are unexplored
             break
         for zero in REPLICA_ZERO:
-            if zero not in ctx.opts.zero_stages or (ctx.fw is not None and not ctx.fw.allows(pp=pp, zero=zero)):
+            degrees = {"pp": pp, "zero": zero, "cp": cp, "ep": ep, "tp": tp, "dp": sum(d for _, d in counts)}
+            if zero not in ctx.opts.zero_stages or (ctx.fw is not None and not ctx.fw.allows(**degrees)):
                 continue
-            if not _states_fit(ctx, tp, cp, pp, zero, counts):
+            if not _states_fit(ctx, tp, cp, pp, zero, counts, ep):
                 continue  # proven: the model states alone do not fit
-            zbound = bound if zero < 2 else _sharded_bound(ctx, zero, tp, cp, pp, mbs, counts, work, grad_wire, params)
+            zbound = bound if zero < 2 else _sharded_bound(ctx, zero, tp, cp, pp, mbs, counts, work, grad_wire, ep)
             remaining = deadline - time.monotonic()
             if zbound >= best:
                 low = min(low, zbound)
@@ -426,7 +484,7 @@ def search_replicas(ctx, incumbent_s: float, deadline: float, workers: int, prog
             if remaining <= 0:
                 unexplored = min(unexplored, zbound)
                 continue
-            cand = ReplicaCandidate(tp, cp, pp, mbs, zero, base, counts, bound)
+            cand = ReplicaCandidate(tp, cp, pp, mbs, zero, base, counts, bound, ep)
             est, infeasible, exact = _heuristic_shape(ctx, cand, remaining, workers)
             if not infeasible and not exact:  # a pipelined shape: the exact pass below may close it
                 pending.append((zbound, len(pending), cand, work, est, len(found) if est is not None else None))
