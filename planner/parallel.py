@@ -443,10 +443,13 @@ def group_order(cluster) -> list[int]:
 
 @dataclass(frozen=True)
 class HeteroDims:
-    """Degrees of a heterogeneous plan. vpp = 1; CP, EP, micro-batch, micro-batch count, ZeRO stage (sharded
-    over each stage's own DP*CP group) and the baseline recompute mode are shared by all stages. Each stage's EP
-    groups are carved out of its own DP*CP ranks (ep_error, as in ParallelDims), so they stay on the stage's node
-    group; with per-stage TP the EP group's stride (tp*cp ranks, ParallelDims.spans) is the stage's own."""
+    """Degrees of a heterogeneous plan. CP, EP, interleaving (vpp), micro-batch, micro-batch count, ZeRO stage
+    (sharded over each stage's own DP*CP group) and the baseline recompute mode are shared by all stages. Each
+    stage's EP groups are carved out of its own DP*CP ranks (ep_error, as in ParallelDims), so they stay on the
+    stage's node group; with per-stage TP the EP group's stride (tp*cp ranks, ParallelDims.spans) is the stage's
+    own. Interleaving follows the homogeneous rule (vpp_error): every stage holds vpp chunks of n_s/vpp layers
+    (uneven stages each a multiple of vpp, as Megatron's pipeline layout runs them) and the micro-batches come in
+    rounds of pp. A mixed pipeline may interleave; the replicas of a ReplicaDims keep vpp = 1."""
 
     stage_groups: tuple[int, ...]
     stage_tp: tuple[int, ...]
@@ -471,18 +474,17 @@ class HeteroDims:
         stages = layout.stages
         if not all(s.placed for s in stages):
             raise SpecError("layout.stages", "either every stage names its group, tp and gpus, or none does")
-        if layout.vpp != 1:
-            raise SpecError("layout.vpp", "heterogeneous layouts (stages on node groups) need vpp = 1")
         if layout.dp is None:
             raise SpecError("layout.dp", "a heterogeneous layout must state dp")
         if layout.pp != len(stages):
             raise SpecError("layout.pp", f"pp ({layout.pp}) must equal the number of stages listed ({len(stages)})")
-        return cls.from_stages(stages, layout.dp, layout, job, "layout.stages")
+        dims = cls.from_stages(stages, layout.dp, layout, job, "layout.stages", vpp=layout.vpp)
+        return dims.check_vpp()
 
     @classmethod
     def from_stages(cls, stages, dp: int, layout: Layout, job: Job, field: str, **extra) -> HeteroDims:
         """A pipeline of placed stages replicated ``dp`` times; rules only the written stages can break (``gpus``
-        is derived everywhere else)."""
+        is derived everywhere else). ``extra``: a replica's micro_batches and dp_total, or a pipeline's vpp."""
         for i, s in enumerate(stages):
             if not s.placed:
                 raise SpecError(f"{field}[{i}]", "a placed stage names its group, tp and gpus")
@@ -491,7 +493,8 @@ class HeteroDims:
             if s.gpus != s.tp * layout.cp * dp:
                 raise SpecError(
                     f"{field}[{i}].gpus",
-                    f"gpus ({s.gpus}) must equal tp*cp*{'count' if extra else 'dp'} ({s.tp}*{layout.cp}*{dp})",
+                    f"gpus ({s.gpus}) must equal tp*cp*{'count' if 'micro_batches' in extra else 'dp'} "
+                    f"({s.tp}*{layout.cp}*{dp})",
                 )
         rec = tuple(s.recompute_layers or 0 for s in stages)
         return cls(
@@ -537,8 +540,16 @@ class HeteroDims:
                     f"stages on group {g} need {used} GPUs (sum of tp*cp*dp), the group has {self.cluster[g].num_gpus}",
                 )
         check_rule(field, layer_sum_error(m, self.stage_layers))
+        self.check_vpp()
         if self.micro_batches is None:
             check_batch(t, self.micro_batch_size, self.dp)
+        return self
+
+    def check_vpp(self) -> HeteroDims:
+        """The interleaving rule of the homogeneous layout (vpp_error: a pipeline, every stage a whole number of
+        chunks, micro-batches by pp), checked in the same place of the order as ParallelDims.check (before the
+        batch)."""
+        check_rule("layout.vpp", vpp_error(self.vpp, self.pp, self.num_microbatches, self.stage_layers))
         return self
 
     # ------------------------------------------------------------------ derived quantities
@@ -564,7 +575,8 @@ class HeteroDims:
         return used
 
     def stage_dims(self, s: int) -> ParallelDims:
-        """The homogeneous dims stage ``s`` prices itself with: its own TP, the shared pp/dp/cp/micro-batch/ZeRO."""
+        """The homogeneous dims stage ``s`` prices itself with: its own TP, the shared pp/dp/cp/ep/vpp/micro-batch/
+        ZeRO (vpp: its in-flight micro-batches and per-chunk sends, planner/cost/stage.py)."""
         tp = self.stage_tp[s]
         return ParallelDims(
             tp=tp,
@@ -572,7 +584,7 @@ class HeteroDims:
             dp=self.dp_total or self.dp,
             cp=self.cp,
             ep=self.ep,
-            vpp=1,
+            vpp=self.vpp,
             micro_batch_size=self.micro_batch_size,
             sequence_parallel=tp > 1,
             zero_stage=self.zero_stage,
@@ -594,7 +606,7 @@ class HeteroDims:
             "dp": self.dp,
             "cp": self.cp,
             "ep": self.ep,
-            "vpp": 1,
+            "vpp": self.vpp,
             "micro_batch_size": self.micro_batch_size,
             "sequence_parallel": max(self.stage_tp) > 1,
             "zero_stage": self.zero_stage,

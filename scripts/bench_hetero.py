@@ -289,7 +289,8 @@ def save_jobs(jobs: list[SuiteJob], folder: str) -> None:
 
 def bench_files(files: list[str] | None, time_limit: float) -> None:
     from planner.load import load_job
-    from planner.search.mixed_pipelines import best_single_type, search_hetero
+    from planner.search.mixed_pipelines import search_hetero
+    from planner.search.single_type import best_single_type
     from planner.search.space import SearchOptions
 
     jobs = [
@@ -307,7 +308,8 @@ def bench_files(files: list[str] | None, time_limit: float) -> None:
         r = search_hetero(job, top=1, time_limit_s=time_limit, single_type=False)
         secs = time.monotonic() - t0
         t1 = time.monotonic()
-        single, group = best_single_type(job, SearchOptions(), 1, time_limit)
+        plan, group = best_single_type(job, SearchOptions(), 1, time_limit)
+        single = plan.time if plan else None
         single_secs = time.monotonic() - t1
         best = r.plans[0].time if r.plans else None
         ratio = f"{best / single:.3f}" if best and single else "-"

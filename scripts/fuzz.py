@@ -120,6 +120,8 @@ def run_one(args: tuple) -> dict:
     rec["outcome"] = "plans" if result.plans else "nothing"
     rec["complete"] = result.complete
     rec["violations"] = violations
+    if mixed:  # interleaved mixed pipelines among the plans (tests/invariants_mixed.py checks their vpp rule)
+        rec["interleaved"] = any((p.get("layout") or {}).get("vpp", 1) > 1 for p in doc["plans"])
     return rec
 
 
@@ -174,6 +176,8 @@ def main(argv=None) -> int:
             seconds.append(rec["seconds"])
             if not rec.get("complete", True):
                 counts["incomplete"] += 1
+            if rec.get("interleaved"):
+                counts["interleaved"] += 1
             if rec["seconds"] > a.time_limit + 1.0:
                 slow.append((rec["seconds"], rec["index"]))
         if rec["outcome"] == "crash":
@@ -211,6 +215,7 @@ def main(argv=None) -> int:
         ("plans found", counts["plans"]),
         ("nothing fits", counts["nothing"]),
         ("searches stopped by the time limit", counts["incomplete"]),
+        *([("with an interleaved plan (vpp > 1)", counts["interleaved"])] if a.mixed else []),
         ("invariant violations", counts["violation"]),
         ("crashes", counts["crash"]),
     ]

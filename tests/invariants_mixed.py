@@ -35,8 +35,12 @@ def check_mixed_layout(job, lay: dict) -> list[str]:
     if not (_pos_int(cp) and _pos_int(mbs)):
         return [f"cp {cp!r} / micro_batch_size {mbs!r} not positive integers"]
     ep = lay.get("ep")
-    if lay.get("vpp") != 1:
-        v.append(f"mixed plan with vpp={lay.get('vpp')}")
+    vpp = lay.get("vpp")
+    if not _pos_int(vpp):
+        v.append(f"vpp {vpp!r} not a positive integer")
+        vpp = 1
+    if vpp > 1 and lay.get("replicas"):
+        v.append(f"replicas with vpp={vpp} (only a mixed pipeline interleaves)")
     if not _pos_int(ep):
         v.append(f"ep {ep!r} not a positive integer")
         ep = 1
@@ -69,6 +73,15 @@ def check_mixed_layout(job, lay: dict) -> list[str]:
         layers = [s.get("layers") for s in stages]
         if any(not _pos_int(n) for n in layers) or sum(layers) != L:
             v.append(f"pipeline {r}: stage layers {layers} do not sum to {L} with every stage >= 1")
+        # interleaving: each stage runs vpp model chunks of equal size, and the interleaved schedule takes the
+        # micro-batches in rounds of one per stage
+        if vpp > 1:
+            if len(stages) < 2:
+                v.append(f"pipeline {r}: vpp {vpp} without a pipeline (one stage)")
+            if any(_pos_int(n) and n % vpp for n in layers):
+                v.append(f"pipeline {r}: stage layers {layers} not whole chunks of vpp = {vpp}")
+            if micro % len(stages):
+                v.append(f"pipeline {r}: {micro} micro-batches not a multiple of its {len(stages)} stages (vpp {vpp})")
         order = []
         for i, s in enumerate(stages):
             g, tp, gpus = s.get("group"), s.get("tp"), s.get("gpus")

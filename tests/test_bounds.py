@@ -182,7 +182,8 @@ def boxes_points(lo, hi, L):
 def brute_mixed(j, c, ctx, margin) -> Brute:
     out = Brute()
     L = j.model.num_layers
-    for split in compositions(L, c.pp):
+    for chunks in compositions(L // c.vpp, c.pp):  # interleaved: every stage whole chunks of vpp layers
+        split = tuple(c.vpp * n for n in chunks)
         for rec in itertools.product(*[range(n + 1) for n in split]):
             full = all(r == n for r, n in zip(rec, split))
             dims = c.dims(j, split, None if full or not any(rec) else rec, "full" if full else c.recompute)

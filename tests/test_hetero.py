@@ -70,8 +70,20 @@ def expert_degrees(model, dp, cp):
     return [ep for ep in divisors(model.moe.num_experts) if (dp * cp) % ep == 0]
 
 
-def brute_force_best(j, opts):
-    """Every dp, cp, ep, micro-batch, ZeRO, per-group (tp, stage count), layer composition and recompute count."""
+def interleaving_degrees(L, pp, microbatches, allowed=None):
+    """vpp of a mixed pipeline (written here, not read from planner.parallel): 1, or with two or more stages a
+    degree whose chunks tile every stage (a divisor of the layers, at least one chunk per stage) when the
+    micro-batches come in rounds of one per stage (Megatron's interleaved schedule). ``allowed``: the degrees the
+    framework runs (None: all)."""
+    out = [1]
+    if pp >= 2 and microbatches % pp == 0:
+        out += [v for v in range(2, L // pp + 1) if L % v == 0]
+    return [v for v in out if allowed is None or v in allowed]
+
+
+def brute_force_best(j, opts, vpps=None):
+    """Every dp, cp, ep, micro-batch, ZeRO, per-group (tp, stage count), interleaving degree, layer composition (in
+    whole chunks) and recompute count. ``vpps``: the interleaving degrees allowed (None: all)."""
     L, t = j.model.num_layers, j.training
     costs = costs_by_group(j)
     order = group_order(j.cluster)
@@ -80,7 +92,7 @@ def brute_force_best(j, opts):
 
     def stage_model(dims, s, g):
         key = (g, dims.stage_tp[s], dims.dp, dims.cp, dims.ep, dims.micro_batch_size, dims.zero_stage, dims.recompute)
-        key += (dims.pp,)
+        key += (dims.pp, dims.vpp)
         if key not in models:
             models[key] = StageModel(j, dims.stage_dims(s), costs(g))
         return models[key]
@@ -108,16 +120,21 @@ def brute_force_best(j, opts):
                     used = tuple(x for x in choice if x)
                     if not used or sum(k for _, _, k in used) > L:
                         continue
-                    for groups in itertools.permutations(used):  # every pipeline order of the groups
-                        cand = HeteroCandidate(dp, cp, mbs, zero, base, groups, 0.0, ep)
+                    pp = sum(k for _, _, k in used)
+                    for groups, vpp in itertools.product(  # every pipeline order of the groups, every vpp
+                        itertools.permutations(used),
+                        interleaving_degrees(L, pp, t.global_batch_size // (mbs * dp), vpps),
+                    ):
+                        cand = HeteroCandidate(dp, cp, mbs, zero, base, groups, 0.0, ep, vpp)
                         best = min(best, _best_of(j, cand, L, opts, stage_model))
     return best
 
 
 def _best_of(j, c, L, opts, stage_model) -> float:
-    """Every layer composition and recompute count of one candidate."""
+    """Every layer composition (each stage whole chunks of vpp layers) and recompute count of one candidate."""
     best = float("inf")
-    for split in compositions(L, c.pp):
+    for chunks in compositions(L // c.vpp, c.pp):
+        split = tuple(c.vpp * n for n in chunks)
         for rec in itertools.product(*[range(n + 1) for n in split]):
             full = all(r == n for r, n in zip(rec, split))
             dims = c.dims(j, split, None if full or not any(rec) else rec, "full" if full else c.recompute)

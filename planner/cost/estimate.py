@@ -192,13 +192,18 @@ def with_group_sends(job: Job, stage_groups, sms: list[StageModel]) -> list[Stag
 
 
 def neighbour_links(job: Job, stage_groups, sms: list[StageModel]) -> list[tuple]:
-    """Per stage, the links to its previous and next stage where those sit on another node group (else None)."""
-    out = [(None, None)] * len(stage_groups)
-    for s in range(len(stage_groups) - 1):
-        a, b = stage_groups[s], stage_groups[s + 1]
+    """Per stage, the links to its previous and next stage where those sit on another node group (else None).
+    With interleaving (vpp > 1) the pipeline is a ring: the last stage's chunks feed the first stage's next
+    chunks (and take their gradients back), so the first and last stages are neighbours too."""
+    p = len(stage_groups)
+    out = [(None, None)] * p
+    ring = p > 1 and sms[0].dims.vpp > 1
+    for s in range(p if ring else p - 1):
+        t = (s + 1) % p
+        a, b = stage_groups[s], stage_groups[t]
         if a != b:
             out[s] = (out[s][0], sms[s].costs.source.between(a, b))
-            out[s + 1] = (sms[s + 1].costs.source.between(b, a), out[s + 1][1])
+            out[t] = (sms[t].costs.source.between(b, a), out[t][1])
     return out
 
 

@@ -409,8 +409,10 @@ class StageModel:
         return out
 
     def neighbour_pp_time(self, prev: Link | None, nxt: Link | None) -> float:
-        """Pipeline-send seconds per micro-batch with the given links to the neighbours (None: own links)."""
-        return (prev or self.own_p2p).p2p(self.send_bytes) + (nxt or self.own_p2p).p2p(self.send_bytes)
+        """Pipeline-send seconds per micro-batch with the given links to the neighbours (None: own links): one
+        send each way for each of the stage's vpp model chunks, as pp_time counts on its own links."""
+        one = (prev or self.own_p2p).p2p(self.send_bytes) + (nxt or self.own_p2p).p2p(self.send_bytes)
+        return self.dims.vpp * one
 
     def with_dp_link(self, link: Link, expert_link: Link | None = None) -> StageModel:
         """This model with its DP*CP gradient/parameter collectives on ``link`` (a ring that spans node groups,

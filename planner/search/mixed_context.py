@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from planner import parallel
+from planner.cost.memory import inflight_microbatches
 from planner.cost.provider import CostSource
 from planner.cost.stage import FormCache, StageModel, fastest_layer, kind_coeffs, pipeline_send
 from planner.frameworks import Framework
@@ -29,11 +30,12 @@ def pipeline_dims(
     layers: tuple[int, ...] | None = None,
     recompute=None,
     ep: int = 1,
+    vpp: int = 1,
     **extra,
 ) -> HeteroDims:
-    """The degrees of a mixed pipeline (``ep``: the plan's EP degree, shared by all stages; ``extra``: a replica's
-    micro_batches and dp_total); without ``layers`` an even split (the last stage takes the rest), which the cost
-    coefficients do not depend on."""
+    """The degrees of a mixed pipeline (``ep``, ``vpp``: the plan's EP and interleaving degrees, shared by all
+    stages; ``extra``: a replica's micro_batches and dp_total); without ``layers`` an even split (the last stage
+    takes the rest), which the cost coefficients do not depend on."""
     p, L = len(stage_groups), job.model.num_layers
     return HeteroDims(
         stage_groups=tuple(stage_groups),
@@ -49,6 +51,7 @@ def pipeline_dims(
         training=job.training,
         cp=cp,
         ep=ep,
+        vpp=vpp,
         **extra,
     )
 
@@ -84,6 +87,7 @@ class MixedCaches:
     group_space_size: dict = field(default_factory=dict)  # mixed_pipelines: candidates below a TP-choice node
     group_terms: dict = field(default_factory=dict)  # mixed_pipelines: a fixed group's layer throughput
     free_group_terms: dict = field(default_factory=dict)  # mixed_pipelines: a group whose TP is still open
+    depths: dict = field(default_factory=dict)  # mixed_pipelines: the depths that take a vpp, by (vpp, mb)
 
 
 @dataclass
@@ -143,7 +147,7 @@ class ZeroTerms:
     ``slope`` seconds per layer of exposed ZeRO-2/3 traffic (MixedContext.sharded_line; 0 when a middle stage's
     line could fall below it), ``first`` / ``last`` the (<= 0) constants that line adds on the end stages, the
     least DP tail, and the most layers a stage can hold by how many micro-batches it keeps in flight
-    (``room``)."""
+    (``room``, per interleaving degree)."""
 
     slope: float
     first: float
@@ -151,19 +155,24 @@ class ZeroTerms:
     tail: float  # the least exposed DP tail of any of the group's stages (MixedContext.tail_floor)
     sm: StageModel | None  # the group's model at depth 3 (None: too few layers for one)
     middle_room: float
-    caps: list[int] = field(default_factory=lambda: [0])  # prefix sums over in-flight counts 1, 2, ...
+    caps: dict[int, list[int]] = field(default_factory=dict)  # by vpp: prefix sums over stages 1, 2, ... from the end
 
-    def room(self, after: int, count: int) -> float:
-        """Most layers ``count`` stages of this group can hold when at least ``after`` stages follow them: each
-        stage holds at most what a middle stage can at its in-flight count (the ends hold less), and the count
-        only falls with more stages after it (planner.cost.memory.inflight_microbatches)."""
+    def room(self, after: int, count: int, vpp: int = 1) -> float:
+        """Most layers ``count`` stages of this group can hold when at least ``after`` stages follow them, in a
+        pipeline of ``vpp`` model chunks per stage: each stage holds at most what a middle stage can at its
+        in-flight count (the ends hold less), and the count only falls with more stages after it
+        (planner.cost.memory.inflight_microbatches). A stage with f - 1 stages after it is in a pipeline of at
+        least f stages, and its in-flight count only grows with the depth, so it keeps at least the first stage's
+        count of an f-stage pipeline (1F1B: f; interleaved: more)."""
         if self.sm is None:
             return float("inf")
         top = after + count
-        while len(self.caps) <= top:
-            f = len(self.caps)
-            self.caps.append(self.caps[-1] + max_layers(self.sm, 1, self.middle_room, float(min(f, self.sm.mb))))
-        return self.caps[top] - self.caps[after]
+        caps = self.caps.setdefault(vpp, [0])
+        while len(caps) <= top:
+            f = len(caps)
+            inflight = inflight_microbatches(0, f, vpp, self.sm.mb)
+            caps.append(caps[-1] + max_layers(self.sm, 1, self.middle_room, inflight))
+        return caps[top] - caps[after]
 
 
 def zero_terms(
@@ -218,9 +227,21 @@ def ep_options(ctx: MixedContext, dp: int, cp: int) -> list[int]:
     return [ep for ep in parallel.ep_options(ctx.job.model, dp, cp) if ctx.fw is None or ctx.fw.allows(cp=cp, ep=ep)]
 
 
+def vpp_options(ctx: MixedContext, microbatches: int, max_pp: int) -> list[int]:
+    """Interleaving degrees a mixed pipeline of at most ``max_pp`` stages may use with this micro-batch count: those
+    planner.parallel.vpp_options (the homogeneous rule) gives at some depth 1..max_pp, that the framework, if any,
+    runs. Whether a candidate's own depth takes its vpp is checked per candidate
+    (mixed_pipelines._Family.candidates)."""
+    L = ctx.job.model.num_layers
+    found = set()
+    for pp in range(1, min(L, max_pp) + 1):
+        found.update(parallel.vpp_options(L, pp, microbatches))
+    return [v for v in sorted(found) if ctx.fw is None or ctx.fw.allows(vpp=v)]
+
+
 def send_bound(ctx: MixedContext, g: int, tp: int, cp: int, dp: int, mbs: int) -> float:
-    """Pipeline-send seconds per micro-batch of a stage on group g over its own links (planner/cost/stage.py:
-    an activation forward and a gradient back)."""
+    """Pipeline-send seconds per micro-batch and model chunk of a stage on group g over its own links
+    (planner/cost/stage.py: an activation forward and a gradient back; a stage of vpp chunks sends vpp times)."""
     key = (g, tp, cp, dp, mbs)
     if key not in ctx.caches.send:
         job = ctx.job

@@ -52,17 +52,26 @@ class Ends:
         )
 
 
-def box_bound(a, lo: tuple[int, ...], hi: tuple[int, ...], ends: Ends, L: int, m: int, send=None) -> float:
+def schedule_bound(bottleneck: float, total: float, m: int, v: int = 1) -> float:
+    """The iteration seconds of planner/cost/schedule.pipeline_time (m max_s t_s + (sum_s t_s - max_s t_s)/v, the
+    1F1B schedule at v = 1, interleaved with v model chunks per stage) written as (m - 1/v) max + sum/v: a lower
+    bound on it from ``bottleneck`` <= max_s t_s and ``total`` <= sum_s t_s (both coefficients are >= 0). At
+    v = 1 it is (m - 1) max + sum."""
+    return (m - 1 / v) * bottleneck + total / v
+
+
+def box_bound(a, lo: tuple[int, ...], hi: tuple[int, ...], ends: Ends, L: int, m: int, send=None, v: int = 1) -> float:
     """Iteration seconds no candidate with lo_g <= k_g <= hi_g stages per used group g beats (lo = hi: one
     candidate). Each stage of group g takes at least a_g seconds per layer and, when there are >= 2 stages,
     send_g seconds of pipeline sends per micro-batch (on its own links: a neighbour on another group is no
-    faster); the first stage adds the embedding and the last the logits (``ends``). With stage times
-    t_s >= n_s a_s + c_s the 1F1B schedule takes (m-1) max_s t_s + sum_s t_s (planner/cost/schedule.py):
+    faster; the caller counts a stage's v model chunks in it); the first stage adds the embedding and the last
+    the logits (``ends``). With stage times t_s >= n_s a_s + c_s the schedule of v model chunks per stage takes
+    (m - 1/v) max_s t_s + sum_s t_s / v (schedule_bound, planner/cost/schedule.py):
       - max_s t_s >= the smallest T with sum_s (T - c_s)/a_s >= L, since every n_s <= (T - c_s)/a_s and the n_s
         sum to L (and T >= c_s + a_s, every stage holding a layer). Adding a stage of g moves T towards send_g,
         so while every send_g <= T more stages only lower it and k = hi bounds the box (else sends are dropped);
-      - sum_s t_s >= emb + logits + sum_s send_s + the least work: one layer per stage, the rest at the fastest
-        a_g, which is L*min(a) + sum_g k_g (a_g - min(a)), smallest at k = lo.
+      - sum_s t_s >= emb + logits + sum_s send_s + the least work: one chunk of v layers per stage, the rest at
+        the fastest a_g, which is L*min(a) + sum_g k_g v (a_g - min(a)), smallest at k = lo.
     Communication beyond TP, CP and pipeline sends, the DP tail and the optimizer step are >= 0 and left out."""
     sends = send is not None and sum(lo) >= 2
     single = sum(hi) == 1  # one stage holds both ends
@@ -75,12 +84,12 @@ def box_bound(a, lo: tuple[int, ...], hi: tuple[int, ...], ends: Ends, L: int, m
         over += k_hi * y / x
         most = max(most, y)
         if k_lo:
-            top = max(top, x + y)  # a stage of this group surely holds a layer
-            work += k_lo * (x - fast + y)
+            top = max(top, v * x + y)  # a stage of this group surely holds a layer (a chunk of v layers)
+            work += k_lo * (v * (x - fast) + y)
     T = max(top, (L + ends.emb_per_a + ends.logits_per_a + over) / inv)
     if most > T:  # the monotonicity above fails: drop the sends
-        return box_bound(a, lo, hi, ends, L, m)
-    return (m - 1) * T + ends.emb + ends.logits + work
+        return box_bound(a, lo, hi, ends, L, m, None, v)
+    return schedule_bound(T, ends.emb + ends.logits + work, m, v)
 
 
 def min_work(a: list[float], L: int, caps: list[int] | None = None) -> float:
@@ -99,7 +108,7 @@ def min_work(a: list[float], L: int, caps: list[int] | None = None) -> float:
 
 def _sends(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel]) -> list[float]:
     """Each stage's pipeline-send seconds per micro-batch, a send to a neighbour on another group over the link
-    between the groups."""
+    between the groups (planner.cost.estimate.with_group_sends)."""
     links = neighbour_links(ctx.job, c.stage_groups, sms)
     return [sm.pp_time if pair == (None, None) else sm.neighbour_pp_time(*pair) for sm, pair in zip(sms, links)]
 
@@ -160,7 +169,7 @@ def _group_bound(ctx: MixedContext, fam: _Family, c: HeteroCandidate, sms: list[
     if room < L:
         return float("inf")
     ks = tuple(k for _, _, k in c.groups)
-    return box_bound(a, ks, ks, Ends.of(a, fam.ends, 0, len(a) - 1), L, fam.mb, fam.send) + tail
+    return box_bound(a, ks, ks, Ends.of(a, fam.ends, 0, len(a) - 1), L, fam.mb, fam.send, fam.vpp) + tail
 
 
 def refined_bound(
@@ -168,38 +177,46 @@ def refined_bound(
 ) -> float:
     """The candidate bound with each stage's pipeline sends, ZeRO-2/3 traffic (MixedContext.sharded_line), its
     memory cap on layers and the least DP tail of any stage (MixedContext.tail_floor); inf if the layers cannot
-    fit at all. Only whether it reaches ``target`` is decided exactly (the bottleneck terms are probed at
-    the value that would reach it), which is all pruning needs. _group_bound decides first where it can."""
+    fit at all. With interleaving the schedule is the interleaved one (schedule_bound) and the layers are counted
+    in whole chunks of vpp per stage (a split that is not in whole chunks is not a plan). Only whether it reaches
+    ``target`` is decided exactly (the bottleneck terms are probed at the value that would reach it), which is all
+    pruning needs. _group_bound decides first where it can."""
     quick = _group_bound(ctx, fam, c, sms)
     if quick >= target:
         return quick
+    v = c.vpp
     L = ctx.job.model.num_layers
     caps, a, const, tails = zip(*_stage_bounds(ctx, c, sms))
+    if v > 1:  # counted in model chunks of v layers: every stage holds whole chunks (planner.parallel.vpp_error)
+        caps, a, L = [k // v for k in caps], [x * v for x in a], L // v
     if min(caps) < 1 or sum(caps) < L:
         return float("inf")
     cst = [x + send for x, send in zip(const, _sends(ctx, c, sms))]
-    rest = sum(cst) + min_work(a, L, caps) + max(tails)
+    work = sum(cst) + min_work(a, L, caps)  # <= sum_s t_s
+    tail = max(tails)
     mb = sms[0].mb
-    probe = (target - rest) / (mb - 1) if mb > 1 and target < float("inf") else None
+    rest = work / v + tail  # schedule_bound at T = 0, plus the tail; each second of T adds mb - 1/v
+    probe = (target - rest) / (mb - 1 / v) if mb - 1 / v > 0 and target < float("inf") else None
     T = _capped_bottleneck(a, cst, caps, L, probe)
     if probe is None or T < probe:
-        T = max(T, _memory_bottleneck(ctx, c, sms, cst, probe))
+        T = max(T, _memory_bottleneck(ctx, c, sms, cst, probe, v))
     if T == float("inf"):
         return T  # the layers cannot fit (and with one micro-batch (mb - 1) * T would be nan)
     if probe is not None and T >= probe:
-        return max(target, (mb - 1) * T + rest)  # the bound reaches target (float rounding aside)
-    return (mb - 1) * T + rest
+        return max(target, (mb - 1 / v) * T + rest)  # the bound reaches target (float rounding aside)
+    return (mb - 1 / v) * T + rest  # schedule_bound(T, work, mb, v) + tail
 
 
 def _memory_bottleneck(
-    ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], cst: list[float], probe: float | None = None
+    ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], cst: list[float], probe: float | None = None, v=1
 ) -> float:
     """Smallest bottleneck T at which the stages hold the layers of the heaviest kind when each stage recomputes
     just enough whole layers to fit its own GPU (the per-stage form of quick.memory_bottleneck): stage s holds n
     layers in n*a_s + r_s(n)*rc_s + c_s with r_s(n) = ceil((n*alpha_s - room_s)/beta_s). Valid for every plan of
     the candidate, since other layers only add time and memory. With ``probe``: ``probe`` when the bottleneck is
-    above it, else a weaker valid bound."""
+    above it, else a weaker valid bound. ``v``: the layers of a dense model come in whole chunks of v per stage."""
     m = ctx.job.model
+    chunk = v if m.moe is None else 1  # an MoE model's heavy layers are only some of a stage's chunks
     heavy_name = "moe" if m.moe is not None else "dense"
     need = m.num_moe_layers if m.moe is not None else m.num_layers
     stages = []
@@ -228,7 +245,7 @@ def _memory_bottleneck(
                 if r <= n and n * a + r * rc + const <= T * (1 + 1e-12):
                     break
                 n -= 1
-            total += n
+            total += n - n % chunk  # fewer layers only take less time and memory
         return total
 
     lo = max(const for *_, const in stages)

@@ -3,11 +3,15 @@
 A candidate fixes dp, cp, ep (one EP degree for all stages: each stage's EP groups are carved out of its own dp*cp
 ranks, planner.parallel.ep_options, as in the homogeneous search), micro-batch, ZeRO stage, the baseline recompute
 mode, the order of the used node groups along the pipeline and, per used group g, the TP degree tp_g of its stages
-and their number k_g >= 1, with k_g*tp_g*cp*dp <= GPUs of g and P = sum k_g <= num_layers. CP-SAT
-(planner/search/partition.py) then chooses each stage's layers and recomputed layers with one StageModel per stage,
-priced on that stage's own GPUs (with EP: its all-to-all on the stage's own links and 1/ep of the experts per GPU).
+and their number k_g >= 1, with k_g*tp_g*cp*dp <= GPUs of g and P = sum k_g <= num_layers, and the interleaving
+degree vpp shared by all stages (the homogeneous rule, planner.parallel.vpp_options at depth P: every stage holds
+vpp model chunks, so a multiple of vpp layers, and the micro-batch count is a multiple of P). CP-SAT
+(planner/search/partition.py) then chooses each stage's layers (in whole chunks) and recomputed layers with one
+StageModel per stage, priced on that stage's own GPUs (with EP: its all-to-all on the stage's own links and 1/ep of
+the experts per GPU; with vpp: the interleaved schedule's bubble, in-flight micro-batches and per-chunk sends).
 
-Candidates are reached through a best-first search over bounds: a _TpChoiceNode (dp, cp, ep, micro-batch, recompute)
+Candidates are reached through a best-first search over bounds: a _TpChoiceNode (dp, cp, ep, micro-batch, recompute,
+vpp)
 fixes the TP choice of one node group at a time down to _Family objects (per-group TP; group order and ZeRO stage
 still open), which open into one family per group order and ZeRO stage, whose boxes of stage counts are halved down
 to single candidates; every level's bound holds for all it stands for. A candidate's refined bound
@@ -20,6 +24,7 @@ join the list; SearchResult.stop_reason and gap_source say what leaves a gap, an
 
 from __future__ import annotations
 
+import bisect
 import functools
 import heapq
 import itertools
@@ -32,6 +37,7 @@ from planner.cost.estimate import evaluate_stages, hetero_stage_models, with_gro
 from planner.cost.provider import cost_source
 from planner.cost.stage import StageModel
 from planner.parallel import HeteroDims, baseline_recompute_modes, dp_options, group_order, micro_batch_options
+from planner.parallel import vpp_options as depth_vpp_options
 from planner.search.mixed_context import (
     MixedContext,
     ZeroTerms,
@@ -42,6 +48,7 @@ from planner.search.mixed_context import (
     pipeline_dims,
     send_bound,
     tp_options,
+    vpp_options,
     zero_terms,
 )
 from planner.search.mixed_pipeline_bounds import Ends, box_bound, refined_bound
@@ -58,6 +65,7 @@ from planner.search.result import (
     stage_tuple,
     unproven,
 )
+from planner.search.single_type import as_mixed_plan, best_single_type
 from planner.search.space import SearchOptions
 from planner.spec import Job
 
@@ -79,6 +87,7 @@ class HeteroCandidate:
     groups: tuple[tuple[int, int, int], ...]  # (group, tp, stages) in pipeline order, stages >= 1
     lower_bound_s: float
     ep: int = 1  # expert-parallel degree of every stage
+    vpp: int = 1  # model chunks per stage (interleaved schedule): every stage holds a multiple of vpp layers
 
     @functools.cached_property
     def pp(self) -> int:
@@ -92,8 +101,18 @@ class HeteroCandidate:
     def stage_tp(self) -> tuple[int, ...]:
         return tuple(tp for _, tp, k in self.groups for _ in range(k))
 
-    def sort_key(self):
-        return (self.lower_bound_s, self.dp, self.cp, self.ep, self.mbs, self.zero, self.recompute, self.groups)
+    def sort_key(self):  # vpp last: the first eight fields align with replicas.ReplicaCandidate.sort_key
+        return (
+            self.lower_bound_s,
+            self.dp,
+            self.cp,
+            self.ep,
+            self.mbs,
+            self.zero,
+            self.recompute,
+            self.groups,
+            self.vpp,
+        )
 
     def dims(
         self, job: Job, layers: tuple[int, ...] | None = None, recompute=None, base: str | None = None
@@ -110,13 +129,15 @@ class HeteroCandidate:
             layers,
             recompute,
             ep=self.ep,
+            vpp=self.vpp,
         )
 
 
 # ----------------------------------------------------------------------------------------------- search
 def _families(ctx: MixedContext) -> list[tuple[float, _TpChoiceNode, int]]:
-    """(bound, group of families, candidates in it) for every dp, cp, ep, micro-batch and baseline recompute; each
-    group stands for its families (one per per-group TP choice, None = unused), opened as it is visited."""
+    """(bound, group of families, candidates in it) for every dp, cp, ep, micro-batch, baseline recompute and
+    interleaving degree; each group stands for its families (one per per-group TP choice, None = unused), opened
+    as it is visited. With vpp model chunks per stage a pipeline has at most num_layers/vpp stages."""
     job, opts = ctx.job, ctx.opts
     m, t = job.model, job.training
     L = m.num_layers
@@ -132,27 +153,31 @@ def _families(ctx: MixedContext) -> list[tuple[float, _TpChoiceNode, int]]:
         tp_opts = tuple((None,) + tuple(tp for tp, k in kmax_of[g].items() if k >= 1) for g in ctx.order)
         if all(len(v) == 1 for v in tp_opts):
             continue
-        size = _space_size(ctx, tp_opts, kmax_of) * len(zeros)
         per_replica = t.global_batch_size // dp
+        max_pp = sum(max(kmax_of[g].values(), default=0) for g in ctx.order)
         for ep in ep_options(ctx, dp, cp):
             for mbs in micro_batch_options(t, dp, opts.max_micro_batch):
+                mb = per_replica // mbs
+                vpps = vpp_options(ctx, mb, max_pp)
                 for base in bases:
-                    grp = _TpChoiceNode(dp, cp, mbs, base, zeros, per_replica // mbs, tp_opts, kmax_of, ep=ep)
-                    out.append((grp.bound(ctx), grp, size))
+                    for vpp in vpps:
+                        kmax = {g: {tp: min(k, L // vpp) for tp, k in kmax_of[g].items()} for g in ctx.order}
+                        size = _space_size(ctx, tp_opts, kmax, L // vpp) * len(zeros)
+                        grp = _TpChoiceNode(dp, cp, mbs, base, zeros, mb, tp_opts, kmax, ep=ep, vpp=vpp)
+                        out.append((grp.bound(ctx), grp, size))
     return out
 
 
-def _space_size(ctx: MixedContext, tp_opts, kmax_of) -> int:
-    """Candidates of one dp and cp, without ZeRO: every per-group TP choice, stage counts and group order (the
-    same for every dp and cp with the same stage-count limits)."""
-    key = (tp_opts, tuple(tuple(sorted(kmax_of[g].items())) for g in ctx.order))
+def _space_size(ctx: MixedContext, tp_opts, kmax_of, max_pp: int) -> int:
+    """Candidates of one dp and cp, without ZeRO: every per-group TP choice, stage counts (at most ``max_pp`` in
+    all) and group order (the same for every dp and cp with the same stage-count limits)."""
+    key = (tp_opts, tuple(tuple(sorted(kmax_of[g].items())) for g in ctx.order), max_pp)
     if key not in ctx.caches.space_size:
-        ctx.caches.space_size[key] = _count_space(ctx, tp_opts, kmax_of)
+        ctx.caches.space_size[key] = _count_space(ctx, tp_opts, kmax_of, max_pp)
     return ctx.caches.space_size[key]
 
 
-def _count_space(ctx: MixedContext, tp_opts, kmax_of) -> int:
-    L = ctx.job.model.num_layers
+def _count_space(ctx: MixedContext, tp_opts, kmax_of, L: int) -> int:
     size = 0
     for tps in itertools.product(*tp_opts):
         used = tuple((g, tp) for g, tp in zip(ctx.order, tps) if tp)
@@ -163,9 +188,9 @@ def _count_space(ctx: MixedContext, tp_opts, kmax_of) -> int:
 
 def _group_size(ctx: MixedContext, grp: _TpChoiceNode) -> int:
     """Candidates a _TpChoiceNode stands for (every ZeRO stage): as _count_space, with its fixed choices."""
-    key = (grp.fixed, grp.tp_opts, tuple(tuple(sorted(grp.kmax_of[g].items())) for g in ctx.order))
+    L = grp.max_pp(ctx)
+    key = (grp.fixed, grp.tp_opts, tuple(tuple(sorted(grp.kmax_of[g].items())) for g in ctx.order), L)
     if key not in ctx.caches.group_space_size:
-        L = ctx.job.model.num_layers
         size = 0
         for tps in itertools.product(*((tp,) for tp in grp.fixed), *grp.tp_opts[len(grp.fixed) :]):
             used = tuple((g, tp) for g, tp in zip(ctx.order, tps) if tp)
@@ -184,7 +209,7 @@ def _node_size(ctx: MixedContext, node, box) -> int:
     if isinstance(node, HeteroCandidate):
         return 1
     lo, hi = box
-    n = _box_size(lo, hi, ctx.job.model.num_layers)
+    n = _box_size(lo, hi, ctx.job.model.num_layers // node.vpp)
     return n if node.ordered else n * math.factorial(len(node.used)) * len(node.zeros)
 
 
@@ -195,9 +220,10 @@ def _uniform_ok(ctx: MixedContext, used) -> bool:
 
 @dataclass(frozen=True)
 class _TpChoiceNode:
-    """The families of one dp, cp, ep, micro-batch and baseline recompute whose TP choices (None: group unused) start
-    with ``fixed`` for the first groups of ctx.order, the others ranging over ``tp_opts``. Opening it fixes the
-    next group's choice (with all fixed: the family), so only choices whose bounds the search reaches are made."""
+    """The families of one dp, cp, ep, micro-batch, baseline recompute and vpp whose TP choices (None: group
+    unused) start with ``fixed`` for the first groups of ctx.order, the others ranging over ``tp_opts``. Opening it
+    fixes the next group's choice (with all fixed: the family), so only choices whose bounds the search reaches are
+    made. ``kmax_of``: the most stages of each group at each TP (GPUs, and at most num_layers/vpp)."""
 
     dp: int
     cp: int
@@ -209,17 +235,23 @@ class _TpChoiceNode:
     kmax_of: dict
     fixed: tuple[int | None, ...] = ()
     ep: int = 1
+    vpp: int = 1
+
+    def max_pp(self, ctx: MixedContext) -> int:
+        """The most stages a pipeline of vpp model chunks per stage can have: one chunk of vpp layers each."""
+        return ctx.job.model.num_layers // self.vpp
 
     def _terms(self, ctx: MixedContext, u) -> tuple[float, tuple[float, float], float]:
-        """(per-layer seconds, (embedding, logits) seconds, pipeline-send seconds) bounds of group u[0] at TP u[1]."""
-        key = (u, self.dp, self.cp, self.ep, self.mbs, self.base)
+        """(per-layer seconds, (embedding, logits) seconds, pipeline-send seconds) bounds of group u[0] at TP u[1]
+        (the sends of all vpp model chunks of a stage)."""
+        key = (u, self.dp, self.cp, self.ep, self.mbs, self.base, self.vpp)
         hit = ctx.caches.group_terms.get(key)
         if hit is None:
             g, tp = u
             hit = ctx.caches.group_terms[key] = (
                 per_layer_bound(ctx, g, tp, self.cp, self.mbs, self.base, self.ep),
                 end_costs(ctx, u, u, self.cp, self.mbs),
-                send_bound(ctx, g, tp, self.cp, self.dp, self.mbs),
+                self.vpp * send_bound(ctx, g, tp, self.cp, self.dp, self.mbs),
             )
         return hit
 
@@ -227,7 +259,7 @@ class _TpChoiceNode:
         """box_bound terms (a, (emb, logits), send, lo, hi) valid for group i at any of its choices: not required
         (lo = 0), the ends at their least, sends left out, and its layer throughput (box_bound's k_g/a_g) at its
         best TP: passed as its fastest per-layer time a with hi stages, hi/a being that best throughput."""
-        key = (i, self.dp, self.cp, self.ep, self.mbs, self.base)
+        key = (i, self.dp, self.cp, self.ep, self.mbs, self.base, self.vpp)
         if key not in ctx.caches.free_group_terms:
             g = ctx.order[i]
             terms = [(self._terms(ctx, (g, tp)), self.kmax_of[g][tp]) for tp in self.tp_opts[i] if tp]
@@ -262,7 +294,7 @@ class _TpChoiceNode:
         if not rows:
             return float("inf")
         a, ends, send, lo, hi = zip(*rows)
-        return box_bound(a, lo, hi, Ends.any_order(a, ends), ctx.job.model.num_layers, self.mb, send)
+        return box_bound(a, lo, hi, Ends.any_order(a, ends), ctx.job.model.num_layers, self.mb, send, self.vpp)
 
     def families(self, ctx: MixedContext) -> list[tuple[float, _TpChoiceNode | _Family, tuple | None]]:
         """The next group's choices (each a _TpChoiceNode); with every choice fixed, the family itself."""
@@ -270,6 +302,10 @@ class _TpChoiceNode:
         if len(self.fixed) == len(ctx.order):
             used = tuple((g, tp) for g, tp in zip(ctx.order, self.fixed) if tp)
             terms = [self._terms(ctx, u) for u in used]
+            zts = tuple(
+                tuple(zero_terms(ctx, g, tp, self.dp, self.cp, self.mbs, self.base, zero, self.ep) for g, tp in used)
+                for zero in self.zeros
+            )
             fam = _Family(
                 self.dp,
                 self.cp,
@@ -283,6 +319,9 @@ class _TpChoiceNode:
                 tuple(x[2] for x in terms),
                 ordered=False,
                 ep=self.ep,
+                vpp=self.vpp,
+                zts=zts,
+                depths=_depths(ctx, self.vpp, self.mb) if self.vpp > 1 else (),
             )
             box = (1,) * len(used), tuple(self.kmax_of[g][tp] for g, tp in used)
             return [(fam.bound(L, *box), fam, box)]
@@ -294,7 +333,17 @@ class _TpChoiceNode:
             if (last and not used) or (used and not _uniform_ok(ctx, used)):
                 continue
             node = _TpChoiceNode(
-                self.dp, self.cp, self.mbs, self.base, self.zeros, self.mb, self.tp_opts, self.kmax_of, fixed, self.ep
+                self.dp,
+                self.cp,
+                self.mbs,
+                self.base,
+                self.zeros,
+                self.mb,
+                self.tp_opts,
+                self.kmax_of,
+                fixed,
+                self.ep,
+                self.vpp,
             )
             out.append((node.bound(ctx), node, None))
         return out
@@ -314,11 +363,14 @@ class _Family:
     a: tuple[float, ...]  # per-layer seconds bound of each used group
     ends: tuple[tuple[float, float], ...]  # (embedding, logits) seconds per micro-batch on each used group
     mb: int
-    send: tuple[float, ...]  # pipeline-send seconds per micro-batch of a stage of each used group
+    send: tuple[float, ...]  # pipeline-send seconds per micro-batch of a stage of each used group (all its chunks)
     ordered: bool = True  # False: order and ZeRO stage still open (expand before splitting boxes)
     zero: int | None = None  # the ZeRO stage of an ordered family
     zt: tuple[ZeroTerms, ...] = ()  # what it adds per used group
     ep: int = 1  # the EP degree of every stage
+    vpp: int = 1  # model chunks per stage (interleaved schedule)
+    zts: tuple[tuple[ZeroTerms, ...], ...] = ()  # an open family: zt of each of its ZeRO stages (used-group order)
+    depths: tuple[int, ...] = ()  # vpp > 1: the depths that take it (_depths), ascending
 
     @functools.cached_property
     def bound_ends(self) -> Ends:
@@ -332,18 +384,62 @@ class _Family:
         return a, Ends.of(a, ends, 0, len(a) - 1)
 
     def bound(self, L: int, lo, hi) -> float:
+        """box_bound of the stage-count box lo..hi, in the schedule of vpp chunks per stage, and inf when the
+        groups' GPUs cannot hold the layers at their in-flight micro-batches (ZeroTerms.room, at this vpp)."""
+        v = self.vpp
+        if v > 1:
+            lo, hi = self._clip(lo, hi)
+            if lo is None:
+                return float("inf")
         if not self.ordered:
-            return box_bound(self.a, lo, hi, self.bound_ends, L, self.mb, self.send)
+            return self._open_bound(L, lo, hi)
         after, room = 0, 0.0
         for z, k_lo, k_hi in zip(reversed(self.zt), reversed(lo), reversed(hi)):
-            room += z.room(after, k_hi)  # group j's stages have at least the lo stages of later groups after them
+            room += z.room(after, k_hi, v)  # group j's stages have at least the lo stages of later groups after them
             after += k_lo
         if room < L:
             return float("inf")
         if sum(lo) < 2:
-            return box_bound(self.a, lo, hi, self.bound_ends, L, self.mb, self.send)
+            return box_bound(self.a, lo, hi, self.bound_ends, L, self.mb, self.send, v)
         a, ends = self.sharded  # two or more stages: ZeRO-2/3 traffic, and the DP tail of the slowest group to sync
-        return box_bound(a, lo, hi, ends, L, self.mb, self.send) + self.tail
+        return box_bound(a, lo, hi, ends, L, self.mb, self.send, v) + self.tail
+
+    def _clip(self, lo, hi):
+        """The box narrowed to the depths that take the family's vpp: with P = sum k between the least such depth
+        >= sum(lo) and the largest <= sum(hi), group g has at least that least depth less the others' hi and at
+        most the largest less the others' lo; (None, None) when no such depth lies in the box."""
+        low, high = sum(lo), sum(hi)
+        i = bisect.bisect_left(self.depths, low)
+        j = bisect.bisect_right(self.depths, high) - 1
+        if i > j:
+            return None, None
+        pmin, pmax = self.depths[i], self.depths[j]
+        new_lo = tuple(max(a, pmin - (high - b)) for a, b in zip(lo, hi))
+        new_hi = tuple(min(b, pmax - (low - a)) for a, b in zip(lo, hi))
+        if any(a > b for a, b in zip(new_lo, new_hi)):
+            return None, None
+        return new_lo, new_hi
+
+    def _open_bound(self, L: int, lo, hi) -> float:
+        """The bound of an open family, valid for every group order and ZeRO stage: per ZeRO stage, the ordered
+        bound with each end term at its least over the groups (Ends.any_order) and each group's memory room as if
+        no stage followed it (the most it can hold: ZeroTerms.room only falls with stages after it); the least
+        over the ZeRO stages."""
+        v = self.vpp
+        plain = box_bound(self.a, lo, hi, self.bound_ends, L, self.mb, self.send, v)
+        if not self.zts:
+            return plain
+        best = float("inf")
+        for zt in self.zts:
+            if sum(z.room(0, k_hi, v) for z, k_hi in zip(zt, hi)) < L:
+                continue
+            if sum(lo) < 2:
+                return plain
+            a = tuple(x + z.slope for x, z in zip(self.a, zt))
+            ends = tuple((e + z.first, lg + z.last) for (e, lg), z in zip(self.ends, zt))
+            tail = max(z.tail for z in zt)
+            best = min(best, box_bound(a, lo, hi, Ends.any_order(a, ends), L, self.mb, self.send, v) + tail)
+        return best
 
     @functools.cached_property
     def tail(self) -> float:
@@ -356,7 +452,7 @@ class _Family:
         terms = {
             zero: [zero_terms(ctx, g, tp, self.dp, self.cp, self.mbs, self.base, zero, self.ep) for g, tp in self.used]
             for zero in self.zeros
-        }
+        }  # (the open family's zts, from the same cache)
         for perm in itertools.permutations(range(len(self.used))):
 
             def pick(xs, perm=perm):
@@ -380,24 +476,50 @@ class _Family:
                     zero=zero,
                     zt=pick(terms[zero]),
                     ep=self.ep,
+                    vpp=self.vpp,
+                    depths=self.depths,
                 )
                 out.append((fam, box))
         return out
 
     def candidates(self, ctx: MixedContext, ks, lb: float) -> list[HeteroCandidate]:
-        """The candidate of one stage-count choice if it is in the space: at most one stage per layer, and the
-        framework's limits, asked with each stage's own TP (some read it together with EP)."""
+        """The candidate of one stage-count choice if it is in the space: at most one stage per layer, the
+        interleaving rule at this depth (planner.parallel.vpp_options, as the homogeneous search asks it: stages
+        of whole chunks, micro-batches in rounds of pp), and the framework's limits, asked with each stage's own TP
+        (some read it together with EP)."""
         P = sum(ks)
         L = ctx.job.model.num_layers
-        if P > L or (ctx.opts.even_layers and L % P):
+        v = self.vpp
+        if P > L or (ctx.opts.even_layers and L % (P * v)) or v not in depth_vpp_options(L, P, self.mb):
             return []
         if ctx.fw is not None:
             degrees = {"pp": P, "zero": self.zero, "cp": self.cp, "ep": self.ep, "dp": self.dp, "recompute": self.base}
             for tp in sorted({tp for _, tp in self.used}):
-                if not ctx.fw.allows(**degrees, tp=tp, microbatches=self.mb, sequence_parallel=tp > 1):
+                if not ctx.fw.allows(**degrees, vpp=v, tp=tp, microbatches=self.mb, sequence_parallel=tp > 1):
                     return []
         groups = tuple((g, tp, k) for (g, tp), k in zip(self.used, ks))
-        return [HeteroCandidate(self.dp, self.cp, self.mbs, self.zero, self.base, groups, lb, self.ep)]
+        return [HeteroCandidate(self.dp, self.cp, self.mbs, self.zero, self.base, groups, lb, self.ep, v)]
+
+
+def _has_depth(ctx: MixedContext, fam: _Family, lo, hi) -> bool:
+    """Whether a box of stage counts holds a depth P = sum k at which the family's vpp runs (planner.parallel
+    vpp_options at P: micro-batches in rounds of P, at least one chunk per stage); always with vpp = 1, whose
+    depths are only limited by the layers."""
+    if fam.vpp == 1:
+        return True
+    depths = _depths(ctx, fam.vpp, fam.mb)
+    i = bisect.bisect_left(depths, sum(lo))
+    return i < len(depths) and depths[i] <= sum(hi)
+
+
+def _depths(ctx: MixedContext, vpp: int, mb: int) -> tuple[int, ...]:
+    """The depths P (ascending) at which ``vpp`` model chunks per stage run with ``mb`` micro-batches."""
+    key = (vpp, mb)
+    hit = ctx.caches.depths.get(key)
+    if hit is None:
+        L = ctx.job.model.num_layers
+        hit = ctx.caches.depths[key] = tuple(p for p in range(1, L + 1) if vpp in depth_vpp_options(L, p, mb))
+    return hit
 
 
 def _split(lo, hi) -> list[tuple]:
@@ -430,7 +552,7 @@ def _stage_models(ctx: MixedContext, c: HeteroCandidate, cache: dict) -> list[St
     dims = None
     out = []
     for g, tp, k in c.groups:
-        key = (g, tp, c.dp, c.cp, c.ep, c.mbs, c.zero, c.recompute, c.pp)
+        key = (g, tp, c.dp, c.cp, c.ep, c.mbs, c.zero, c.recompute, c.pp, c.vpp)
         sm = cache.get(key)
         if sm is None:
             dims = dims or c.dims(ctx.job)
@@ -452,6 +574,7 @@ def _solve(ctx: MixedContext, c: HeteroCandidate, sms, cap_s: float, remaining: 
         objective_cap_s=cap_s if cap_s < float("inf") else None,
         even_layers=ctx.opts.even_layers,
         uniform_recompute=ctx.opts.uniform_recompute,
+        recompute_step=c.vpp if ctx.opts.recompute_in_chunks else 1,  # as the homogeneous search asks it
     )
     if res.plans is None:
         return res, None
@@ -533,10 +656,10 @@ def search_hetero(
 
     def push(bound: float, node, nbox) -> None:
         nonlocal settled
-        if bound < cut():
+        if bound < cut() and (not isinstance(node, _Family) or _has_depth(ctx, node, *nbox)):
             heapq.heappush(heap, (bound, next(tie), node, nbox))
-        else:
-            settled += _node_size(ctx, node, nbox)  # cut by its bound: every candidate in it is settled
+        else:  # cut by its bound (or, interleaved, no depth in it takes its vpp): every candidate in it is settled
+            settled += _node_size(ctx, node, nbox)
 
     timed_out = False
     report()
@@ -569,8 +692,8 @@ def search_hetero(
             continue
         if lo != hi:
             for box in _split(lo, hi):
-                if sum(box[0]) <= L:
-                    push(fam.bound(L, *box), fam, box)
+                if sum(box[0]) <= L // fam.vpp:
+                    push(fam.bound(L, *box) if _has_depth(ctx, fam, *box) else float("inf"), fam, box)
             continue
         # a single candidate: its refined bound puts it back in line, so candidates are solved in the order of
         # their refined bounds and the first solves already give a plan close to the best
@@ -622,34 +745,19 @@ def search_hetero(
     if single_type:
         # a single-type plan matters if it beats the best mixed plan: the baselines are searched below its time
         beat = final[0].time * (1 + RESOLUTION) if final else float("inf")
-        result.single_type_best_s, result.single_type_group = best_single_type(
+        single, group = best_single_type(
             job, opts, workers, max(0.5, start + time_limit_s - time.monotonic()), progress, beat
         )
-        if result.single_type_best_s is None and final:
-            result.single_type_bound_s = final[0].time
+        if single is None:
+            result.single_type_bound_s = final[0].time if final else None
+        else:
+            result.single_type_best_s, result.single_type_group = single.time, group
+            # it is a mixed layout too (every stage on that group): the job's plan, unless mixed layouts cannot
+            # express it (then the report names the faster group)
+            adopted = as_mixed_plan(job, group, single, opts)
+            if adopted is not None:
+                keep_top(final, adopted if proven else unproven(adopted), top)
+                if open_parts:  # the gap is to the new best plan
+                    result.gap = max(0.0, (final[0].time - min(low, final[0].time)) / final[0].time)
     result.seconds = time.monotonic() - start
     return result
-
-
-def best_single_type(
-    job: Job, opts: SearchOptions, workers: int, time_limit_s: float, progress=None, beat: float = float("inf")
-):
-    """(seconds, group) of the best homogeneous plan on one node group alone that is faster than ``beat``, or
-    (None, None) if none fits or none is faster. Each group's search is capped by ``beat`` and by the best
-    single-type plan found before it. ``progress(done, total, what)``: each search's candidates."""
-    from planner.search.homogeneous import search
-
-    out = (None, None)
-    groups = group_order(job.cluster)
-    for i, g in enumerate(groups):
-        sub = job.model_copy(update={"cluster": (job.cluster[g],), "layout": None})
-        share = time_limit_s / (len(groups) - i)
-        t0 = time.monotonic()
-        what = f"candidates, group {g} ({job.cluster[g].gpu.name}) alone"
-        each = None if progress is None else (lambda done, total, what=what: progress(done, total, what))
-        cap = beat if out[0] is None else min(beat, out[0])
-        res = search(sub, top=1, time_limit_s=share, workers=workers, options=opts, progress=each, beat=cap)
-        time_limit_s -= time.monotonic() - t0
-        if res.plans and (out[0] is None or res.plans[0].time < out[0]):
-            out = (res.plans[0].time, g)
-    return out

@@ -1,0 +1,78 @@
+"""The single-type baselines of a mixed cluster: the best plan on one node group alone, and that plan as a plan of
+the mixed job.
+
+A plan on one node group is a mixed layout too: a pipeline all of whose stages sit on that group, the other
+groups idle (HeteroDims). Where the mixed searches stop short of it (a time limit on a large MoE space), the mixed
+job still gets it as its plan, so a mixed plan is never slower than one of its GPU types alone.
+"""
+
+from __future__ import annotations
+
+import time
+
+from planner.cost.estimate import estimate_hetero
+from planner.errors import SpecError
+from planner.parallel import HeteroDims, ParallelDims, group_order
+from planner.search.result import Plan
+from planner.search.space import SearchOptions
+from planner.spec import Job
+
+
+def best_single_type(
+    job: Job, opts: SearchOptions, workers: int, time_limit_s: float, progress=None, beat: float = float("inf")
+) -> tuple[Plan | None, int | None]:
+    """(plan, group) of the best homogeneous plan on one node group alone that is faster than ``beat``, or
+    (None, None) if none fits or none is faster. Each group's search is capped by ``beat`` and by the best
+    single-type plan found before it. ``progress(done, total, what)``: each search's candidates."""
+    from planner.search.homogeneous import search
+
+    out: tuple[Plan | None, int | None] = (None, None)
+    groups = group_order(job.cluster)
+    for i, g in enumerate(groups):
+        sub = job.model_copy(update={"cluster": (job.cluster[g],), "layout": None})
+        share = time_limit_s / (len(groups) - i)
+        t0 = time.monotonic()
+        what = f"candidates, group {g} ({job.cluster[g].gpu.name}) alone"
+        each = None if progress is None else (lambda done, total, what=what: progress(done, total, what))
+        cap = beat if out[0] is None else min(beat, out[0].time)
+        res = search(sub, top=1, time_limit_s=share, workers=workers, options=opts, progress=each, beat=cap)
+        time_limit_s -= time.monotonic() - t0
+        if res.plans and (out[0] is None or res.plans[0].time < out[0].time):
+            out = (res.plans[0], g)
+    return out
+
+
+def as_mixed_plan(job: Job, group: int, plan: Plan, opts: SearchOptions) -> Plan | None:
+    """``plan``, found on node group ``group`` alone, as a plan of the mixed job ``job``: every stage on that group
+    at the plan's degrees, priced by the mixed estimator (estimate_hetero). None where a mixed layout cannot
+    express it (HeteroDims.check names the rule) or it does not fit there."""
+    from planner.search.mixed_pipelines import HeteroCandidate
+
+    d: ParallelDims = plan.estimate.dims
+    try:
+        dims = HeteroDims(
+            stage_groups=(group,) * d.pp,
+            stage_tp=(d.tp,) * d.pp,
+            dp=d.dp,
+            micro_batch_size=d.micro_batch_size,
+            zero_stage=d.zero_stage,
+            recompute=d.recompute,
+            stage_layers=d.stage_layers,
+            stage_recompute=d.stage_recompute,
+            cluster=job.cluster,
+            model=job.model,
+            training=job.training,
+            cp=d.cp,
+            ep=d.ep,
+            vpp=d.vpp,
+            tp_comm_overlap=d.tp_comm_overlap,
+        ).check()
+    except SpecError:
+        return None
+    est = estimate_hetero(job, dims, opts.memory_margin)
+    if not est.fits:
+        return None
+    groups = ((group, d.tp, d.pp),)
+    t = est.iteration_time_s
+    cand = HeteroCandidate(d.dp, d.cp, d.micro_batch_size, d.zero_stage, d.recompute, groups, t, ep=d.ep, vpp=d.vpp)
+    return Plan(cand, est, plan.status)

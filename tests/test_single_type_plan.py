@@ -1,0 +1,57 @@
+"""A plan on one node group of a mixed cluster is a mixed layout too (every stage on that group): when it beats
+the mixed plans found, the mixed search returns it as the job's plan (planner/search/single_type.py)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import planner.search.mixed_pipelines as mixed_pipelines
+from planner.gate import layout_input
+from planner.io import load_yaml
+from planner.load import parse_job
+from planner.search.mixed_pipelines import search_hetero
+from planner.search.single_type import as_mixed_plan, best_single_type
+from planner.search.space import SearchOptions
+
+ROOT = Path(__file__).resolve().parents[1]
+JOB = ROOT / "examples/hetero/gpt-32l-2x32.yaml"
+
+
+def _job():
+    return parse_job(load_yaml(JOB, field="job"))
+
+
+def test_a_single_type_plan_prices_the_same_as_a_mixed_layout():
+    job = _job()
+    plan, group = best_single_type(job, SearchOptions(), 1, 60)
+    mixed = as_mixed_plan(job, group, plan, SearchOptions())
+    assert mixed is not None
+    assert mixed.time == pytest.approx(plan.time, rel=1e-12)
+    d = mixed.estimate.dims
+    assert set(d.stage_groups) == {group} and d.pp == plan.estimate.dims.pp and d.dp == plan.estimate.dims.dp
+
+
+def test_the_mixed_search_returns_a_faster_single_type_plan(monkeypatch, tmp_path):
+    # no mixed candidate at all (as when a time limit stops the mixed search early): the job's plan is the best
+    # single-type plan, placed on its group, and it re-prices to its time as a layout of the mixed job
+    monkeypatch.setattr(mixed_pipelines, "_families", lambda ctx: [])
+    job = _job()
+    res = search_hetero(job, top=1, time_limit_s=60, replicas=False)
+    assert res.plans and res.single_type_best_s is not None
+    best = res.plans[0]
+    assert best.time == res.single_type_best_s
+    assert set(best.estimate.dims.stage_groups) == {res.single_type_group}
+
+    again = tmp_path / "again.json"
+    raw = json.loads(json.dumps(load_yaml(JOB, field="job")))
+    raw["layout"] = layout_input(best.estimate.dims.as_dict())
+    again.write_text(json.dumps(raw))
+    proc = subprocess.run(
+        [sys.executable, "-m", "planner", "estimate", str(again), "--json"], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    est = json.loads(proc.stdout)
+    assert est["fits"] and est["iteration_time_s"] == pytest.approx(best.time, rel=1e-6)
