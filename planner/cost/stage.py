@@ -189,8 +189,15 @@ def kind_coeffs(
             pe = m.moe.num_experts / ep * F.expert_params(m) / tp
         else:
             pd, pe = F.attention_params_per_tp_rank(m, tp) + F.dense_mlp_params(m) / tp, 0.0
-        act_kw = {"tokens": tokens, "seq": seq, "tp": tp, "sp": sp, "flash": flash, "moe": moe}
-        act_kw["fp8_inputs"] = fp8_inputs
+        act_kw = {
+            "tokens": tokens,
+            "seq": seq,
+            "tp": tp,
+            "sp": sp,
+            "flash": flash,
+            "moe": moe,
+            "fp8_inputs": fp8_inputs,
+        }
         kinds[kind] = KindCoeffs(
             compute=lt.forward + lt.backward + lt.recompute,
             forward=lt.forward,
@@ -236,11 +243,11 @@ def tp_exposed(all_reduce_s: float, base_rc: str, backward_overlap: bool) -> tup
 def tp_overlap_share(collective_s: float, gemms_s: tuple, tp: int) -> float:
     """The share of a layer's TP collective seconds left exposed when each collective is pipelined with the GEMM
     it feeds or closes (Megatron --tp-comm-overlap with Transformer Engine userbuffers; torchtitan async TP,
-    torch.distributed._symmetric_memory): both are split into ``tp`` chunks and chunk i's transfer runs under
-    chunk i-1's GEMM (Wang et al. 2023, "Overlap Communication with Dependent Computation via Decomposition in
-    Large Deep Learning Models", ASPLOS '23, Sec. 3). The first chunk's transfer (or the last one's reduction)
-    has nothing to hide under, and a transfer longer than its GEMM chunk shows the difference:
-    exposed = c/tp + max(0, c - g) * (tp - 1)/tp per collective of ``collective_s`` (c) and GEMM of g seconds.
+    torch.distributed._symmetric_memory): both are split into ``tp`` chunks and each chunk's transfer runs under
+    the GEMM of the chunk before it (Wang et al. 2023, "Overlap Communication with Dependent Computation via
+    Decomposition in Large Deep Learning Models", ASPLOS '23, Sec. 3). The local chunk's GEMM needs no transfer
+    and the last chunk's GEMM follows the last transfer, so the transfers hide under (tp - 1)/tp of the GEMM:
+    exposed = max(0, c - g * (tp - 1)/tp) per collective of ``collective_s`` (c) and GEMM of g seconds.
     Backward collectives pair with GEMMs of the same shapes (the input-gradient GEMMs), so one share serves
     every pass."""
     if collective_s <= 0 or not gemms_s:
@@ -357,8 +364,7 @@ class StageModel:
         self.logits_time, self.logits_fwd = lg.forward + lg.backward, lg.forward
         self.emb_params = F.embedding_params(m) / dims.tp
         self.own_p2p, self.send_bytes = pipeline_send(costs, m, tokens, dims.tp, dims.cp, dims.dp)
-        p2p = self.own_p2p
-        self.pp_time = 2 * dims.vpp * p2p.p2p(self.send_bytes) if dims.pp > 1 else 0.0
+        self.pp_time = self.neighbour_pp_time(None, None) if dims.pp > 1 else 0.0
         self.emb_act = act_tok / (dims.tp if dims.sequence_parallel else 1)
         self.logits_act = M.logits_bytes(m, tokens, dims.tp, job.training.cross_entropy)
         self.largest_layer = max(k.params_dense + k.params_expert for k in self.kinds.values())
@@ -409,8 +415,8 @@ class StageModel:
         return out
 
     def neighbour_pp_time(self, prev: Link | None, nxt: Link | None) -> float:
-        """Pipeline-send seconds per micro-batch with the given links to the neighbours (None: own links): one
-        send each way for each of the stage's vpp model chunks, as pp_time counts on its own links."""
+        """Pipeline-send seconds per micro-batch with the given links to the neighbours (None: own links, which is
+        pp_time): one send each way for each of the stage's vpp model chunks."""
         one = (prev or self.own_p2p).p2p(self.send_bytes) + (nxt or self.own_p2p).p2p(self.send_bytes)
         return self.dims.vpp * one
 

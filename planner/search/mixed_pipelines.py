@@ -501,13 +501,12 @@ class _Family:
         return [HeteroCandidate(self.dp, self.cp, self.mbs, self.zero, self.base, groups, lb, self.ep, v)]
 
 
-def _has_depth(ctx: MixedContext, fam: _Family, lo, hi) -> bool:
-    """Whether a box of stage counts holds a depth P = sum k at which the family's vpp runs (planner.parallel
-    vpp_options at P: micro-batches in rounds of P, at least one chunk per stage); always with vpp = 1, whose
-    depths are only limited by the layers."""
+def _has_depth(fam: _Family, lo, hi) -> bool:
+    """Whether a box of stage counts holds a depth P = sum k at which the family's vpp runs (_Family.depths);
+    always with vpp = 1, whose depths are only limited by the layers."""
     if fam.vpp == 1:
         return True
-    depths = _depths(ctx, fam.vpp, fam.mb)
+    depths = fam.depths
     i = bisect.bisect_left(depths, sum(lo))
     return i < len(depths) and depths[i] <= sum(hi)
 
@@ -656,7 +655,7 @@ def search_hetero(
 
     def push(bound: float, node, nbox) -> None:
         nonlocal settled
-        if bound < cut() and (not isinstance(node, _Family) or _has_depth(ctx, node, *nbox)):
+        if bound < cut() and (not isinstance(node, _Family) or _has_depth(node, *nbox)):
             heapq.heappush(heap, (bound, next(tie), node, nbox))
         else:  # cut by its bound (or, interleaved, no depth in it takes its vpp): every candidate in it is settled
             settled += _node_size(ctx, node, nbox)
@@ -693,7 +692,7 @@ def search_hetero(
         if lo != hi:
             for box in _split(lo, hi):
                 if sum(box[0]) <= L // fam.vpp:
-                    push(fam.bound(L, *box) if _has_depth(ctx, fam, *box) else float("inf"), fam, box)
+                    push(fam.bound(L, *box) if _has_depth(fam, *box) else float("inf"), fam, box)
             continue
         # a single candidate: its refined bound puts it back in line, so candidates are solved in the order of
         # their refined bounds and the first solves already give a plan close to the best

@@ -9,10 +9,12 @@ job still gets it as its plan, so a mixed plan is never slower than one of its G
 from __future__ import annotations
 
 import time
+from dataclasses import replace
 
 from planner.cost.estimate import estimate_hetero
 from planner.errors import SpecError
-from planner.parallel import HeteroDims, ParallelDims, group_order
+from planner.parallel import ParallelDims, group_order
+from planner.search.mixed_context import pipeline_dims
 from planner.search.result import Plan
 from planner.search.space import SearchOptions
 from planner.spec import Job
@@ -49,20 +51,20 @@ def as_mixed_plan(job: Job, group: int, plan: Plan, opts: SearchOptions) -> Plan
     from planner.search.mixed_pipelines import HeteroCandidate
 
     d: ParallelDims = plan.estimate.dims
+    groups = ((group, d.tp, d.pp),)
+    cand = HeteroCandidate(d.dp, d.cp, d.micro_batch_size, d.zero_stage, d.recompute, groups, 0.0, d.ep, d.vpp)
     try:
-        dims = HeteroDims(
-            stage_groups=(group,) * d.pp,
-            stage_tp=(d.tp,) * d.pp,
-            dp=d.dp,
-            micro_batch_size=d.micro_batch_size,
-            zero_stage=d.zero_stage,
-            recompute=d.recompute,
-            stage_layers=d.stage_layers,
-            stage_recompute=d.stage_recompute,
-            cluster=job.cluster,
-            model=job.model,
-            training=job.training,
-            cp=d.cp,
+        dims = pipeline_dims(
+            job,
+            cand.stage_groups,
+            cand.stage_tp,
+            d.dp,
+            d.cp,
+            d.micro_batch_size,
+            d.zero_stage,
+            d.recompute,
+            d.stage_layers,
+            d.stage_recompute,
             ep=d.ep,
             vpp=d.vpp,
             tp_comm_overlap=d.tp_comm_overlap,
@@ -72,7 +74,4 @@ def as_mixed_plan(job: Job, group: int, plan: Plan, opts: SearchOptions) -> Plan
     est = estimate_hetero(job, dims, opts.memory_margin)
     if not est.fits:
         return None
-    groups = ((group, d.tp, d.pp),)
-    t = est.iteration_time_s
-    cand = HeteroCandidate(d.dp, d.cp, d.micro_batch_size, d.zero_stage, d.recompute, groups, t, ep=d.ep, vpp=d.vpp)
-    return Plan(cand, est, plan.status)
+    return Plan(replace(cand, lower_bound_s=est.iteration_time_s), est, plan.status)
