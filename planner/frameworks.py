@@ -224,6 +224,11 @@ def check_precision(fw: Framework | None, precision: str) -> None:
 IMPLEMENTATION_SETTINGS = ("tp_backward_overlap", "fp8_saved_inputs")
 
 
+def implementation_settings(fw: Framework) -> dict[str, bool]:
+    """The Training settings (IMPLEMENTATION_SETTINGS) as ``fw`` runs them."""
+    return {k: getattr(fw, k) for k in IMPLEMENTATION_SETTINGS}
+
+
 def priced_for(job, fw: Framework | None):
     """``job`` priced as ``fw`` runs it: each IMPLEMENTATION_SETTINGS field the job leaves unstated takes the
     framework's value."""
@@ -231,9 +236,7 @@ def priced_for(job, fw: Framework | None):
         return job
     t = job.training
     update = {
-        k: getattr(fw, k)
-        for k in IMPLEMENTATION_SETTINGS
-        if k not in t.model_fields_set and getattr(t, k) != getattr(fw, k)
+        k: v for k, v in implementation_settings(fw).items() if k not in t.model_fields_set and getattr(t, k) != v
     }
     if not update:
         return job

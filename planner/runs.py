@@ -28,6 +28,7 @@ from typing import Any
 
 from planner.cost import flops as F
 from planner.errors import SpecError
+from planner.frameworks import FRAMEWORKS
 from planner.spec import GpuSpec, Job, Layout
 
 
@@ -281,10 +282,12 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
     if stack in UNFUSED_LOSS_STACKS:
         training["cross_entropy"] = "unfused"
         assumed.append(f"cross_entropy=unfused ({stack} default)")
-    if stack in DTENSOR_TP_STACKS and (par.int("tp") or 1) > 1:
+    # how the stack's framework runs TP and FP8 (planner/frameworks.py), where the run uses them
+    fw = FRAMEWORKS.get(stack or "")
+    if fw is not None and not fw.tp_backward_overlap and (par.int("tp") or 1) > 1:
         training["tp_backward_overlap"] = False
         assumed.append(f"tp_backward_overlap=false (DTensor TP, {stack})")
-    if stack in TORCHAO_FP8_STACKS and precision == "fp8":
+    if fw is not None and not fw.fp8_saved_inputs and precision == "fp8":
         training["fp8_saved_inputs"] = False
         assumed.append(f"fp8_saved_inputs=false (torchao Float8Linear, {stack})")
 
@@ -428,12 +431,6 @@ BF16_GRADIENT_STACKS = frozenset({"nemo"})
 # torchtitan's loss is torch cross_entropy over the upcast logits (components/loss.py cross_entropy_loss, 0.2):
 # no fused vocab-parallel kernel.
 UNFUSED_LOSS_STACKS = frozenset({"torchtitan"})
-# Stacks whose tensor parallelism is PyTorch DTensor (torchtitan parallelize.py ColwiseParallel/RowwiseParallel):
-# no backward collective runs under the weight-gradient GEMM (Training.tp_backward_overlap).
-DTENSOR_TP_STACKS = frozenset({"torchtitan"})
-# Stacks whose FP8 linears are torchao's Float8Linear, which keeps the 16-bit input for the backward
-# (Training.fp8_saved_inputs; Transformer Engine keeps the FP8 one).
-TORCHAO_FP8_STACKS = frozenset({"torchtitan"})
 # Activation recomputation where a run leaves it unstated: NeMo's and Megatron-Bridge's recipes leave it off
 # (Megatron-Core TransformerConfig recompute_granularity = None; NeMo 1.x configs
 # activations_checkpoint_granularity: null) unless the recipe sets it, which the run would then state.

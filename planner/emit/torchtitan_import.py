@@ -27,6 +27,7 @@ from typing import Any
 from planner.emit.deepspeed_import import one_group_cluster
 from planner.emit.torchtitan import OUTPUT_FQN, REGISTRY, TOML_FILE
 from planner.errors import SpecError, did_you_mean
+from planner.frameworks import FRAMEWORKS, implementation_settings
 
 # what the 0.3 registry functions set themselves (config_registry.py), for reading a module that leaves them
 REGISTRY_BASE = {
@@ -536,10 +537,8 @@ def _job(f: _Found, *, world_size, gpu, gpus_per_node, model) -> dict:
             "seq_length": seq,
             "global_batch_size": gbs,
             "precision": "fp8" if f.fp8 else "bf16",
-            # torchtitan's own kernels: torch cross_entropy over upcast logits (components/loss.py), DTensor TP
-            "cross_entropy": "unfused",
-            "tp_backward_overlap": False,
-            "fp8_saved_inputs": False,  # torchao Float8Linear
+            "cross_entropy": "unfused",  # torchtitan's loss: torch cross_entropy over upcast logits
+            **implementation_settings(FRAMEWORKS["torchtitan"]),  # DTensor TP, torchao Float8Linear
         },
         "layout": layout,
     }
