@@ -173,6 +173,17 @@ def families(ctx, node):
             yield (flb, ordered.bound(L, *obox)), ordered, obox
 
 
+def candidates_with_bounds(ctx) -> list:
+    """Every mixed-pipeline candidate of ctx's job as (bounds on the way to it, its ordered family, candidate)."""
+    L = ctx.job.model.num_layers
+    found = []
+    for glb, grp, _ in mixed_pipelines._families(ctx):
+        for bounds, fam, (lo, hi) in families(ctx, grp):
+            for ks in boxes_points(lo, hi, L):
+                found += [((glb, *bounds, fam.bound(L, ks, ks)), fam, c) for c in fam.candidates(ctx, ks, 0.0)]
+    return found
+
+
 def boxes_points(lo, hi, L):
     for ks in itertools.product(*[range(a, b + 1) for a, b in zip(lo, hi)]):
         if sum(ks) <= L:
@@ -201,13 +212,7 @@ def test_mixed_pipeline_bounds_hold_for_every_plan():
     j = mixed_job()
     opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2)
     ctx = MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
-    L = j.model.num_layers
-    found = []
-    for glb, grp, _ in mixed_pipelines._families(ctx):
-        for bounds, fam, (lo, hi) in families(ctx, grp):
-            for ks in boxes_points(lo, hi, L):
-                for c in fam.candidates(ctx, ks, 0.0):
-                    found.append(((glb,) + bounds + (fam.bound(L, ks, ks),), fam, c))
+    found = candidates_with_bounds(ctx)
     rng = random.Random(5)
     sample = rng.sample(found, min(60, len(found)))
     assert sample

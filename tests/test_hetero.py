@@ -40,6 +40,26 @@ SMALL_GPU = {
 OPTS = SearchOptions(zero_stages=HETERO_ZERO, max_micro_batch=2)
 
 
+def one_gpu_node_groups(model: dict, *, nodes: int, memory_gib: float, gbs: int, links=None):
+    """A job on two groups of one-GPU nodes (TP 1 only), the second slower and roomier (tests/test_mixed_ep.py,
+    tests/test_mixed_vpp.py)."""
+    raw = {
+        "model": model,
+        "cluster": [
+            {"gpu": {**SMALL_GPU, "memory_gib": memory_gib}, "nodes": nodes, "gpus_per_node": 1},
+            {
+                "gpu": {**SMALL_GPU, "name": "small-b", "memory_gib": memory_gib * 1.5, "peak_tflops_bf16": 200},
+                "nodes": nodes,
+                "gpus_per_node": 1,
+            },
+        ],
+        "training": {"seq_length": 2048, "global_batch_size": gbs, "attention": "flash"},
+    }
+    if links:
+        raw["links"] = links
+    return parse_job(raw)
+
+
 def small_job():
     return parse_job(
         {

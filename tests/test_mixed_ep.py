@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 from invariants_mixed import check_mixed_plan
-from test_hetero import SMALL, SMALL_GPU, brute_force_best
+from test_hetero import SMALL, SMALL_GPU, brute_force_best, one_gpu_node_groups
 from test_replica_exact import brute_force
 
 import planner.search.mixed_pipelines as mixed_pipelines
@@ -50,20 +50,7 @@ OPTS = SearchOptions(zero_stages=HETERO_ZERO, max_micro_batch=2)
 
 def tiny_job(nodes: int = 4, memory_gib: float = 6.0, gbs: int = 4, model=MOE):
     """Two groups of one-GPU nodes (TP 1 only): a plan's parallelism is DP, PP and EP."""
-    return parse_job(
-        {
-            "model": model,
-            "cluster": [
-                {"gpu": {**SMALL_GPU, "memory_gib": memory_gib}, "nodes": nodes, "gpus_per_node": 1},
-                {
-                    "gpu": {**SMALL_GPU, "name": "small-b", "memory_gib": memory_gib * 1.5, "peak_tflops_bf16": 200},
-                    "nodes": nodes,
-                    "gpus_per_node": 1,
-                },
-            ],
-            "training": {"seq_length": 2048, "global_batch_size": gbs, "attention": "flash"},
-        }
-    )
+    return one_gpu_node_groups(model, nodes=nodes, memory_gib=memory_gib, gbs=gbs)
 
 
 def without_ep(monkeypatch):
@@ -181,16 +168,11 @@ def test_mixed_pipeline_bounds_hold_for_ep_plans():
     """Every bound on the way to a mixed-pipeline candidate with EP (_TpChoiceNode, family boxes, the candidate's
     refined bound, also probed at its best time) is at most the best plan of that candidate (tests/test_bounds.py's
     check, on an MoE job where EP moves memory and time)."""
-    from test_bounds import SLACK, boxes_points, brute_mixed, families
+    from test_bounds import SLACK, brute_mixed, candidates_with_bounds
 
     job = tiny_job(nodes=2, memory_gib=10.0)
     ctx = MixedContext(job, OPTS, None, cost_source(job), group_order(job.cluster))
-    L = job.model.num_layers
-    found = []
-    for glb, grp, _ in mixed_pipelines._families(ctx):
-        for bounds, fam, (lo, hi) in families(ctx, grp):
-            for ks in boxes_points(lo, hi, L):
-                found += [((glb, *bounds, fam.bound(L, ks, ks)), fam, c) for c in fam.candidates(ctx, ks, 0.0)]
+    found = candidates_with_bounds(ctx)
     assert {c.ep for _, _, c in found} == {1, 2}  # dp <= 2 on two one-GPU nodes per group
     rng = random.Random(7)
     sample = rng.sample([x for x in found if x[2].ep > 1], 30) + rng.sample([x for x in found if x[2].ep == 1], 10)

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 import yaml
 from invariants_mixed import check_mixed_plan
-from test_hetero import SMALL, SMALL_GPU, brute_force_best, compositions, interleaving_degrees
+from test_hetero import SMALL, SMALL_GPU, brute_force_best, compositions, interleaving_degrees, one_gpu_node_groups
 
 import planner.search.mixed_pipelines as mixed_pipelines
 from planner.cost.estimate import estimate, evaluate_stages, hetero_stage_models, neighbour_links, with_group_sends
@@ -40,23 +40,9 @@ OPTS = SearchOptions(zero_stages=HETERO_ZERO, max_micro_batch=2)
 
 
 def tiny_job(layers: int = 4, nodes: int = 2, gbs: int = 4, memory_gib: float = 6.0, links=None):
-    """Two groups of one-GPU nodes (TP 1 only), the second slower and roomier: a plan's parallelism is DP, CP, PP
-    and interleaving."""
-    raw = {
-        "model": {**SMALL, "num_layers": layers},
-        "cluster": [
-            {"gpu": {**SMALL_GPU, "memory_gib": memory_gib}, "nodes": nodes, "gpus_per_node": 1},
-            {
-                "gpu": {**SMALL_GPU, "name": "small-b", "memory_gib": memory_gib * 1.5, "peak_tflops_bf16": 200},
-                "nodes": nodes,
-                "gpus_per_node": 1,
-            },
-        ],
-        "training": {"seq_length": 2048, "global_batch_size": gbs, "attention": "flash"},
-    }
-    if links:
-        raw["links"] = links
-    return parse_job(raw)
+    """Two groups of one-GPU nodes (TP 1 only): a plan's parallelism is DP, CP, PP and interleaving."""
+    model = {**SMALL, "num_layers": layers}
+    return one_gpu_node_groups(model, nodes=nodes, memory_gib=memory_gib, gbs=gbs, links=links)
 
 
 def stages_layout(vpp: int, layers=(2, 2), dp: int = 1, mbs: int = 1, **extra) -> Layout:
@@ -276,17 +262,11 @@ BOUND_JOB = dict(layers=6, nodes=2, gbs=8, links=[{"groups": [0, 1], "gbps": 25}
 @pytest.fixture(scope="module")
 def every_candidate():
     """Every mixed-pipeline candidate of BOUND_JOB with the bounds on the way to it (tests/test_bounds.py's walk)."""
-    from test_bounds import boxes_points, families
+    from test_bounds import candidates_with_bounds
 
     job = tiny_job(**BOUND_JOB)
     ctx = MixedContext(job, OPTS, None, cost_source(job), group_order(job.cluster))
-    L = job.model.num_layers
-    found = []
-    for glb, grp, _ in mixed_pipelines._families(ctx):
-        for bounds, fam, (lo, hi) in families(ctx, grp):
-            for ks in boxes_points(lo, hi, L):
-                found += [((glb, *bounds, fam.bound(L, ks, ks)), fam, c) for c in fam.candidates(ctx, ks, 0.0)]
-    return job, ctx, found
+    return job, ctx, candidates_with_bounds(ctx)
 
 
 def test_candidates_take_vpp_exactly_where_check_accepts_it(every_candidate):
