@@ -300,3 +300,27 @@ def test_mixed_checker_accepts_ep_plans_and_catches_broken_ep(mixed_moe):
     assert broken(0)
     dense = parse_job({**__import__("yaml").safe_load(MIXED_JOB), "model": {**SMALL, "num_layers": 4}})
     assert any("without experts" in v for v in check_mixed_plan(dense, good, 0.05))
+
+
+def test_a_stage_of_an_all_moe_model_holds_no_more_layers_than_its_moe_layers_fit():
+    """The memory cap of the mixed bounds (StageModel.most_layers) counts only the layer kinds the model has: an
+    all-MoE model has no lighter dense layer to fill a stage with; a model with a few dense layers fills with
+    at most that many."""
+    from planner.cost.stage import StageModel
+
+    job = tiny_job()
+    dims = mixed_pipelines.pipeline_dims(job, (0, 0, 0), (1, 1, 1), 1, 1, 1, 1, "none")
+    sm = StageModel(job, dims.stage_dims(0), cost_source(job)(0))
+    memory = sm.allocated_memory(False, False)
+
+    def lean(kind):
+        return memory.per_layer(kind, 1) + min(0.0, memory.per_recomputed(kind, 1))
+
+    assert lean("dense") < lean("moe")
+    room = 1.5 * lean("moe")  # the old cap, room / lean("dense"), held 2 or more of the 3 MoE layers
+    assert room / lean("dense") >= 2
+    assert sm.most_layers(room, 1) == 1
+    dense_first = {**MOE, "moe": {**MOE["moe"], "first_dense_layers": 1}}
+    mixed = parse_job({**job.model_dump(mode="json", exclude_none=True), "model": dense_first})
+    sm = StageModel(mixed, dims.stage_dims(0), cost_source(mixed)(0))
+    assert sm.most_layers(room, 1) == 1 + min(2, int((room - lean("dense")) / lean("moe")))

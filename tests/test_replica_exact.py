@@ -81,3 +81,32 @@ def test_micro_batch_range_holds_every_choice_below_the_bound():
         for _, ms in choices:
             assert all(lo <= m <= hi for m, (lo, hi) in zip(ms, ranges))
             assert max(max((m + pp - 1) * w / pp, w) for m, w in zip(ms, work)) < beat
+
+
+@pytest.mark.parametrize("memory_gib", [6.0, 5.5])
+@pytest.mark.parametrize("zero", [0, 1, 3])
+@pytest.mark.parametrize("shape", [(1, 1, 1, 1), (1, 1, 2, 1), (1, 1, 2, 2)])
+def test_the_pipeline_floor_of_a_replica_shape_is_below_every_plan_of_it(monkeypatch, shape, zero, memory_gib):
+    """replicas.pipeline_floor bounds every layer split, recompute and micro-batch split of the shape (on a roomy
+    GPU and on one so tight that some shapes fit only by recomputing), and proves the shape infeasible only when no plan
+    fits."""
+    import planner.cost.estimate as E
+    from planner.search.replicas import pipeline_floor
+
+    job = replica_job()
+    raw = job.model_dump(mode="json", exclude_none=True)
+    raw["cluster"][0]["gpu"] = {**SMALL_GPU, "memory_gib": memory_gib}
+    job = parse_job(raw)
+    shared = E.costs_by_group(job)
+    monkeypatch.setattr(E, "costs_by_group", lambda job, cal=None: shared)
+    ctx = MixedContext(job, SearchOptions(), None, cost_source(job), group_order(job.cluster))
+    base, counts = "none", ((0, 2), (1, 1))
+    if job.training.global_batch_size // shape[3] < sum(d for _, d in counts):
+        pytest.skip("fewer micro-batches than replicas")
+    floor = pipeline_floor(ctx, ReplicaCandidate(*shape, zero, base, counts, 0.0))
+    expected = brute_force(job, shape, zero, counts, base)
+    assert floor <= expected * (1 + 1e-9)
+    if expected < float("inf"):
+        assert floor > 0
+    if (shape, zero) == ((1, 1, 2, 1), 3):  # fits on both GPUs, on the 5.5 GiB one only by recomputing
+        assert expected < float("inf")

@@ -651,12 +651,29 @@ class StageModel:
             )
         return end.activations
 
-    def lightest_layer(self, inflight: float) -> float:
-        """The fewest bytes one layer adds to the allocated memory of a stage holding ``inflight`` micro-batches:
-        the lighter kind, fully recomputed where that saves memory (per-layer coefficients of allocated_memory do
-        not depend on the stage's position)."""
+    def most_layers(self, room: float, inflight: float) -> int:
+        """The most layers a stage holding ``inflight`` micro-batches can fit in ``room`` allocatable bytes: each
+        layer at its fewest bytes (fully recomputed where that saves memory), the lighter kind first and at most as
+        many of each kind as the model has. An upper bound on the stage's layer count for any recompute placement
+        (per-layer coefficients of allocated_memory do not depend on the stage's position)."""
+        if room <= 0:
+            return 0
         memory = self.allocated_memory(False, False)
-        return min(memory.per_layer(k, inflight) + min(0.0, memory.per_recomputed(k, inflight)) for k in self.kinds)
+        model = self.job.model
+        count = {"dense": model.num_layers - model.num_moe_layers, "moe": model.num_moe_layers}
+        leans = sorted(
+            (memory.per_layer(k, inflight) + min(0.0, memory.per_recomputed(k, inflight)), count[k])
+            for k in self.kinds
+            if count.get(k)
+        )
+        held = 0
+        for lean, available in leans:
+            take = available if lean <= 0 else min(available, int(room / lean))
+            held += take
+            room -= take * lean
+            if take < available:
+                break
+        return held
 
     def allocatable(self, capacity_gib: float) -> float:
         """The most bytes a stage may allocate on a GPU of ``capacity_gib``: MemoryForms.overhead solved for the

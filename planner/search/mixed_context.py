@@ -267,11 +267,10 @@ def _end_times(ctx: MixedContext, first, last, cp: int, mbs: int) -> tuple[float
 
 
 def max_layers(sm: StageModel, s: int, room: float, inflight: float | None = None) -> int:
-    """Most layers stage s can hold in ``room`` allocatable bytes (quick._stage_memory_terms), with every layer
-    at its lightest (kind, recompute) footprint of its allocated-memory form: an upper bound on n_s for any
-    recompute placement. ``inflight`` overrides the stage's in-flight micro-batches."""
-    lean = sm.lightest_layer(sm.inflight(s) if inflight is None else inflight)
-    return max(0, int(room / lean)) if room > 0 else 0
+    """Most layers stage s can hold in ``room`` allocatable bytes (quick._stage_memory_terms), every layer at its
+    lightest footprint and no more layers of a kind than the model has (StageModel.most_layers): an upper bound on
+    n_s for any recompute placement. ``inflight`` overrides the stage's in-flight micro-batches."""
+    return sm.most_layers(room, sm.inflight(s) if inflight is None else inflight)
 
 
 def _tail_floor(sm: StageModel, s: int, L: int) -> float:

@@ -229,6 +229,15 @@ def lower_bound(sm: StageModel, capacity_gib: float | None = None, cutoff: float
     keeps the convex overlap terms in aggregate: sum_i max(0, x_i) >= max(0, sum_i x_i), and collective costs are
     affine with non-negative latency, so f(a) + f(b) >= f(a + b). Against a finite ``cutoff`` (the K-th best
     plan) the memory bottleneck is only probed at the value that would reach it."""
+    T, rest = lower_bound_terms(sm, capacity_gib, cutoff)
+    return T if T == float("inf") else (sm.mb - 1 / sm.dims.vpp) * T + rest
+
+
+def lower_bound_terms(
+    sm: StageModel, capacity_gib: float | None = None, cutoff: float = float("inf")
+) -> tuple[float, float]:
+    """lower_bound as (T, rest): the bound is (micro-batches - 1/vpp) * T + rest, with T the least bottleneck (the
+    slowest stage's seconds per micro-batch) and rest the schedule's fill, DP tail and optimizer step."""
     d, m = sm.dims, sm.job.model
     p, v = d.pp, d.vpp
     consts = _stage_consts(sm)
@@ -240,7 +249,7 @@ def lower_bound(sm: StageModel, capacity_gib: float | None = None, cutoff: float
     if capacity_gib is not None:
         forced = forced_recompute(sm, capacity_gib)
         if forced is None:
-            return float("inf")
+            return float("inf"), float("inf")
         if forced > 0:
             total += forced * min(k.recompute_floor() for k in sm.kinds.values())
             comp += forced * min(k.recompute_extra for k in sm.kinds.values())
@@ -254,7 +263,7 @@ def lower_bound(sm: StageModel, capacity_gib: float | None = None, cutoff: float
         probe = (cutoff - rest) / slope if cutoff < float("inf") and slope > 0 else None
         heavy_layers = m.num_moe_layers if sm.has_moe else m.num_layers
         T = max(T, memory_bottleneck(sm, capacity_gib, heavy_layers, probe))
-    return slope * T + rest
+    return T, rest
 
 
 def _trim_surplus(sm: StageModel, counts: list[int], L: int) -> bool:

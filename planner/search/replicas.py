@@ -21,6 +21,7 @@ already known.
 
 from __future__ import annotations
 
+import heapq
 import itertools
 import math
 import time
@@ -283,6 +284,55 @@ def _exact_shape(ctx, cand: ReplicaCandidate, best, remaining: float, workers: i
     return best, found.proven, found.open_bound_s
 
 
+def pipeline_floor(ctx, cand: ReplicaCandidate) -> float:
+    """Iteration seconds no plan of the shape beats, from each replica's pipeline alone (quick.lower_bound_terms,
+    the homogeneous search's bound of one pipeline: its per-layer floor, the bottleneck of holding its layers in
+    memory with just enough recompute, its DP tail): a replica of group g running m micro-batches takes at least
+    (m - 1) T_g + rest_g. Its memory, and so T_g, grows with the micro-batches it keeps in flight (1F1B: at most
+    min(pp, m)), so the terms are taken at one micro-batch (valid for every m) and at pp (valid from m = pp on).
+    The counts m_g of the replicas sum to M = global batch / micro-batch, so the least X at which the replicas
+    can run M micro-batches within X (by bisection, m_g continuous) bounds the shape; inf when a replica's layers
+    cannot fit its GPUs."""
+    job = ctx.job
+    shape, pp = (cand.tp, cand.cp, cand.pp, cand.mbs), cand.pp
+    M = job.training.global_batch_size // cand.mbs
+    even = [job.model.num_layers // pp] * pp
+    zeros = [(0,) * pp] * len(cand.counts)
+    at = {}  # micro-batches -> per replica entry (T, rest)
+    for m in sorted({1, pp}):
+        ms = [m] * len(cand.counts)
+        probe = _replica_dims(job, shape, cand.zero, cand.counts, even, zeros, ms, cand.recompute, cand.ep)
+        per = replica_stage_models(job, probe, ctx.costs)
+        at[m] = [quick.lower_bound_terms(sms[0], ctx.capacity(g)) for (g, _), sms in zip(cand.counts, per)]
+    if any(T == float("inf") for T, _ in at[1]):
+        return float("inf")
+    entries = [(d, one, full) for (_, d), one, full in zip(cand.counts, at[1], at[pp])]
+
+    def runs(x: float) -> float:
+        """Micro-batches the replicas can run within x seconds (continuous; each runs at least one)."""
+        total = 0.0
+        for d, (t1, r1), (tf, rf) in entries:
+            if x < r1:
+                return 0.0  # this replica's first micro-batch alone does not finish
+            if tf < float("inf") and x >= (pp - 1) * tf + rf:
+                total += d * (1 + (x - rf) / tf if tf > 0 else float("inf"))
+            else:
+                total += d * (min(pp, 1 + (x - r1) / t1) if t1 > 0 else pp)
+        return total
+
+    lo = max(r1 for _, (_, r1), _ in entries)
+    if runs(lo) >= M:
+        return lo
+    hi = max(r1 + M * t1 for _, (t1, r1), _ in entries)  # every replica at its one-micro-batch terms...
+    hi = max([hi] + [rf + M * tf for _, _, (tf, rf) in entries if tf < float("inf")])  # ... and at pp
+    if runs(hi) < M:
+        return float("inf")  # every replica runs all it can and M is not reached: no plan of the shape fits
+    while hi - lo > 1e-6 * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if runs(mid) >= M else (mid, hi)
+    return lo
+
+
 def _heuristic_shape(ctx, cand: ReplicaCandidate, remaining: float, workers: int):
     """(the best replica plan of one shape and ZeRO stage or None, whether the shape is proven infeasible, whether
     the plan is the shape's optimum). Module docstring, steps 1-3. With one stage the split is forced, each
@@ -461,36 +511,46 @@ def search_replicas(ctx, incumbent_s: float, deadline: float, workers: int, prog
     what = "replica shapes"  # evaluated, or ruled out by a bound
     # pipelined shapes the heuristic evaluation leaves open: (bound, order, candidate, work, plan, its index in found)
     pending = []
-    for i, (bound, (tp, cp, pp, mbs, base, counts, ep), work) in enumerate(shapes):
-        if progress is not None:
-            progress(i, len(shapes), what)
-        if bound >= best:
-            low = min(low, bound)  # this shape and all after it cannot beat the best plan
+    # Best-first over (bound, order, shape, ZeRO stage or None): a shape opens into its ZeRO stages, each back in
+    # line at its own bound (the sharded traffic and the replicas' pipeline floor), so shapes are evaluated in
+    # the order of those bounds and the first bound that reaches the best plan ends the search.
+    heap = [(bound, i, shape, work, None) for i, (bound, shape, work) in enumerate(shapes)]
+    heapq.heapify(heap)
+    tie = itertools.count(len(heap))
+    opened = 0
+    while heap:
+        key, _, (tp, cp, pp, mbs, base, counts, ep), work, cand = heapq.heappop(heap)
+        if key >= best:
+            low = min(low, key)  # this one and all left in line cannot beat the best plan
             break
         if time.monotonic() > deadline:
-            unexplored = min(unexplored, bound)  # this shape and all after it are unexplored
+            unexplored = min(unexplored, key)  # this one and all left in line are unexplored
             break
-        for zero in REPLICA_ZERO:
-            degrees = {"pp": pp, "zero": zero, "cp": cp, "ep": ep, "tp": tp, "dp": sum(d for _, d in counts)}
-            if zero not in ctx.opts.zero_stages or (ctx.fw is not None and not ctx.fw.allows(**degrees)):
-                continue
-            if not _states_fit(ctx, tp, cp, pp, zero, counts, ep):
-                continue  # proven: the model states alone do not fit
-            zbound = bound if zero < 2 else _sharded_bound(ctx, zero, tp, cp, pp, mbs, counts, work, grad_wire, ep)
-            remaining = deadline - time.monotonic()
-            if zbound >= best:
-                low = min(low, zbound)
-                continue
-            if remaining <= 0:
-                unexplored = min(unexplored, zbound)
-                continue
-            cand = ReplicaCandidate(tp, cp, pp, mbs, zero, base, counts, bound, ep)
-            est, infeasible, exact = _heuristic_shape(ctx, cand, remaining, workers)
-            if not infeasible and not exact:  # a pipelined shape: the exact pass below may close it
-                pending.append((zbound, len(pending), cand, work, est, len(found) if est is not None else None))
-            if est is not None:
-                found.append((cand, est, exact))
-                best = min(best, est.iteration_time_s)
+        if cand is None:
+            opened += 1
+            if progress is not None:
+                progress(opened, len(shapes), what)
+            for zero in REPLICA_ZERO:
+                degrees = {"pp": pp, "zero": zero, "cp": cp, "ep": ep, "tp": tp, "dp": sum(d for _, d in counts)}
+                if zero not in ctx.opts.zero_stages or (ctx.fw is not None and not ctx.fw.allows(**degrees)):
+                    continue
+                if not _states_fit(ctx, tp, cp, pp, zero, counts, ep):
+                    continue  # proven: the model states alone do not fit
+                zbound = key if zero < 2 else _sharded_bound(ctx, zero, tp, cp, pp, mbs, counts, work, grad_wire, ep)
+                z_cand = ReplicaCandidate(tp, cp, pp, mbs, zero, base, counts, key, ep)
+                if zbound < best:
+                    zbound = max(zbound, pipeline_floor(ctx, z_cand))
+                if zbound >= best:
+                    low = min(low, zbound)
+                    continue
+                heapq.heappush(heap, (zbound, next(tie), (tp, cp, pp, mbs, base, counts, ep), work, z_cand))
+            continue
+        est, infeasible, exact = _heuristic_shape(ctx, cand, deadline - time.monotonic(), workers)
+        if not infeasible and not exact:  # a pipelined shape: the exact pass below may close it
+            pending.append((key, len(pending), cand, work, est, len(found) if est is not None else None))
+        if est is not None:
+            found.append((cand, est, exact))
+            best = min(best, est.iteration_time_s)
     # The exact pass: pipelined shapes that could still beat the best plan, best bound first, while the time lasts.
     pending.sort(key=lambda x: x[:2])
     for zbound, _, cand, work, est, at in pending:
