@@ -148,10 +148,10 @@ SMALL_GPU = {
 }
 
 
-def mixed_job():
+def mixed_job(model=GPT6):
     return parse_job(
         {
-            "model": GPT6,
+            "model": model,
             "cluster": [
                 {"gpu": SMALL_GPU, "nodes": 1, "gpus_per_node": 4},
                 {"gpu": "a100-40gb", "nodes": 1, "gpus_per_node": 4},
@@ -208,8 +208,10 @@ def brute_mixed(j, c, ctx, margin) -> Brute:
     return out
 
 
-def test_mixed_pipeline_bounds_hold_for_every_plan():
-    j = mixed_job()
+@pytest.mark.parametrize("model", [GPT6, MOE6], ids=["dense", "moe"])
+def test_mixed_pipeline_bounds_hold_for_every_plan(model):
+    """MOE6 has a dense first layer: the memory caps, DP tail and ZeRO lines hold for any mix of the two kinds."""
+    j = mixed_job(model)
     opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2)
     ctx = MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
     found = candidates_with_bounds(ctx)
@@ -229,3 +231,32 @@ def test_mixed_pipeline_bounds_hold_for_every_plan():
             fitting += 1
             assert refined_bound(ctx, fam, c, sms, best.fit_time) <= best.fit_time * SLACK, what
     assert fitting
+
+
+@pytest.mark.parametrize("zero", [1, 3])
+def test_the_dp_tail_floor_holds_for_every_stage_of_any_layer_mix(zero):
+    """MixedContext.tail_floor (and the ZeRO-2/3 line) of an MoE model with a dense first layer: at most the exposed
+    DP tail (and per-micro-batch ZeRO traffic) of every stage at every layer split and recompute count, whatever mix
+    of dense and MoE layers the stage holds; and the floors are not zero everywhere, so the check bites."""
+    j = parse_job(
+        {
+            "model": {**MOE6, "num_layers": 5},
+            "cluster": [{"gpu": "a100-40gb", "nodes": 4, "gpus_per_node": 1}],
+            "training": {"seq_length": 512, "global_batch_size": 4, "attention": "flash"},
+        }
+    )
+    ctx = MixedContext(j, SearchOptions(), None, cost_source(j), group_order(j.cluster))
+    dims = mixed_pipelines.pipeline_dims(j, (0, 0), (1, 1), 2, 1, 1, zero, "none")
+    sm = StageModel(j, dims.stage_dims(0), ctx.costs(0))
+    L = j.model.num_layers
+    largest = 0.0
+    for split in compositions(L, 2):
+        for rec in itertools.product(*(range(n + 1) for n in split)):
+            for s, plan in enumerate(split_kinds(j, split, rec, False)):
+                exposed = sm.iteration_tail(s, plan)[0]
+                assert ctx.tail_floor(sm, s, L) <= exposed * SLACK + 1e-12, (split, rec, s)
+                slope, const = ctx.sharded_line(sm, s)
+                zero_time = sm.microbatch_time(s, plan)["zero_comm"]
+                largest = max(largest, min(exposed, ctx.tail_floor(sm, s, L)) + slope * plan.layers + const)
+                assert slope * plan.layers + const <= zero_time * SLACK + 1e-12, (split, rec, s)
+    assert largest > 0

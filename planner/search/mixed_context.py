@@ -118,8 +118,8 @@ class MixedContext:
     def tail_floor(self, sm: StageModel, s: int, cap: int) -> float:
         """The least exposed DP communication after stage s's last backward (StageModel.iteration_tail) over
         every layer count 1..cap (the most the stage can hold), each layer fully recomputed (the longest backward
-        hides the most); 0 for MoE models. It is the sum of two max(0, affine in n) parts (TailForms), so its
-        least value over integers lies at an end or next to where a part reaches 0."""
+        hides the most), in any mix of the model's layer kinds. It is the sum of two max(0, affine in n) parts
+        (TailForms), so its least value over integers lies at an end or next to where a part reaches 0."""
         cap = min(cap, self.job.model.num_layers)
         key = (sm.form_cache, s == 0, s == sm.dims.pp - 1, cap)
         hit = self.caches.tail_floor.get(key)
@@ -273,13 +273,21 @@ def max_layers(sm: StageModel, s: int, room: float, inflight: float | None = Non
     return sm.most_layers(room, sm.inflight(s) if inflight is None else inflight)
 
 
+def _any_mix_line(overlap, compute, forward, model) -> tuple[float, float]:
+    """(constant, per layer) of an overlap's traffic - share * window (Overlap.recomputed_line) that holds for a
+    stage of n >= 1 layers in any mix of the kinds the model has, each fully recomputed (the longest window): the
+    least constant and the least per-layer term over those kinds (layers of kind k add n_k * slope_k >=
+    n_k * min slope, and a stage of dense layers only has no MoE term)."""
+    count = {"dense": model.num_layers - model.num_moe_layers, "moe": model.num_moe_layers}
+    lines = [overlap.recomputed_line(compute, forward, kind) for kind in ("dense", "moe") if count[kind]]
+    return min(c for c, _ in lines), min(p for _, p in lines)
+
+
 def _tail_floor(sm: StageModel, s: int, L: int) -> float:
-    if sm.has_moe:
-        return 0.0
     first, last = s == 0, s == sm.dims.pp - 1
     compute, forward = sm.compute_form(first, last), sm.forward_form(first, last)
     # (reduction, gather) minus what hides them, as lines in the layer count n (all recomputed)
-    lines = [x.recomputed_line(compute, forward, "dense") for x in sm.tail_forms(first, last).parts()]
+    lines = [_any_mix_line(x, compute, forward, sm.job.model) for x in sm.tail_forms(first, last).parts()]
     points = {1, L}
     for const, per_layer in lines:
         if per_layer:  # where this part reaches 0, and its integer neighbours
@@ -292,7 +300,7 @@ def _sharded_line(sm: StageModel, s: int) -> tuple[float, float]:
     if sm.dims.zero_stage < 2:
         return 0.0, 0.0
     time = sm.time_forms(s == 0, s == sm.dims.pp - 1)
-    # the exposed part before max(0, .) with n layers of the heavier kind, all recomputed
-    const, slope = time.zero.recomputed_line(time.compute, time.forward, "moe" if sm.has_moe else "dense")
+    # the exposed part before max(0, .) with n layers of any mix of the model's kinds, all recomputed
+    const, slope = _any_mix_line(time.zero, time.compute, time.forward, sm.job.model)
     # max(0, slope*n + y0) >= slope*n + y0 when slope >= 0; else only >= 0
     return (slope, const) if slope >= 0 else (0.0, 0.0)
