@@ -156,6 +156,8 @@ class ZeroTerms:
     sm: StageModel | None  # the group's model at depth 3 (None: too few layers for one)
     middle_room: float
     caps: dict[int, list[int]] = field(default_factory=dict)  # by vpp: prefix sums over stages 1, 2, ... from the end
+    memory: dict[float, tuple] = field(default_factory=dict)  # memory_terms by in-flight count
+    capacity_gib: float = 0.0  # the group's usable GPU memory (MixedContext.capacity)
 
     def room(self, after: int, count: int, vpp: int = 1) -> float:
         """Most layers ``count`` stages of this group can hold when at least ``after`` stages follow them, in a
@@ -173,6 +175,29 @@ class ZeroTerms:
             inflight = inflight_microbatches(0, f, vpp, self.sm.mb)
             caps.append(caps[-1] + max_layers(self.sm, 1, self.middle_room, inflight))
         return caps[top] - caps[after]
+
+    def memory_terms(self, after: int, vpp: int = 1) -> tuple[float, ...] | None:
+        """(room, alpha, beta, a, rc) of the roomiest stage of this group when at least ``after`` stages follow it
+        (the in-flight count of ZeroTerms.room): its allocatable bytes left for layers, bytes per layer of the heavy
+        kind (the MoE layer of an MoE model) and bytes a full recompute of one saves (quick.stage_memory_term, at
+        that in-flight count), and the heavy layer's least seconds and recompute seconds; None below depth 3."""
+        if self.sm is None:
+            return None
+        sm = self.sm
+        inflight = inflight_microbatches(0, after + 1, vpp, sm.mb)
+        hit = self.memory.get(inflight)
+        if hit is None:
+            memory = sm.allocated_memory(False, False)
+            heavy = "moe" if sm.has_moe else "dense"
+            kind = sm.kinds[heavy]
+            hit = self.memory[inflight] = (
+                sm.allocatable(self.capacity_gib) - memory.const(inflight),
+                memory.per_layer(heavy, inflight),
+                -memory.per_recomputed(heavy, inflight),
+                kind.layer_floor(),
+                kind.recompute_floor(),
+            )
+        return hit
 
 
 def zero_terms(
@@ -199,9 +224,11 @@ def _zero_terms(
     lines = [ctx.sharded_line(sm, s) for s in range(3)]
     room = quick.stage_memory_term(sm, ctx.capacity(g), 1)[0]
     tail = min(ctx.tail_floor(sm, s, L) for s in range(3))  # first, middle, last: at any depth >= 2
+    cap = ctx.capacity(g)
     if lines[1][1] < 0:
-        return ZeroTerms(0.0, 0.0, 0.0, tail, sm, room)
-    return ZeroTerms(min(z for z, _ in lines), min(0.0, lines[0][1]), min(0.0, lines[2][1]), tail, sm, room)
+        return ZeroTerms(0.0, 0.0, 0.0, tail, sm, room, capacity_gib=cap)
+    first, last = min(0.0, lines[0][1]), min(0.0, lines[2][1])
+    return ZeroTerms(min(z for z, _ in lines), first, last, tail, sm, room, capacity_gib=cap)
 
 
 def tp_options(ctx: MixedContext, g: int, cp: int) -> list[int]:

@@ -60,7 +60,9 @@ def schedule_bound(bottleneck: float, total: float, m: int, v: int = 1) -> float
     return (m - 1 / v) * bottleneck + total / v
 
 
-def box_bound(a, lo: tuple[int, ...], hi: tuple[int, ...], ends: Ends, L: int, m: int, send=None, v: int = 1) -> float:
+def box_bound(
+    a, lo: tuple[int, ...], hi: tuple[int, ...], ends: Ends, L: int, m: int, send=None, v: int = 1, floor: float = 0.0
+) -> float:
     """Iteration seconds no candidate with lo_g <= k_g <= hi_g stages per used group g beats (lo = hi: one
     candidate). Each stage of group g takes at least a_g seconds per layer and, when there are >= 2 stages,
     send_g seconds of pipeline sends per micro-batch (on its own links: a neighbour on another group is no
@@ -72,7 +74,8 @@ def box_bound(a, lo: tuple[int, ...], hi: tuple[int, ...], ends: Ends, L: int, m
         so while every send_g <= T more stages only lower it and k = hi bounds the box (else sends are dropped);
       - sum_s t_s >= emb + logits + sum_s send_s + the least work: one chunk of v layers per stage, the rest at
         the fastest a_g, which is L*min(a) + sum_g k_g v (a_g - min(a)), smallest at k = lo.
-    Communication beyond TP, CP and pipeline sends, the DP tail and the optimizer step are >= 0 and left out."""
+    Communication beyond TP, CP and pipeline sends, the DP tail and the optimizer step are >= 0 and left out.
+    ``floor``: a bound on max_s t_s known otherwise (memory_floor)."""
     sends = send is not None and sum(lo) >= 2
     single = sum(hi) == 1  # one stage holds both ends
     top = max(ends.first_top + (ends.logits if single else 0.0), ends.last_top)
@@ -86,10 +89,54 @@ def box_bound(a, lo: tuple[int, ...], hi: tuple[int, ...], ends: Ends, L: int, m
         if k_lo:
             top = max(top, v * x + y)  # a stage of this group surely holds a layer (a chunk of v layers)
             work += k_lo * (v * (x - fast) + y)
-    T = max(top, (L + ends.emb_per_a + ends.logits_per_a + over) / inv)
+    T = max(top, (L + ends.emb_per_a + ends.logits_per_a + over) / inv, floor)
     if most > T:  # the monotonicity above fails: drop the sends
-        return box_bound(a, lo, hi, ends, L, m, None, v)
+        return box_bound(a, lo, hi, ends, L, m, None, v, floor)
     return schedule_bound(T, ends.emb + ends.logits + work, m, v)
+
+
+def memory_floor(rows, need: int) -> float:
+    """Smallest bottleneck T (seconds per micro-batch of the slowest stage) at which stages can hold ``need``
+    layers of the heavy kind (the other layers only add time and memory), each stage recomputing just enough of
+    them to fit (the continuous relaxation of quick.memory_bottleneck, constants per stage left out). ``rows``:
+    (stages, room, alpha, beta, a, rc) per kind of stage: a stage holds n layers with r >= (n alpha - room)/beta
+    of them recomputed in n a + r rc seconds, so within T it holds at most T/a layers up to room/alpha, then
+    (T + room rc/beta)/(a + alpha rc/beta) up to room/(alpha - beta) (all recomputed): an increasing, piecewise
+    linear held(T), solved exactly between its breakpoints. inf when even full recompute cannot hold them."""
+    lines = []  # per row: (stages, a, T1, slope, const, full, T2)
+    for k, room, alpha, beta, a, rc in rows:
+        if k <= 0 or room <= 0:
+            continue
+        free = room / alpha
+        t1 = a * free  # T where the stage is full without recompute
+        if beta > 0 and rc > 0:
+            full = room / (alpha - beta) if alpha > beta else float("inf")
+            slope, const = 1 / (a + alpha * rc / beta), room * rc / beta / (a + alpha * rc / beta)
+            t2 = (full - const) / slope if full < float("inf") else float("inf")
+        else:
+            full, slope, const, t2 = free, 0.0, free, t1
+        lines.append((k, a, t1, slope, const, full, t2))
+
+    def held(T: float) -> float:
+        total = 0.0
+        for k, a, t1, slope, const, full, t2 in lines:
+            total += k * (T / a if T <= t1 else full if T >= t2 else slope * T + const)
+        return total
+
+    if not lines or held(float("inf")) < need:
+        return float("inf")
+    points = sorted({t for *_, t1, _s, _c, _f, t2 in lines for t in (t1, t2) if t < float("inf")})
+    lo = 0.0
+    for T in points:
+        if held(T) >= need:
+            break
+        lo = T
+    else:
+        T = lo + 1.0
+        while held(T) < need:  # beyond the last breakpoint held grows linearly: bracket the answer
+            T = lo + 2 * (T - lo)
+    h0, h1 = held(lo), held(T)  # held is linear on [lo, T]: interpolate
+    return lo + (need - h0) * (T - lo) / (h1 - h0) if h1 > h0 else T
 
 
 def min_work(a: list[float], L: int, caps: list[int] | None = None) -> float:

@@ -51,7 +51,7 @@ from planner.search.mixed_context import (
     vpp_options,
     zero_terms,
 )
-from planner.search.mixed_pipeline_bounds import Ends, box_bound, refined_bound
+from planner.search.mixed_pipeline_bounds import Ends, box_bound, memory_floor, refined_bound
 from planner.search.partition import solve_partition
 from planner.search.quick import RESOLUTION
 from planner.search.replicas import search_replicas
@@ -393,16 +393,20 @@ class _Family:
                 return float("inf")
         if not self.ordered:
             return self._open_bound(L, lo, hi)
-        after, room = 0, 0.0
+        after, room, afters = 0, 0.0, []
         for z, k_lo, k_hi in zip(reversed(self.zt), reversed(lo), reversed(hi)):
             room += z.room(after, k_hi, v)  # group j's stages have at least the lo stages of later groups after them
+            afters.append(after)
             after += k_lo
         if room < L:
             return float("inf")
+        floor = _memory_floor(self.zt, afters[::-1], hi, v)
+        if floor == float("inf"):
+            return floor
         if sum(lo) < 2:
-            return box_bound(self.a, lo, hi, self.bound_ends, L, self.mb, self.send, v)
+            return box_bound(self.a, lo, hi, self.bound_ends, L, self.mb, self.send, v, floor)
         a, ends = self.sharded  # two or more stages: ZeRO-2/3 traffic, and the DP tail of the slowest group to sync
-        return box_bound(a, lo, hi, ends, L, self.mb, self.send, v) + self.tail
+        return box_bound(a, lo, hi, ends, L, self.mb, self.send, v, floor) + self.tail
 
     def _clip(self, lo, hi):
         """The box narrowed to the depths that take the family's vpp: with P = sum k between the least such depth
@@ -433,12 +437,16 @@ class _Family:
         for zt in self.zts:
             if sum(z.room(0, k_hi, v) for z, k_hi in zip(zt, hi)) < L:
                 continue
+            floor = _memory_floor(zt, [0] * len(zt), hi, v)
+            if floor == float("inf"):
+                continue
             if sum(lo) < 2:
-                return plain
+                best = min(best, box_bound(self.a, lo, hi, self.bound_ends, L, self.mb, self.send, v, floor))
+                continue
             a = tuple(x + z.slope for x, z in zip(self.a, zt))
             ends = tuple((e + z.first, lg + z.last) for (e, lg), z in zip(self.ends, zt))
             tail = max(z.tail for z in zt)
-            best = min(best, box_bound(a, lo, hi, Ends.any_order(a, ends), L, self.mb, self.send, v) + tail)
+            best = min(best, box_bound(a, lo, hi, Ends.any_order(a, ends), L, self.mb, self.send, v, floor) + tail)
         return best
 
     @functools.cached_property
@@ -499,6 +507,19 @@ class _Family:
                     return []
         groups = tuple((g, tp, k) for (g, tp), k in zip(self.used, ks))
         return [HeteroCandidate(self.dp, self.cp, self.mbs, self.zero, self.base, groups, lb, self.ep, v)]
+
+
+def _memory_floor(zt: tuple[ZeroTerms, ...], afters, his, v: int) -> float:
+    """mixed_pipeline_bounds.memory_floor over the used groups' stages: group j with at most his[j] stages, each
+    with at least afters[j] stages after it (ZeroTerms.memory_terms: its roomiest stage's terms stand for all);
+    0 (no floor) where a group has no depth-3 model. The heavy layers are the MoE layers of an MoE model, else
+    all."""
+    terms = [z.memory_terms(after, v) for z, after in zip(zt, afters)]
+    if not zt or any(t is None for t in terms):
+        return 0.0
+    model = zt[0].sm.job.model
+    rows = [(k, *t) for k, t in zip(his, terms)]
+    return memory_floor(rows, model.num_moe_layers if model.moe is not None else model.num_layers)
 
 
 def _has_depth(fam: _Family, lo, hi) -> bool:
