@@ -110,3 +110,14 @@ def test_the_pipeline_floor_of_a_replica_shape_is_below_every_plan_of_it(monkeyp
         assert floor > 0
     if (shape, zero) == ((1, 1, 2, 1), 3):  # fits on both GPUs, on the 5.5 GiB one only by recomputing
         assert expected < float("inf")
+
+
+def test_the_micro_batch_enumeration_stops_at_its_visit_budget():
+    """Two small replica groups and a large one whose count never divides what is left (odd M, even counts): two
+    million partial choices and not one complete choice. The enumeration stops at MAX_VISITS and says it is
+    incomplete (the shape then stays open) instead of walking them all."""
+    work = [1e-3, 1e-3, 1e-3]
+    choices, complete = micro_batch_choices(4097, ((0, 2), (1, 2), (2, 1024)), work, 2, float("inf"))
+    assert choices == [] and not complete
+    small, small_complete = micro_batch_choices(40, ((0, 3), (1, 4), (2, 7)), work, 2, float("inf"))
+    assert small_complete and small

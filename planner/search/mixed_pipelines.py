@@ -383,16 +383,17 @@ class _Family:
         ends = tuple((e + z.first, lg + z.last) for (e, lg), z in zip(self.ends, self.zt))
         return a, Ends.of(a, ends, 0, len(a) - 1)
 
-    def bound(self, L: int, lo, hi) -> float:
+    def bound(self, L: int, lo, hi, target: float = float("inf")) -> float:
         """box_bound of the stage-count box lo..hi, in the schedule of vpp chunks per stage, and inf when the
-        groups' GPUs cannot hold the layers at their in-flight micro-batches (ZeroTerms.room, at this vpp)."""
+        groups' GPUs cannot hold the layers at their in-flight micro-batches (ZeroTerms.room, at this vpp). The
+        memory bottleneck (_memory_floor) is only worked out when the bound without it is below ``target``."""
         v = self.vpp
         if v > 1:
             lo, hi = self._clip(lo, hi)
             if lo is None:
                 return float("inf")
         if not self.ordered:
-            return self._open_bound(L, lo, hi)
+            return self._open_bound(L, lo, hi, target)
         after, room, afters = 0, 0.0, []
         for z, k_lo, k_hi in zip(reversed(self.zt), reversed(lo), reversed(hi)):
             room += z.room(after, k_hi, v)  # group j's stages have at least the lo stages of later groups after them
@@ -400,13 +401,13 @@ class _Family:
             after += k_lo
         if room < L:
             return float("inf")
+        a, ends, tail = (self.a, self.bound_ends, 0.0) if sum(lo) < 2 else (*self.sharded, self.tail)
+        # two or more stages: ZeRO-2/3 traffic, and the DP tail of the slowest group to sync
+        plain = box_bound(a, lo, hi, ends, L, self.mb, self.send, v) + tail
+        if plain >= target:
+            return plain
         floor = _memory_floor(self.zt, afters[::-1], hi, v)
-        if floor == float("inf"):
-            return floor
-        if sum(lo) < 2:
-            return box_bound(self.a, lo, hi, self.bound_ends, L, self.mb, self.send, v, floor)
-        a, ends = self.sharded  # two or more stages: ZeRO-2/3 traffic, and the DP tail of the slowest group to sync
-        return box_bound(a, lo, hi, ends, L, self.mb, self.send, v, floor) + self.tail
+        return floor if floor == float("inf") else box_bound(a, lo, hi, ends, L, self.mb, self.send, v, floor) + tail
 
     def _clip(self, lo, hi):
         """The box narrowed to the depths that take the family's vpp: with P = sum k between the least such depth
@@ -424,7 +425,7 @@ class _Family:
             return None, None
         return new_lo, new_hi
 
-    def _open_bound(self, L: int, lo, hi) -> float:
+    def _open_bound(self, L: int, lo, hi, target: float = float("inf")) -> float:
         """The bound of an open family, valid for every group order and ZeRO stage: per ZeRO stage, the ordered
         bound with each end term at its least over the groups (Ends.any_order) and each group's memory room as if
         no stage followed it (the most it can hold: ZeroTerms.room only falls with stages after it); the least
@@ -437,16 +438,19 @@ class _Family:
         for zt in self.zts:
             if sum(z.room(0, k_hi, v) for z, k_hi in zip(zt, hi)) < L:
                 continue
-            floor = _memory_floor(zt, [0] * len(zt), hi, v)
-            if floor == float("inf"):
-                continue
             if sum(lo) < 2:
-                best = min(best, box_bound(self.a, lo, hi, self.bound_ends, L, self.mb, self.send, v, floor))
-                continue
-            a = tuple(x + z.slope for x, z in zip(self.a, zt))
-            ends = tuple((e + z.first, lg + z.last) for (e, lg), z in zip(self.ends, zt))
-            tail = max(z.tail for z in zt)
-            best = min(best, box_bound(a, lo, hi, Ends.any_order(a, ends), L, self.mb, self.send, v, floor) + tail)
+                a, ends, tail = self.a, self.bound_ends, 0.0
+            else:
+                a = tuple(x + z.slope for x, z in zip(self.a, zt))
+                ends = Ends.any_order(a, tuple((e + z.first, lg + z.last) for (e, lg), z in zip(self.ends, zt)))
+                tail = max(z.tail for z in zt)
+            zbound = box_bound(a, lo, hi, ends, L, self.mb, self.send, v) + tail
+            if zbound < min(best, target):
+                floor = _memory_floor(zt, [0] * len(zt), hi, v)
+                if floor == float("inf"):
+                    continue
+                zbound = box_bound(a, lo, hi, ends, L, self.mb, self.send, v, floor) + tail
+            best = min(best, zbound)
         return best
 
     @functools.cached_property
@@ -518,8 +522,12 @@ def _memory_floor(zt: tuple[ZeroTerms, ...], afters, his, v: int) -> float:
     if not zt or any(t is None for t in terms):
         return 0.0
     model = zt[0].sm.job.model
-    rows = [(k, *t) for k, t in zip(his, terms)]
-    return memory_floor(rows, model.num_moe_layers if model.moe is not None else model.num_layers)
+    rows = tuple((k, *t) for k, t in zip(his, terms))
+    return _cached_memory_floor(rows, model.num_moe_layers if model.moe is not None else model.num_layers)
+
+
+# boxes halved from one family share most of their rows
+_cached_memory_floor = functools.lru_cache(maxsize=1 << 16)(memory_floor)
 
 
 def _has_depth(fam: _Family, lo, hi) -> bool:
@@ -708,12 +716,12 @@ def search_hetero(
         lo, hi = box
         if not fam.ordered:
             for ordered, box in fam.expand(ctx, lo, hi):
-                push(ordered.bound(L, *box), ordered, box)
+                push(ordered.bound(L, *box, cut()), ordered, box)
             continue
         if lo != hi:
             for box in _split(lo, hi):
                 if sum(box[0]) <= L // fam.vpp:
-                    push(fam.bound(L, *box) if _has_depth(fam, *box) else float("inf"), fam, box)
+                    push(fam.bound(L, *box, cut()) if _has_depth(fam, *box) else float("inf"), fam, box)
             continue
         # a single candidate: its refined bound puts it back in line, so candidates are solved in the order of
         # their refined bounds and the first solves already give a plan close to the best
@@ -735,7 +743,7 @@ def search_hetero(
     if replicas and len(job.cluster) > 1 and opts.framework is None:  # stock frameworks: one count per replica
         beat = kth_time()
         stop = min(start + time_limit_s * share, time.monotonic() + 0.25 * time_limit_s * share)
-        rs = search_replicas(ctx, beat, stop, workers, progress)
+        rs = search_replicas(ctx, beat, stop, workers, progress, best, top)
         for cand, est, exact in rs.found:
             keep_top(best, Plan(cand, est, "optimal" if exact else "feasible"), top)
     # What keeps the top K from being proven, as (bound, stop reason, part of the space): the mixed pipelines as

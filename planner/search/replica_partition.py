@@ -38,6 +38,9 @@ from planner.search.partition import (
 )
 
 MAX_CHOICES = 4096  # micro-batch choices one shape may enumerate (more: the shape stays open)
+# Partial choices the enumeration may visit (most are dropped because the last group's count does not divide): a
+# shape with three or more groups and thousands of micro-batches has millions; past this the shape stays open.
+MAX_VISITS = 64 * MAX_CHOICES
 STEADY_SOLVE_S = 1.0  # the variable-count model's time before the choices are solved one by one
 
 
@@ -62,8 +65,9 @@ class ExactShape:
 
 def micro_batch_choices(M: int, counts, work: list[float], pp: int, beat: float) -> tuple[list, bool]:
     """(bound, ms) for every m with sum_g d_g m_g = M, m_g >= 1, whose bound is below ``beat``, sorted; and
-    whether the enumeration was complete (False past MAX_CHOICES)."""
+    whether the enumeration was complete (False past MAX_CHOICES choices or MAX_VISITS partial ones)."""
     d = [c for _, c in counts]
+    visits = 0
 
     def floor(g: int, m: int) -> float:
         return max((m + pp - 1) * work[g] / pp, work[g])
@@ -71,6 +75,10 @@ def micro_batch_choices(M: int, counts, work: list[float], pp: int, beat: float)
     out: list[tuple[float, tuple[int, ...]]] = []
 
     def walk(g: int, left: int, ms: tuple[int, ...], lb: float) -> bool:
+        nonlocal visits
+        visits += 1
+        if visits > MAX_VISITS:
+            return False
         if g == len(d) - 1:
             if left >= d[g] and left % d[g] == 0:
                 b = max(lb, floor(g, left // d[g]))
@@ -270,7 +278,8 @@ def exact_splits(
     choices, complete = micro_batch_choices(M, counts, work, pp, beat)
     splits: list[ShapeSplit] = []
     best = beat
-    open_bound = float("inf") if complete else (choices[0][0] if choices else 0.0)
+    # an enumeration cut short bounds nothing it did not visit (the caller keeps the shape's own bound)
+    open_bound = float("inf") if complete else 0.0
     if not enumerate_steady:
         choices = [(lb, ms) for lb, ms in choices if min(ms) < pp]
     for i, (lb, ms) in enumerate(choices):

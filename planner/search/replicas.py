@@ -46,7 +46,7 @@ from planner.search.mixed_context import end_costs, per_layer_bound, pipeline_di
 from planner.search.partition import solve_partition
 from planner.search.quick import RESOLUTION
 from planner.search.replica_partition import exact_splits
-from planner.search.result import stage_recompute
+from planner.search.result import Plan, keep_top, stage_recompute
 
 REPLICA_ZERO = (1, 0, 3)
 
@@ -494,16 +494,25 @@ def global_floor(ctx) -> float:
     return (total - attn) / rate
 
 
-def search_replicas(ctx, incumbent_s: float, deadline: float, workers: int, progress=None) -> ReplicaSearch:
-    """Replica plans faster than ``incumbent_s``, best-first until the bound reaches the best time known or the
-    deadline passes, and the smallest bounds of the replica shapes that could beat ``incumbent_s``: no replica
-    plan is faster than them, which is all these heuristic plans prove. ``progress(done, total, what)``: shapes
-    evaluated or ruled out."""
+def search_replicas(
+    ctx, incumbent_s: float, deadline: float, workers: int, progress=None, top_plans=(), top: int = 1
+) -> ReplicaSearch:
+    """Replica plans faster than ``incumbent_s``, best-first until the bound reaches the K-th best time known or
+    the deadline passes, and the smallest bounds of the replica shapes that could beat ``incumbent_s``: no replica
+    plan is faster than them, which is all these heuristic plans prove. ``top_plans``: the caller's top list (of at
+    most ``top`` distinct plans, planner.search.result.keep_top); the K-th best is read from a copy of it with the
+    replica plans found so far. ``progress(done, total, what)``: shapes evaluated or ruled out."""
     shapes, cut_short = _shapes(ctx, deadline, incumbent_s)
     shapes.sort(key=lambda x: (x[0], x[1]))
     t = ctx.job.training
     grad_wire = 2.0 if t.grad_dtype == "bf16" else 4.0
     found = []
+    shadow = list(top_plans)  # the top list with the replica plans found so far: its K-th time is the cut
+
+    def offer(cand, est) -> float:
+        keep_top(shadow, Plan(cand, est, "feasible"), top)
+        return shadow[top - 1].time if len(shadow) >= top else incumbent_s
+
     best = incumbent_s
     low = float("inf")  # no replica plan beats this: the least bound of a (shape, ZeRO) not proven infeasible
     # shapes the enumeration did not reach have no bound of their own: the floor of every plan stands for them
@@ -550,7 +559,7 @@ def search_replicas(ctx, incumbent_s: float, deadline: float, workers: int, prog
             pending.append((key, len(pending), cand, work, est, len(found) if est is not None else None))
         if est is not None:
             found.append((cand, est, exact))
-            best = min(best, est.iteration_time_s)
+            best = min(best, offer(cand, est))
     # The exact pass: pipelined shapes that could still beat the best plan, best bound first, while the time lasts.
     pending.sort(key=lambda x: x[:2])
     for zbound, _, cand, work, est, at in pending:
@@ -569,7 +578,7 @@ def search_replicas(ctx, incumbent_s: float, deadline: float, workers: int, prog
             found[at] = (cand, better, proven)  # the shape's plan: the exact one where it is better
         else:
             found.append((cand, better, proven))
-        best = min(best, better.iteration_time_s)
+        best = min(best, offer(cand, better))
     if progress is not None:
         progress(len(shapes), len(shapes), what)
     return ReplicaSearch(found, low, unexplored)
