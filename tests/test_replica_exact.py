@@ -113,11 +113,45 @@ def test_the_pipeline_floor_of_a_replica_shape_is_below_every_plan_of_it(monkeyp
 
 
 def test_the_micro_batch_enumeration_stops_at_its_visit_budget():
-    """Two small replica groups and a large one whose count never divides what is left (odd M, even counts): two
-    million partial choices and not one complete choice. The enumeration stops at MAX_VISITS and says it is
-    incomplete (the shape then stays open) instead of walking them all."""
-    work = [1e-3, 1e-3, 1e-3]
-    choices, complete = micro_batch_choices(4097, ((0, 2), (1, 2), (2, 1024)), work, 2, float("inf"))
-    assert choices == [] and not complete
-    small, small_complete = micro_batch_choices(40, ((0, 3), (1, 4), (2, 7)), work, 2, float("inf"))
-    assert small_complete and small
+    """Four replica groups and 3,000 micro-batches, where only the choices that leave the last (slow) replica one
+    micro-batch beat the bound: billions of partial choices, a few thousand below the bound. The enumeration stops
+    at MAX_VISITS and says it is incomplete (the shape then stays open) instead of walking them all."""
+    from planner.search import replica_partition
+
+    counts, work = ((0, 1), (1, 1), (2, 1), (3, 1)), [1e-6, 1e-6, 1e-6, 1.0]
+    choices, complete = micro_batch_choices(3000, counts, work, 1, 1.5)
+    assert not complete
+    assert 0 < len(choices) < replica_partition.MAX_CHOICES
+    assert all(ms[-1] == 1 for _, ms in choices)
+
+
+def test_the_micro_batch_enumeration_lists_every_choice_below_the_bound():
+    """micro_batch_choices (which steps the second-to-last group's count through the values the last group's
+    count divides) against a plain walk over every count, on random small shapes."""
+    import random
+
+    def every_choice(M, counts, work, pp, beat):
+        d = [c for _, c in counts]
+        found = []
+        for ms in itertools.product(*(range(1, M + 1) for _ in d[:-1])):
+            left = M - sum(di * mi for di, mi in zip(d, ms))
+            if left >= d[-1] and left % d[-1] == 0:
+                full = (*ms, left // d[-1])
+                b = max(max((m + pp - 1) * w / pp, w) for m, w in zip(full, work))
+                if b < beat:
+                    found.append((b, full))
+        return sorted(found)
+
+    rng = random.Random(3)
+    checked = 0
+    for _ in range(60):
+        n = rng.choice([2, 3])
+        counts = tuple((i, rng.randint(1, 6)) for i in range(n))
+        M = rng.randint(n, 40)
+        work = [rng.uniform(0.1, 1.0) for _ in range(n)]
+        pp, beat = rng.randint(1, 4), rng.choice([float("inf"), rng.uniform(1.0, 10.0)])
+        choices, complete = micro_batch_choices(M, counts, work, pp, beat)
+        assert complete
+        assert [ms for _, ms in choices] == [ms for _, ms in every_choice(M, counts, work, pp, beat)]
+        checked += bool(choices)
+    assert checked > 20

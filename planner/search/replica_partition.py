@@ -86,19 +86,33 @@ def micro_batch_choices(M: int, counts, work: list[float], pp: int, beat: float)
                     out.append((b, (*ms, left // d[g])))
             return len(out) <= MAX_CHOICES
         rest = sum(d[g + 1 :])
-        m = 1
+        m, step = 1, 1
+        if g == len(d) - 2:  # the last count must divide what is left: only m with d_g m = left (mod d_last)
+            m, step = _first_solution(d[g], left, d[-1])
+            if m is None:
+                return True
         while left - d[g] * m >= rest:
             b = max(lb, floor(g, m))
             if b >= beat:
                 break  # larger m only grows this replica's bound
             if not walk(g + 1, left - d[g] * m, (*ms, m), b):
                 return False
-            m += 1
+            m += step
         return True
 
     complete = walk(0, M, (), 0.0)
     out.sort()
     return out, complete
+
+
+def _first_solution(a: int, left: int, n: int) -> tuple[int | None, int]:
+    """(the least m >= 1 with a*m = left (mod n), the step between solutions); (None, 0) when there is none."""
+    g = math.gcd(a, n)
+    if (left % n) % g:
+        return None, 0
+    step = n // g
+    m = ((left // g) * pow(a // g, -1, step)) % step if step > 1 else 0
+    return (m if m >= 1 else m + step), step
 
 
 def micro_batch_range(M: int, counts, work: list[float], pp: int, beat: float) -> list[tuple[int, int]] | None:
