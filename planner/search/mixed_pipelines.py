@@ -18,8 +18,10 @@ to single candidates; every level's bound holds for all it stands for. A candida
 (mixed_pipeline_bounds.refined_bound: its stages' memory, sends, ZeRO traffic and DP tail) puts it back in line, so
 CP-SAT solves candidates in the order of those bounds. The search stops when no remaining bound beats the K-th best
 plan (by more than quick.RESOLUTION), which proves the top K (K distinct plans, planner.search.result.keep_top)
-optimal within this space, as planner/search/homogeneous.py does. Replica plans (planner/search/replicas.py) then
-join the list; SearchResult.stop_reason and gap_source say what leaves a gap, and in which part of the space.
+optimal within this space, as planner/search/homogeneous.py does. A short first look at the replica plans
+(planner/search/replicas.py, heuristic evaluation of the best-bound shapes) gives the search its first cut; the
+replica search proper follows, cut by the best plan of either kind. SearchResult.stop_reason and gap_source say
+what leaves a gap, and in which part of the space.
 """
 
 from __future__ import annotations
@@ -632,8 +634,9 @@ def search_hetero(
     whose DP replicas sit on different GPU types (planner/search/replicas.py) join the top list.
 
     ``progress(done, total, what)`` is called as each phase moves, ``what`` naming what it counts: mixed-pipeline
-    candidates solved or ruled out by a bound (MIXED_PROGRESS; a box cut by its bound settles every candidate in
-    it), then replica shapes evaluated or ruled out, then each single-type search's candidates."""
+    replica shapes evaluated in a first, short look, then candidates solved or ruled out by a bound
+    (MIXED_PROGRESS; a box cut by its bound settles every candidate in it), then replica shapes evaluated or ruled
+    out, then each single-type search's candidates."""
     opts = options or SearchOptions()
     start = time.monotonic()
     # shares of the time limit: mixed pipelines, then replicas on different types, then the single-type searches
@@ -689,6 +692,15 @@ def search_hetero(
         else:  # cut by its bound (or, interleaved, no depth in it takes its vpp): every candidate in it is settled
             settled += _node_size(ctx, node, nbox)
 
+    # A first, short look at the replica plans (the best-bound shapes): the best of them is the first cut of the
+    # mixed pipelines. The replica search proper comes after them, cut by the best plan of either kind.
+    with_replicas = replicas and len(job.cluster) > 1 and opts.framework is None  # stock frameworks: one count
+    if with_replicas:
+        stop = start + 0.1 * time_limit_s * share
+        first = search_replicas(ctx, float("inf"), stop, workers, progress, best, top, exact=False)
+        for cand, est, exact in first.found:
+            keep_top(best, Plan(cand, est, "optimal" if exact else "feasible"), top)
+
     timed_out = False
     report()
     while heap:
@@ -740,7 +752,7 @@ def search_hetero(
     report()
     complete, open_bound = settle_open_solves(complete, open_bounds, best, top)
     rs = None
-    if replicas and len(job.cluster) > 1 and opts.framework is None:  # stock frameworks: one count per replica
+    if with_replicas:
         beat = kth_time()
         stop = min(start + time_limit_s * share, time.monotonic() + 0.25 * time_limit_s * share)
         rs = search_replicas(ctx, beat, stop, workers, progress, best, top)
@@ -751,6 +763,8 @@ def search_hetero(
     # whose bound is below the K-th best (left unexplored by the deadline, or evaluated heuristically: replica
     # plans themselves are never proven).
     kth = kth_time() * (1 - 1e-9)
+    if not complete and min(frontier, open_bound) >= cut():
+        complete = True  # a better plan found since (a replica plan) cuts all the deadline or a solve cap left open
     open_parts = []
     if not complete:
         open_parts.append((min(frontier, open_bound), "time_limit" if timed_out else "solve_cap", "mixed_pipelines"))
