@@ -155,3 +155,29 @@ def test_the_micro_batch_enumeration_lists_every_choice_below_the_bound():
         assert [ms for _, ms in choices] == [ms for _, ms in every_choice(M, counts, work, pp, beat)]
         checked += bool(choices)
     assert checked > 20
+
+
+def test_a_pipelined_replica_plan_is_proven_by_the_exact_pass():
+    """A 4-type job of the bench suite (scripts/bench_hetero.py --suite, seed 0, job 51) whose best plan runs
+    pipelined replicas (pp 3) on three GPU types: the first look at the replica shapes evaluates them
+    heuristically, the replica search proper solves their splits exactly, so the plan is proven optimal (a
+    variable shadowing once skipped the exact pass and left it "heuristic")."""
+    from planner.search.mixed_pipelines import search_hetero
+    from planner.search.space import SearchOptions
+
+    job = parse_job(
+        {
+            "model": "qwen3-4b",
+            "cluster": [
+                {"gpu": "mi355x", "nodes": 21, "gpus_per_node": 8},
+                {"gpu": "h100-sxm", "nodes": 21, "gpus_per_node": 8},
+                {"gpu": "gb300", "nodes": 1, "gpus_per_node": 72},
+                {"gpu": "h20", "nodes": 6, "gpus_per_node": 8},
+            ],
+            "training": {"seq_length": 32768, "global_batch_size": 512, "precision": "bf16", "optimizer": "adam"},
+        }
+    )
+    result = search_hetero(job, top=1, time_limit_s=600, options=SearchOptions())
+    assert result.stop_reason == "proven" and result.gap == 0.0
+    best = result.plans[0]
+    assert getattr(best.candidate, "pp", 1) > 1 and hasattr(best.candidate, "counts")

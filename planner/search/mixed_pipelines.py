@@ -697,7 +697,7 @@ def search_hetero(
     with_replicas = replicas and len(job.cluster) > 1 and opts.framework is None  # stock frameworks: one count
     if with_replicas:
         stop = start + 0.1 * time_limit_s * share
-        first = search_replicas(ctx, float("inf"), stop, workers, progress, best, top, exact=False)
+        first = search_replicas(ctx, float("inf"), stop, workers, progress, best, top, exact_pass=False)
         for cand, est, exact in first.found:
             keep_top(best, Plan(cand, est, "optimal" if exact else "feasible"), top)
 

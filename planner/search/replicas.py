@@ -495,13 +495,20 @@ def global_floor(ctx) -> float:
 
 
 def search_replicas(
-    ctx, incumbent_s: float, deadline: float, workers: int, progress=None, top_plans=(), top: int = 1, exact=True
+    ctx,
+    incumbent_s: float,
+    deadline: float,
+    workers: int,
+    progress=None,
+    top_plans=(),
+    top: int = 1,
+    exact_pass: bool = True,
 ) -> ReplicaSearch:
     """Replica plans faster than ``incumbent_s``, best-first until the bound reaches the K-th best time known or
     the deadline passes, and the smallest bounds of the replica shapes that could beat ``incumbent_s``: no replica
     plan is faster than them, which is all these heuristic plans prove. ``top_plans``: the caller's top list (of at
     most ``top`` distinct plans, planner.search.result.keep_top); the K-th best is read from a copy of it with the
-    replica plans found so far. ``exact`` False: no exact pass over the pipelined shapes (a quick look for a
+    replica plans found so far. ``exact_pass`` False: no exact pass over the pipelined shapes (a quick look for a
     first plan; what it leaves open is in ``low``). ``progress(done, total, what)``: shapes evaluated or ruled
     out."""
     shapes, cut_short = _shapes(ctx, deadline, incumbent_s)
@@ -519,7 +526,7 @@ def search_replicas(
     low = float("inf")  # no replica plan beats this: the least bound of a (shape, ZeRO) not proven infeasible
     # shapes the enumeration did not reach have no bound of their own: the floor of every plan stands for them
     unexplored = global_floor(ctx) if cut_short else float("inf")
-    what = "replica shapes" if exact else "replica shapes, first look"  # evaluated, or ruled out by a bound
+    what = "replica shapes" if exact_pass else "replica shapes, first look"  # evaluated, or ruled out by a bound
     # pipelined shapes the heuristic evaluation leaves open: (bound, order, candidate, work, plan, its index in found)
     pending = []
     # Best-first over (bound, order, shape, ZeRO stage or None): a shape opens into its ZeRO stages, each back in
@@ -564,7 +571,7 @@ def search_replicas(
             best = min(best, offer(cand, est))
     # The exact pass: pipelined shapes that could still beat the best plan, best bound first, while the time lasts.
     pending.sort(key=lambda x: x[:2])
-    if not exact and pending:
+    if not exact_pass and pending:
         low = min(low, pending[0][0])
         pending = []
     for zbound, _, cand, work, est, at in pending:
