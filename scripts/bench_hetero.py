@@ -17,8 +17,8 @@ included); each of its node groups is then planned alone as a one-group job (sam
 process, S each) for the best single-type time. Prints a row per job and the suite's summary: p50/p95/max of the
 CLI wall time and of the gap, the share proven optimal (gap <= 0.01%) and within 1%, and how many mixed plans are
 slower than the best single-type one (a ratio above 1 + 1e-5). A CLI run still going at 3 x S + 120 s is killed
-and reported as such. Needs examples/hetero/; takes about 20 minutes at --time-limit 30 on 2 cores (seed 0: 20.5
-minutes, 10.5 of them three CLI runs killed at 210 s), under 1 s for --list
+and reported as such. Needs examples/hetero/; takes about 7-10 minutes at --time-limit 30 on 2 cores (seed 0:
+437 s at commit 1e7a513), under 1 s for --list
 (which runs nothing; --save-jobs DIR writes each job's YAML). Exit 0 after a run, 2 on bad input.
 """
 

@@ -303,3 +303,20 @@ def test_current_layout_that_does_not_fit_is_said_in_words(tmp_path):
         f"your layout does not fit: it needs {need:.1f} GiB per GPU on stage 0, more than the {cap:.1f} GiB "
         f"available ({j.cluster[0].gpu.memory_gib:.0f} GiB less the 5% margin)"
     ) in text
+
+
+def test_a_layout_met_again_solved_to_optimality_takes_its_status():
+    """The same layout at the same time, first from a heuristic evaluation ("feasible"), then from an exact solve
+    ("optimal"): the entry keeps one plan, the optimal one; the other way round nothing changes."""
+    from dataclasses import replace
+
+    from planner.search.result import keep_top
+
+    heuristic = replace(fake("a", 1.0, 1.0, 1), status="feasible")
+    exact = replace(fake("a", 1.0, 1.0, 1), status="optimal")
+    best = []
+    keep_top(best, heuristic, 3)
+    keep_top(best, exact, 3)
+    assert [p.status for p in best] == ["optimal"]
+    keep_top(best, heuristic, 3)
+    assert [p.status for p in best] == ["optimal"]

@@ -110,6 +110,10 @@ def _ties(a: Plan, b: Plan) -> bool:
     return _close(a.time, b.time) and _close(a.estimate.peak_memory_gib, b.estimate.peak_memory_gib)
 
 
+# a layout met again at the same time, now solved to optimality (a replica shape first evaluated heuristically)
+PROVEN_AGAIN = ("optimal", "feasible")
+
+
 def keep_top(best: list[Plan], plan: Plan, top: int) -> None:
     """Insert into the top list, which holds at most ``top`` distinct plans in plan order (time, then candidate).
 
@@ -121,14 +125,15 @@ def keep_top(best: list[Plan], plan: Plan, top: int) -> None:
     ``equivalent`` names the equivalent plans the search met, not every one in the space.
 
     Two candidates can also end in the same layout (e.g. base recompute none and selective when every layer ends
-    up fully recomputed): the layout is kept once, with its faster estimate."""
+    up fully recomputed): the layout is kept once, with its faster estimate (at the same time, the one solved to
+    optimality)."""
     key = _layout_key(plan)
     for i, entry in enumerate(best):
         members = [entry, *entry.equivalent]
         for j, other in enumerate(members):
             if _layout_key(other) != key:
                 continue
-            if plan.time >= other.time:
+            if plan.time > other.time or (plan.time == other.time and (plan.status, other.status) != PROVEN_AGAIN):
                 return
             del members[j]  # the same layout, now faster: take the old estimate out and insert the new one
             if members:
