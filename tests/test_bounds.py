@@ -218,12 +218,19 @@ def test_mixed_pipeline_bounds_hold_for_every_plan(model):
     rng = random.Random(5)
     sample = rng.sample(found, min(60, len(found)))
     assert sample
+    assert_bounds_hold(ctx, sample)
+
+
+def assert_bounds_hold(ctx, sample) -> None:
+    """Every bound of each (bounds on the way, family, candidate) of ``sample`` -- _TpChoiceNode, unordered and
+    ordered family boxes, the candidate's own box, its refined bound, also probed at its best time -- is at most
+    the brute-force best plan of the candidate; and some candidate has a plan that fits."""
     cache: dict = {}
     fitting = 0
     for bounds, fam, c in sample:
-        best = brute_mixed(j, c, ctx, opts.memory_margin)
-        what = f"{c.groups} dp{c.dp} cp{c.cp} mbs{c.mbs} z{c.zero} {c.recompute}"
-        for b in bounds:  # _TpChoiceNode, unordered and ordered family boxes, the candidate's own box
+        best = brute_mixed(ctx.job, c, ctx, ctx.opts.memory_margin)
+        what = f"{c.groups} dp{c.dp} cp{c.cp} ep{c.ep} mbs{c.mbs} z{c.zero} {c.recompute}"
+        for b in bounds:
             assert b <= best.fit_time * SLACK, what
         sms = mixed_pipelines._stage_models(ctx, c, cache)
         assert refined_bound(ctx, fam, c, sms) <= best.fit_time * SLACK, what

@@ -24,7 +24,6 @@ from planner.gate import layout_input
 from planner.load import parse_job
 from planner.parallel import dims_from_layout, group_order
 from planner.search.mixed_context import MixedContext, end_costs, per_layer_bound
-from planner.search.mixed_pipeline_bounds import refined_bound
 from planner.search.mixed_pipelines import HETERO_ZERO, search_hetero
 from planner.search.replicas import ReplicaCandidate, _exact_shape
 from planner.search.space import SearchOptions
@@ -168,7 +167,7 @@ def test_mixed_pipeline_bounds_hold_for_ep_plans():
     """Every bound on the way to a mixed-pipeline candidate with EP (_TpChoiceNode, family boxes, the candidate's
     refined bound, also probed at its best time) is at most the best plan of that candidate (tests/test_bounds.py's
     check, on an MoE job where EP moves memory and time)."""
-    from test_bounds import SLACK, brute_mixed, candidates_with_bounds
+    from test_bounds import assert_bounds_hold, candidates_with_bounds
 
     job = tiny_job(nodes=2, memory_gib=10.0)
     ctx = MixedContext(job, OPTS, None, cost_source(job), group_order(job.cluster))
@@ -176,18 +175,7 @@ def test_mixed_pipeline_bounds_hold_for_ep_plans():
     assert {c.ep for _, _, c in found} == {1, 2}  # dp <= 2 on two one-GPU nodes per group
     rng = random.Random(7)
     sample = rng.sample([x for x in found if x[2].ep > 1], 30) + rng.sample([x for x in found if x[2].ep == 1], 10)
-    cache: dict = {}
-    fitting = 0
-    for bounds, fam, c in sample:
-        best = brute_mixed(job, c, ctx, OPTS.memory_margin)
-        what = f"{c.groups} dp{c.dp} cp{c.cp} ep{c.ep} mbs{c.mbs} z{c.zero} {c.recompute}"
-        assert all(b <= best.fit_time * SLACK for b in bounds), what
-        sms = mixed_pipelines._stage_models(ctx, c, cache)
-        assert refined_bound(ctx, fam, c, sms) <= best.fit_time * SLACK, what
-        if best.fit_time < float("inf"):
-            fitting += 1
-            assert refined_bound(ctx, fam, c, sms, best.fit_time) <= best.fit_time * SLACK, what
-    assert fitting
+    assert_bounds_hold(ctx, sample)
 
 
 def test_exact_replica_shape_with_ep_is_the_brute_force_optimum(monkeypatch):

@@ -98,11 +98,16 @@ class KindCoeffs:
         return self.recompute_extra + self.tp_recompute + self.ep_recompute
 
 
+def layer_counts(model) -> dict[str, int]:
+    """How many layers of each kind ("dense", "moe") the model has."""
+    return {"dense": model.num_layers - model.num_moe_layers, "moe": model.num_moe_layers}
+
+
 def fastest_layer(kinds: dict[str, KindCoeffs], model) -> float:
     """The least seconds one layer of ``model`` adds to a stage's micro-batch: the cheapest of the layer kinds the
     model has (a model whose every layer is an MoE layer has no cheaper dense layer; its floor pays the EP
     all-to-all)."""
-    count = {"dense": model.num_layers - model.num_moe_layers, "moe": model.num_moe_layers}
+    count = layer_counts(model)
     return min(k.layer_floor() for kind, k in kinds.items() if count.get(kind))
 
 
@@ -659,8 +664,7 @@ class StageModel:
         if room <= 0:
             return 0
         memory = self.allocated_memory(False, False)
-        model = self.job.model
-        count = {"dense": model.num_layers - model.num_moe_layers, "moe": model.num_moe_layers}
+        count = layer_counts(self.job.model)
         leans = sorted(
             (memory.per_layer(k, inflight) + min(0.0, memory.per_recomputed(k, inflight)), count[k])
             for k in self.kinds

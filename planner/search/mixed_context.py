@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 from planner import parallel
 from planner.cost.memory import inflight_microbatches
 from planner.cost.provider import CostSource
-from planner.cost.stage import FormCache, StageModel, fastest_layer, kind_coeffs, pipeline_send
+from planner.cost.stage import FormCache, StageModel, fastest_layer, kind_coeffs, layer_counts, pipeline_send
 from planner.frameworks import Framework
 from planner.parallel import HeteroDims, node_group_tp_options, seq_shard_error
 from planner.search import quick
@@ -171,10 +171,14 @@ class ZeroTerms:
         top = after + count
         caps = self.caps.setdefault(vpp, [0])
         while len(caps) <= top:
-            f = len(caps)
-            inflight = inflight_microbatches(0, f, vpp, self.sm.mb)
+            inflight = self.least_inflight(len(caps) - 1, vpp)
             caps.append(caps[-1] + max_layers(self.sm, 1, self.middle_room, inflight))
         return caps[top] - caps[after]
+
+    def least_inflight(self, after: int, vpp: int) -> float:
+        """The fewest micro-batches a stage of this group with at least ``after`` stages after it keeps in flight
+        (see room)."""
+        return inflight_microbatches(0, after + 1, vpp, self.sm.mb)
 
     def memory_terms(self, after: int, vpp: int = 1) -> tuple[float, ...] | None:
         """(room, alpha, beta, a, rc) of the roomiest stage of this group when at least ``after`` stages follow it
@@ -184,19 +188,12 @@ class ZeroTerms:
         if self.sm is None:
             return None
         sm = self.sm
-        inflight = inflight_microbatches(0, after + 1, vpp, sm.mb)
+        inflight = self.least_inflight(after, vpp)
         hit = self.memory.get(inflight)
         if hit is None:
-            memory = sm.allocated_memory(False, False)
-            heavy = "moe" if sm.has_moe else "dense"
-            kind = sm.kinds[heavy]
-            hit = self.memory[inflight] = (
-                sm.allocatable(self.capacity_gib) - memory.const(inflight),
-                memory.per_layer(heavy, inflight),
-                -memory.per_recomputed(heavy, inflight),
-                kind.layer_floor(),
-                kind.recompute_floor(),
-            )
+            kind = sm.kinds["moe" if sm.has_moe else "dense"]
+            room = quick.memory_term(sm, self.capacity_gib, False, False, inflight)
+            hit = self.memory[inflight] = (*room, kind.layer_floor(), kind.recompute_floor())
         return hit
 
 
@@ -305,7 +302,7 @@ def _any_mix_line(overlap, compute, forward, model) -> tuple[float, float]:
     stage of n >= 1 layers in any mix of the kinds the model has, each fully recomputed (the longest window): the
     least constant and the least per-layer term over those kinds (layers of kind k add n_k * slope_k >=
     n_k * min slope, and a stage of dense layers only has no MoE term)."""
-    count = {"dense": model.num_layers - model.num_moe_layers, "moe": model.num_moe_layers}
+    count = layer_counts(model)
     lines = [overlap.recomputed_line(compute, forward, kind) for kind in ("dense", "moe") if count[kind]]
     return min(c for c, _ in lines), min(p for _, p in lines)
 

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from planner.cost.estimate import neighbour_links
 from planner.cost.stage import StageModel
 from planner.search.mixed_context import MixedContext
+from planner.search.quick import relaxed_layers
 
 # Relative width at which the bottleneck bisections stop. Their lower end is a valid bound at every step, so a
 # coarser width only weakens the bound (by at most this share) and saves iterations; 1e-5 is a tenth of the
@@ -99,35 +100,23 @@ def memory_floor(rows, need: int) -> float:
     """Smallest bottleneck T (seconds per micro-batch of the slowest stage) at which stages can hold ``need``
     layers of the heavy kind (the other layers only add time and memory), each stage recomputing just enough of
     them to fit (the continuous relaxation of quick.memory_bottleneck, constants per stage left out). ``rows``:
-    (stages, room, alpha, beta, a, rc) per kind of stage: a stage holds n layers with r >= (n alpha - room)/beta
-    of them recomputed in n a + r rc seconds, so within T it holds at most T/a layers up to room/alpha, then
-    (T + room rc/beta)/(a + alpha rc/beta) up to room/(alpha - beta) (all recomputed): an increasing, piecewise
-    linear held(T), solved exactly between its breakpoints. inf when even full recompute cannot hold them."""
-    lines = []  # per row: (stages, a, T1, slope, const, full, T2)
-    for k, room, alpha, beta, a, rc in rows:
-        if k <= 0 or room <= 0:
-            continue
-        free = room / alpha
-        t1 = a * free  # T where the stage is full without recompute
-        if beta > 0 and rc > 0:
-            full = room / (alpha - beta) if alpha > beta else float("inf")
-            slope, const = 1 / (a + alpha * rc / beta), room * rc / beta / (a + alpha * rc / beta)
-            t2 = (full - const) / slope if full < float("inf") else float("inf")
-        else:
-            full, slope, const, t2 = free, 0.0, free, t1
-        lines.append((k, a, t1, slope, const, full, t2))
+    (stages, room, alpha, beta, a, rc) per kind of stage, each holding quick.relaxed_layers(T, ...) within T: an
+    increasing, piecewise linear held(T), solved exactly between its breakpoints. inf when even full recompute
+    cannot hold them."""
+    stages = [(k, terms) for k, *terms in rows if k > 0 and terms[0] > 0]
+    points = set()  # held's breakpoints: where a stage is full without recompute, and with every layer recomputed
+    for _, (room, alpha, beta, a, rc) in stages:
+        points.add(a * room / alpha)
+        if beta > 0 and rc > 0 and alpha > beta:
+            points.add(room / (alpha - beta) * (a + alpha * rc / beta) - room * rc / beta)
 
     def held(T: float) -> float:
-        total = 0.0
-        for k, a, t1, slope, const, full, t2 in lines:
-            total += k * (T / a if T <= t1 else full if T >= t2 else slope * T + const)
-        return total
+        return sum(k * relaxed_layers(T, *terms) for k, terms in stages)
 
-    if not lines or held(float("inf")) < need:
+    if not stages or held(float("inf")) < need:
         return float("inf")
-    points = sorted({t for *_, t1, _s, _c, _f, t2 in lines for t in (t1, t2) if t < float("inf")})
     lo = 0.0
-    for T in points:
+    for T in sorted(points):
         if held(T) >= need:
             break
         lo = T

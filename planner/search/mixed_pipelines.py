@@ -62,6 +62,7 @@ from planner.search.result import (
     Plan,
     SearchResult,
     keep_top,
+    mixed_order,
     settle_open_solves,
     solve_limit,
     stage_tuple,
@@ -103,18 +104,8 @@ class HeteroCandidate:
     def stage_tp(self) -> tuple[int, ...]:
         return tuple(tp for _, tp, k in self.groups for _ in range(k))
 
-    def sort_key(self):  # vpp last: the first eight fields align with replicas.ReplicaCandidate.sort_key
-        return (
-            self.lower_bound_s,
-            self.dp,
-            self.cp,
-            self.ep,
-            self.mbs,
-            self.zero,
-            self.recompute,
-            self.groups,
-            self.vpp,
-        )
+    def sort_key(self):
+        return mixed_order(self, self.groups, self.vpp)
 
     def dims(
         self, job: Job, layers: tuple[int, ...] | None = None, recompute=None, base: str | None = None
@@ -695,11 +686,15 @@ def search_hetero(
     # A first, short look at the replica plans (the best-bound shapes): the best of them is the first cut of the
     # mixed pipelines. The replica search proper comes after them, cut by the best plan of either kind.
     with_replicas = replicas and len(job.cluster) > 1 and opts.framework is None  # stock frameworks: one count
-    if with_replicas:
-        stop = start + 0.1 * time_limit_s * share
-        first = search_replicas(ctx, float("inf"), stop, workers, progress, best, top, exact_pass=False)
-        for cand, est, exact in first.found:
+
+    def replica_pass(incumbent: float, stop: float, exact_pass: bool = True):
+        rs = search_replicas(ctx, incumbent, stop, workers, progress, best, top, exact_pass)
+        for cand, est, exact in rs.found:
             keep_top(best, Plan(cand, est, "optimal" if exact else "feasible"), top)
+        return rs
+
+    if with_replicas:
+        replica_pass(float("inf"), start + 0.1 * time_limit_s * share, exact_pass=False)
 
     timed_out = False
     report()
@@ -753,11 +748,8 @@ def search_hetero(
     complete, open_bound = settle_open_solves(complete, open_bounds, best, top)
     rs = None
     if with_replicas:
-        beat = kth_time()
         stop = min(start + time_limit_s * share, time.monotonic() + 0.25 * time_limit_s * share)
-        rs = search_replicas(ctx, beat, stop, workers, progress, best, top)
-        for cand, est, exact in rs.found:
-            keep_top(best, Plan(cand, est, "optimal" if exact else "feasible"), top)
+        rs = replica_pass(kth_time(), stop)
     # What keeps the top K from being proven, as (bound, stop reason, part of the space): the mixed pipelines as
     # today's ``complete`` says (cut by the deadline, or a solve stopped at its per-solve cap), and replica shapes
     # whose bound is below the K-th best (left unexplored by the deadline, or evaluated heuristically: replica

@@ -134,13 +134,36 @@ def _stage_memory_terms(sm: StageModel, capacity_gib: float):
 
 def stage_memory_term(sm: StageModel, capacity_gib: float, i: int) -> tuple[float, float, float]:
     """(room, alpha, beta) of stage i (see _stage_memory_terms), read off its allocated-memory form."""
-    memory, inflight = sm.allocated_memory(i == 0, i == sm.dims.pp - 1), sm.inflight(i)
+    return memory_term(sm, capacity_gib, i == 0, i == sm.dims.pp - 1, sm.inflight(i))
+
+
+def memory_term(sm: StageModel, capacity_gib: float, first: bool, last: bool, inflight: float):
+    """(room, alpha, beta) of a stage at this position holding ``inflight`` micro-batches: allocatable bytes left
+    after its fixed items, bytes per layer of the heaviest kind, bytes saved per fully recomputed layer."""
+    memory = sm.allocated_memory(first, last)
     heavy = "moe" if sm.has_moe else "dense"
     return (
         sm.allocatable(capacity_gib) - memory.const(inflight),
         memory.per_layer(heavy, inflight),
         -memory.per_recomputed(heavy, inflight),
     )
+
+
+def relaxed_layers(slack: float, room: float, alpha: float, beta: float, a: float, rc: float) -> float:
+    """Most heavy layers (fractional) a stage holds within ``slack`` seconds and ``room`` bytes when it recomputes
+    just enough of them to fit, relaxing the recomputed count r(n) = ceil((n*alpha - room)/beta) to no ceiling: n*a
+    seconds up to room/alpha layers, then (slack + room*rc/beta)/(a + alpha*rc/beta), up to room/(alpha - beta)
+    with every layer recomputed. ``a``, ``rc``: a layer's seconds and its recompute's."""
+    if slack <= 0 or room <= 0:
+        return 0.0
+    n = min(slack / a, room / alpha)  # no recompute
+    if beta > 0 and rc > 0:
+        with_rc = (slack + room * rc / beta) / (a + alpha * rc / beta)
+        lean = alpha - beta
+        full = room / lean if lean > 0 else float("inf")
+        if with_rc > room / alpha:
+            n = max(n, min(with_rc, full))
+    return n
 
 
 def memory_bottleneck(
@@ -185,18 +208,7 @@ def _memory_counts(sm: StageModel, capacity_gib: float):
 
     def capacity(i: int, T: float) -> float:
         """Most layers stage i holds within T, relaxing r_i(n) to (n*alpha - room)/beta (no ceiling)."""
-        room, alpha, beta = terms[i]
-        slack = T - consts[i]
-        if slack <= 0 or room <= 0:
-            return 0.0
-        n = min(slack / a, room / alpha)  # no recompute
-        if beta > 0 and rc > 0:
-            with_rc = (slack + room * rc / beta) / (a + alpha * rc / beta)
-            lean = alpha - beta
-            full = room / lean if lean > 0 else float("inf")
-            if with_rc > room / alpha:
-                n = max(n, min(with_rc, full))
-        return n
+        return relaxed_layers(T - consts[i], *terms[i], a, rc)
 
     def stage_time(i: int, n: int) -> float:
         """Exact time of n heavy layers on stage i with the fewest whole recomputed layers that fit."""

@@ -46,7 +46,7 @@ from planner.search.mixed_context import end_costs, per_layer_bound, pipeline_di
 from planner.search.partition import solve_partition
 from planner.search.quick import RESOLUTION
 from planner.search.replica_partition import exact_splits
-from planner.search.result import Plan, keep_top, stage_recompute
+from planner.search.result import Plan, keep_top, mixed_order, stage_recompute
 
 REPLICA_ZERO = (1, 0, 3)
 
@@ -69,17 +69,8 @@ class ReplicaCandidate:
     def dp(self) -> int:
         return sum(d for _, d in self.counts)
 
-    def sort_key(self):  # aligned with mixed_pipelines.HeteroCandidate.sort_key (the top list compares both)
-        return (
-            self.lower_bound_s,
-            self.dp,
-            self.cp,
-            self.ep,
-            self.mbs,
-            self.zero,
-            self.recompute,
-            tuple((g, self.tp, d) for g, d in self.counts),
-        )
+    def sort_key(self):
+        return mixed_order(self, tuple((g, self.tp, d) for g, d in self.counts))
 
 
 def _ep_superset(model) -> list[int]:
@@ -245,6 +236,17 @@ def _replica_dims(job, shape, zero, counts, layers, recs, ms, base, ep: int = 1)
     return ReplicaDims(tuple(reps))
 
 
+def _probe_models(ctx, cand: ReplicaCandidate, ms) -> list[list[StageModel]]:
+    """Stage models of every replica entry of the shape, entry i running ms[i] micro-batches, at an even split
+    without recompute (the models' forms do not depend on the split)."""
+    job, pp = ctx.job, cand.pp
+    even = [job.model.num_layers // pp] * pp
+    zeros = [(0,) * pp] * len(cand.counts)
+    shape = (cand.tp, cand.cp, pp, cand.mbs)
+    probe = _replica_dims(job, shape, cand.zero, cand.counts, even, zeros, list(ms), cand.recompute, cand.ep)
+    return replica_stage_models(job, probe, ctx.costs)
+
+
 def _exact_shape(ctx, cand: ReplicaCandidate, best, remaining: float, workers: int, beat: float, work):
     """A pipelined shape's plans from the exact split of each micro-batch choice (planner/search/replica_partition
     .py) below ``beat``: (the better of them and ``best``, whether that is the shape's optimum among plans faster
@@ -253,15 +255,8 @@ def _exact_shape(ctx, cand: ReplicaCandidate, best, remaining: float, workers: i
     shape = (cand.tp, cand.cp, cand.pp, cand.mbs)
     counts = cand.counts
     beat = min(beat, best.iteration_time_s) if best is not None else beat
-    even = [job.model.num_layers // cand.pp] * cand.pp
-    zeros = [(0,) * cand.pp] * len(counts)
-
-    def stage_models_for(ms):
-        probe = _replica_dims(job, shape, cand.zero, counts, even, zeros, list(ms), cand.recompute, cand.ep)
-        return replica_stage_models(job, probe, ctx.costs)
-
     found = exact_splits(
-        stage_models_for,
+        lambda ms: _probe_models(ctx, cand, ms),
         [ctx.capacity(g) for g, _ in counts],
         job.training.global_batch_size // cand.mbs,
         counts,
@@ -293,16 +288,11 @@ def pipeline_floor(ctx, cand: ReplicaCandidate) -> float:
     The counts m_g of the replicas sum to M = global batch / micro-batch, so the least X at which the replicas
     can run M micro-batches within X (by bisection, m_g continuous) bounds the shape; inf when a replica's layers
     cannot fit its GPUs."""
-    job = ctx.job
-    shape, pp = (cand.tp, cand.cp, cand.pp, cand.mbs), cand.pp
-    M = job.training.global_batch_size // cand.mbs
-    even = [job.model.num_layers // pp] * pp
-    zeros = [(0,) * pp] * len(cand.counts)
+    pp = cand.pp
+    M = ctx.job.training.global_batch_size // cand.mbs
     at = {}  # micro-batches -> per replica entry (T, rest)
     for m in sorted({1, pp}):
-        ms = [m] * len(cand.counts)
-        probe = _replica_dims(job, shape, cand.zero, cand.counts, even, zeros, ms, cand.recompute, cand.ep)
-        per = replica_stage_models(job, probe, ctx.costs)
+        per = _probe_models(ctx, cand, [m] * len(cand.counts))
         at[m] = [quick.lower_bound_terms(sms[0], ctx.capacity(g)) for (g, _), sms in zip(cand.counts, per)]
     if any(T == float("inf") for T, _ in at[1]):
         return float("inf")

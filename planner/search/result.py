@@ -110,6 +110,12 @@ def _ties(a: Plan, b: Plan) -> bool:
     return _close(a.time, b.time) and _close(a.estimate.peak_memory_gib, b.estimate.peak_memory_gib)
 
 
+def mixed_order(c, groups: tuple, *rest) -> tuple:
+    """The sort key of a mixed candidate of either kind (mixed_pipelines.HeteroCandidate, replicas.ReplicaCandidate
+    with its groups as (group, tp, count) triples): one top list orders both, by bound first."""
+    return (c.lower_bound_s, c.dp, c.cp, c.ep, c.mbs, c.zero, c.recompute, groups, *rest)
+
+
 # a layout met again at the same time, now solved to optimality (a replica shape first evaluated heuristically)
 PROVEN_AGAIN = ("optimal", "feasible")
 
