@@ -200,6 +200,37 @@ def test_mixed_progress_moves():
     assert len({d for w, d, _ in alone if w == MIXED_PROGRESS}) > 3
 
 
+def test_mixed_search_goes_on_after_the_baselines(monkeypatch):
+    """The mixed pipelines stopped by their share of the time limit go on with the time the single-type
+    baselines left, cut by their plans: the result is the one an unlimited search proves. The clock is the
+    test's own: it stands still except once, when the first mixed-pipeline candidates are settled, where it
+    jumps past the mixed share (42% of the limit) to half the limit."""
+    from test_hetero import OPTS, small_job
+
+    from planner.search import mixed_pipelines
+    from planner.search.mixed_pipelines import MIXED_PROGRESS, search_hetero
+
+    free = search_hetero(small_job(), top=1, time_limit_s=3600, options=OPTS, replicas=False)
+    assert free.complete and free.gap == 0.0
+
+    limit = 100.0
+    clock = [0.0]
+    calls = []
+
+    def progress(done, total, what="candidates"):
+        calls.append(what)
+        if what == MIXED_PROGRESS and done > 0 and clock[0] == 0.0:
+            clock[0] = 0.5 * limit
+
+    monkeypatch.setattr(mixed_pipelines.time, "monotonic", lambda: clock[0])
+    result = search_hetero(small_job(), top=1, time_limit_s=limit, options=OPTS, replicas=False, progress=progress)
+    singles = [i for i, what in enumerate(calls) if what.endswith("alone")]
+    assert singles and MIXED_PROGRESS in calls[singles[-1] :]  # the mixed search went on after the baselines
+    assert result.complete and result.gap == 0.0 and result.stop_reason == "proven"
+    assert result.plans[0].time == free.plans[0].time
+    assert result.plans[0].status == "optimal"
+
+
 # ----------------------------------------------------------------------------------- ties collapsed
 def fake(name: str, t: float, mem: float, key: int) -> Plan:
     """A Plan stub: keep_top reads the time, peak memory, layout (dims) and candidate order."""

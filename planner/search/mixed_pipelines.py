@@ -630,7 +630,8 @@ def search_hetero(
     out, then each single-type search's candidates."""
     opts = options or SearchOptions()
     start = time.monotonic()
-    # shares of the time limit: mixed pipelines, then replicas on different types, then the single-type searches
+    # shares of the time limit: mixed pipelines, then replicas on different types, then the single-type searches;
+    # what the deadline left open in the mixed pipelines then gets the time the others did not use
     share = 0.6 if single_type else 1.0
     deadline = start + time_limit_s * share * 0.7
     ctx = MixedContext(job, opts, opts.framework, cost_source(job), group_order(job.cluster))
@@ -645,7 +646,6 @@ def search_hetero(
     best: list[Plan] = []
     cache: dict = {}
     solved = 0
-    complete = True
     frontier = float("inf")
     open_bounds: list[float] = []
 
@@ -697,39 +697,53 @@ def search_hetero(
         replica_pass(float("inf"), start + 0.1 * time_limit_s * share, exact_pass=False)
 
     timed_out = False
-    report()
-    while heap:
-        kth = cut()
-        lb, _, fam, box = heapq.heappop(heap)
-        pops += 1
-        if pops % 64 == 0:
-            report()
-        if lb >= kth:
-            frontier = min(frontier, lb)
-            settled = counted  # this node and every one left in line are cut by their bounds
-            break
-        if time.monotonic() > deadline:  # everything left is unexplored: the top K are not proven
-            complete = False
-            timed_out = True
-            frontier = min(frontier, lb)
-            break
+
+    def explore(until: float) -> None:
+        """Best-first over the boxes in line until the K-th best cuts them all or ``until`` passes; what the
+        deadline leaves stays in line (``frontier``: its least bound), so a later call goes on from there."""
+        nonlocal deadline, pops, settled, frontier, timed_out
+        deadline, timed_out, frontier = until, False, float("inf")
+        report()
+        while heap:
+            kth = cut()
+            lb, _, fam, box = heapq.heappop(heap)
+            pops += 1
+            if pops % 64 == 0:
+                report()
+            if lb >= kth:
+                frontier = min(frontier, lb)
+                settled = counted  # this node and every one left in line are cut by their bounds
+                heap.clear()
+                break
+            if time.monotonic() > deadline:  # everything left is unexplored: the top K are not proven (yet)
+                timed_out = True
+                frontier = min(frontier, lb)
+                heapq.heappush(heap, (lb, next(tie), fam, box))
+                break
+            step(kth, lb, fam, box)
+        report()
+
+    def step(kth: float, lb: float, fam, box) -> None:
+        """One box out of line: its families or sub-boxes put in line, or its candidates bounded and solved (or
+        put back in line at their refined bounds)."""
+        nonlocal settled
         if isinstance(fam, _TpChoiceNode):
             for flb, family, fbox in fam.families(ctx):
                 push(flb, family, fbox)
-            continue
+            return
         if isinstance(fam, HeteroCandidate):  # a candidate back with its refined bound: solve it
             solve(fam, box, kth, lb)
-            continue
+            return
         lo, hi = box
         if not fam.ordered:
             for ordered, box in fam.expand(ctx, lo, hi):
                 push(ordered.bound(L, *box, cut()), ordered, box)
-            continue
+            return
         if lo != hi:
             for box in _split(lo, hi):
                 if sum(box[0]) <= L // fam.vpp:
                     push(fam.bound(L, *box, cut()) if _has_depth(fam, *box) else float("inf"), fam, box)
-            continue
+            return
         # a single candidate: its refined bound puts it back in line, so candidates are solved in the order of
         # their refined bounds and the first solves already give a plan close to the best
         cands = fam.candidates(ctx, lo, lb)
@@ -744,16 +758,37 @@ def search_hetero(
                 solve(c, sms, kth, max(lb, refined))  # no plan yet: one close to the frontier starts the cut
             else:
                 heapq.heappush(heap, (max(lb, refined), next(tie), c, sms))
-    report()
-    complete, open_bound = settle_open_solves(complete, open_bounds, best, top)
+
+    explore(deadline)
     rs = None
     if with_replicas:
         stop = min(start + time_limit_s * share, time.monotonic() + 0.25 * time_limit_s * share)
         rs = replica_pass(kth_time(), stop)
+    single = group = single_beat = None
+    if single_type:
+        # a single-type plan matters if it beats the best mixed plan: the baselines are searched below its time
+        single_beat = best[0].time if best else None
+        beat = single_beat * (1 + RESOLUTION) if best else float("inf")
+        single, group = best_single_type(
+            job, opts, workers, max(0.5, start + time_limit_s - time.monotonic()), progress, beat
+        )
+        # it is a mixed layout too (every stage on that group): a plan of the job, unless mixed layouts cannot
+        # express it (then the report names the faster group), and a cut for the rest of the mixed search
+        adopted = None if single is None else as_mixed_plan(job, group, single, opts)
+        if adopted is not None:
+            keep_top(best, adopted, top)
+    # The time the other phases left goes to what is still open, cut by every plan found: the mixed pipelines,
+    # then the replica shapes whose bound is below the K-th best.
+    end = start + time_limit_s
+    if timed_out:
+        explore(end)
+    if rs is not None and min(rs.unexplored, rs.low) < kth_time() * (1 - 1e-9) and time.monotonic() < end:
+        rs = replica_pass(kth_time(), end)
+    complete, open_bound = settle_open_solves(not timed_out, open_bounds, best, top)
     # What keeps the top K from being proven, as (bound, stop reason, part of the space): the mixed pipelines as
-    # today's ``complete`` says (cut by the deadline, or a solve stopped at its per-solve cap), and replica shapes
-    # whose bound is below the K-th best (left unexplored by the deadline, or evaluated heuristically: replica
-    # plans themselves are never proven).
+    # ``complete`` says (cut by the deadline, or a solve stopped at its per-solve cap), and replica shapes whose
+    # bound is below the K-th best (left unexplored by the deadline, or evaluated heuristically: replica plans
+    # themselves are never proven).
     kth = kth_time() * (1 - 1e-9)
     if not complete and min(frontier, open_bound) >= cut():
         complete = True  # a better plan found since (a replica plan) cuts all the deadline or a solve cap left open
@@ -777,21 +812,9 @@ def search_hetero(
         final, counted, counted - solved, solved, 0.0, complete, gap, stop_reason=reason, gap_source=source
     )
     if single_type:
-        # a single-type plan matters if it beats the best mixed plan: the baselines are searched below its time
-        beat = final[0].time * (1 + RESOLUTION) if final else float("inf")
-        single, group = best_single_type(
-            job, opts, workers, max(0.5, start + time_limit_s - time.monotonic()), progress, beat
-        )
         if single is None:
-            result.single_type_bound_s = final[0].time if final else None
+            result.single_type_bound_s = single_beat
         else:
             result.single_type_best_s, result.single_type_group = single.time, group
-            # it is a mixed layout too (every stage on that group): the job's plan, unless mixed layouts cannot
-            # express it (then the report names the faster group)
-            adopted = as_mixed_plan(job, group, single, opts)
-            if adopted is not None:
-                keep_top(final, adopted if proven else unproven(adopted), top)
-                if open_parts:  # the gap is to the new best plan
-                    result.gap = max(0.0, (final[0].time - min(low, final[0].time)) / final[0].time)
     result.seconds = time.monotonic() - start
     return result
