@@ -137,6 +137,29 @@ def test_homogeneous_bounds_hold_for_every_plan(name):
     assert fitting  # the memory-aware bounds were checked somewhere
 
 
+@pytest.mark.parametrize("name", HOMOGENEOUS)
+def test_memory_bottleneck_is_the_least_breakpoint(name):
+    """quick.memory_bottleneck (a merge of the stages' chunk times) is exact: the least of the slowest constant and
+    every stage's time at every chunk count at which the stages' most layers (quick._memory_counts, found from the
+    relaxed capacity) add up to the heavy layers, found here by trying every such time."""
+    j, opts = HOMOGENEOUS[name]
+    costs = cost_source(j)(0)
+    capacity = j.cluster[0].gpu.memory_gib * (1 - opts.memory_margin)
+    cands, _, _ = enumerate_candidates(j, costs, opts)
+    checked = 0
+    for c in cands:
+        sm = StageModel(j, dims_for(j, c, tp_overlap=opts.tp_comm_overlap), costs)
+        heavy = j.model.num_moe_layers if sm.has_moe else j.model.num_layers
+        counts, lo, _, chunk_time = quick._memory_counts(sm, capacity)
+        L = j.model.num_layers
+        chunks = {chunk_time(i, k) for i in range(c.pp) for k in range(1, L + 1)}
+        times = sorted({lo} | {T for T in chunks if lo < T < float("inf")})  # no stage is faster than its constant
+        least = next((T for T in times if sum(counts(T)) >= heavy), float("inf"))
+        assert quick.memory_bottleneck(sm, capacity, heavy) == least, f"{name} {c}"
+        checked += least < float("inf") and least > lo
+    assert checked  # some candidate's bottleneck is above its constant
+
+
 # ------------------------------------------------------------------------------------------------ mixed
 SMALL_GPU = {
     "memory_gib": 6.0,

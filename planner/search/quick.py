@@ -9,6 +9,9 @@ that T fits in memory and evaluates to within RESOLUTION of the bound, it is opt
 
 from __future__ import annotations
 
+import heapq
+import math
+
 from planner.cost import memory as M
 from planner.cost.stage import StageModel, StagePlan, split_kinds
 
@@ -166,38 +169,39 @@ def relaxed_layers(slack: float, room: float, alpha: float, beta: float, a: floa
     return n
 
 
-def memory_bottleneck(
-    sm: StageModel, capacity_gib: float, effective_layers: float, probe: float | None = None
-) -> float:
+def memory_bottleneck(sm: StageModel, capacity_gib: float, effective_layers: float) -> float:
     """Smallest bottleneck T at which the stages can hold ``effective_layers`` layers of the heaviest kind (the
     other layers only add time and memory) when each stage recomputes just enough
     layers (whole layers) to fit in memory: stage i holds n layers in n*a + r_i(n)*rc + c_i seconds with
     r_i(n) = ceil((n*alpha_i - room_i)/beta_i). A lower bound on max_i t_i for every feasible plan.
-    With ``probe`` only one question is answered (is the bottleneck above ``probe``?): the result is just above
-    ``probe`` if so, else a weaker valid bound; enough for pruning against a known best."""
-    counts, lo, hi = _memory_counts(sm, capacity_gib)
 
-    def holds(T: float) -> int:
-        return sum(counts(T))
-
-    if holds(hi) < effective_layers - 1e-9:
-        return float("inf")
-    if holds(lo) >= effective_layers - 1e-9:
+    A stage's time grows with its layer count (its recompute count never falls), so the stages hold E layers
+    within T exactly when E layers' worth of the cheapest chunks of v layers fit under T: T is the time of the
+    last chunk taken when the stages' next chunks are taken cheapest first (a k-way merge of increasing
+    sequences), starting from what each holds at the least T (its constant)."""
+    counts, lo, _, chunk_time = _memory_counts(sm, capacity_gib)
+    held = counts(lo)
+    v = sm.dims.vpp
+    short = effective_layers - 1e-9 - sum(held)
+    if short <= 0:
         return lo
-    if probe is not None:
-        return probe * (1 + 1e-12) if probe < hi and holds(probe) < effective_layers - 1e-9 else lo
-    while hi - lo > 1e-6 * hi:
-        mid = (lo + hi) / 2
-        if holds(mid) >= effective_layers - 1e-9:
-            hi = mid
-        else:
-            lo = mid
-    return lo
+    chunks = [n // v for n in held]
+    line = [(chunk_time(i, k + 1), i) for i, k in enumerate(chunks)]
+    heapq.heapify(line)
+    T = lo
+    for _ in range(math.ceil(short / v)):
+        T, i = line[0]
+        if T == float("inf"):
+            return T  # every stage is full: the layers do not fit
+        chunks[i] += 1
+        heapq.heapreplace(line, (chunk_time(i, chunks[i] + 1), i))
+    return T
 
 
 def _memory_counts(sm: StageModel, capacity_gib: float):
-    """(counts, lo, hi): counts(T) gives, per stage, the most heavy layers (multiples of v) it holds within a
-    bottleneck T when it recomputes just enough whole layers to fit; lo and hi bracket the bottleneck."""
+    """(counts, lo, hi, chunk_time): counts(T) gives, per stage, the most heavy layers (multiples of v) it holds
+    within a bottleneck T when it recomputes just enough whole layers to fit; lo and hi bracket the bottleneck;
+    chunk_time(i, k) is stage i's time with k chunks of v heavy layers."""
     d = sm.dims
     v = d.vpp
     heavy = sm.kinds["moe" if sm.has_moe else "dense"]
@@ -232,15 +236,19 @@ def _memory_counts(sm: StageModel, capacity_gib: float):
             out.append(k * v)
         return out
 
+    def chunk_time(i: int, k: int) -> float:
+        """Time of stage i holding k chunks of v layers (inf where they do not fit)."""
+        return stage_time(i, k * v)
+
     lo = max(consts) if consts else 0.0
-    return counts, lo, lo + sm.job.model.num_layers * (a + rc)
+    return counts, lo, lo + sm.job.model.num_layers * (a + rc), chunk_time
 
 
 def lower_bound(sm: StageModel, capacity_gib: float | None = None, cutoff: float = float("inf")) -> float:
     """Valid for every partition and recompute placement of these degrees. Beyond the integer bottleneck it
     keeps the convex overlap terms in aggregate: sum_i max(0, x_i) >= max(0, sum_i x_i), and collective costs are
-    affine with non-negative latency, so f(a) + f(b) >= f(a + b). Against a finite ``cutoff`` (the K-th best
-    plan) the memory bottleneck is only probed at the value that would reach it."""
+    affine with non-negative latency, so f(a) + f(b) >= f(a + b). The memory bottleneck is only worked out when
+    the bound without it is below ``cutoff`` (the K-th best plan)."""
     T, rest = lower_bound_terms(sm, capacity_gib, cutoff)
     return T if T == float("inf") else (sm.mb - 1 / sm.dims.vpp) * T + rest
 
@@ -272,9 +280,8 @@ def lower_bound_terms(
     slope = sm.mb - 1 / v
     if capacity_gib is not None and slope * T + rest < cutoff:
         # the heaviest kind alone must fit: all layers of a dense model, the MoE layers of an MoE model
-        probe = (cutoff - rest) / slope if cutoff < float("inf") and slope > 0 else None
         heavy_layers = m.num_moe_layers if sm.has_moe else m.num_layers
-        T = max(T, memory_bottleneck(sm, capacity_gib, heavy_layers, probe))
+        T = max(T, memory_bottleneck(sm, capacity_gib, heavy_layers))
     return T, rest
 
 
@@ -332,7 +339,7 @@ def greedy_recompute_partition(sm: StageModel, capacity_gib: float) -> list[Stag
     T = memory_bottleneck(sm, capacity_gib, m.num_moe_layers if sm.has_moe else L)
     if T == float("inf"):
         return None
-    stage_counts, _, _ = _memory_counts(sm, capacity_gib)
+    stage_counts, _, _, _ = _memory_counts(sm, capacity_gib)
     counts = stage_counts(T * (1 + 1e-9))
     if sum(counts) < L or min(counts) < v:
         bump = 1.0
