@@ -178,6 +178,8 @@ def run_cli(path: Path, time_limit: float) -> dict:
         status = "time limit"
     else:
         status = f"feasible ({s.get('stop_reason', '?')})"
+    if status != "optimal" and s.get("gap_source"):
+        status += f"; gap in {s['gap_source'].replace('_', ' ')}"  # the part of the space whose bound sets the gap
     return {
         **out,
         "status": status,
@@ -251,7 +253,7 @@ def run_suite(jobs: list[SuiteJob], time_limit: float, seed: int, count: int) ->
     lost = [r for r in rows if r.get("best") is None and r["single"] is not None]
     statuses: dict[str, int] = {}
     for r in rows:
-        key = "error" if r["status"].startswith("exit") else r["status"]
+        key = "error" if r["status"].startswith("exit") else r["status"].split(";")[0]
         statuses[key] = statuses.get(key, 0) + 1
     print()
     print(f"jobs: {n}; " + ", ".join(f"{k} {v}" for k, v in sorted(statuses.items(), key=lambda kv: -kv[1])))

@@ -231,6 +231,34 @@ def test_mixed_search_goes_on_after_the_baselines(monkeypatch):
     assert result.plans[0].status == "optimal"
 
 
+def test_solves_stopped_by_their_cap_are_solved_again(monkeypatch):
+    """A mixed-pipeline solve stopped by its cap (here: every candidate's first solve reports 'feasible' with a
+    bound of 0, as a solve cut short would) is solved again with the time the other phases left: the result is
+    the one an unlimited search proves, not one left open with the solve cap as its reason."""
+    from dataclasses import replace as copy_with
+
+    from test_hetero import OPTS, small_job
+
+    from planner.search import mixed_pipelines
+    from planner.search.mixed_pipelines import search_hetero
+
+    free = search_hetero(small_job(), top=1, time_limit_s=3600, options=OPTS, replicas=False)
+    real, seen = mixed_pipelines._solve, set()
+
+    def capped_first(ctx, c, sms, cap_s, remaining, workers):
+        res, est = real(ctx, c, sms, cap_s, remaining, workers)
+        if c in seen or res.status != "optimal":
+            return res, est
+        seen.add(c)
+        return copy_with(res, status="feasible", bound_s=0.0), est
+
+    monkeypatch.setattr(mixed_pipelines, "_solve", capped_first)
+    result = search_hetero(small_job(), top=1, time_limit_s=3600, options=OPTS, replicas=False)
+    assert seen  # some solve was cut short
+    assert result.complete and result.gap == 0.0 and result.stop_reason == "proven"
+    assert result.plans[0].time == free.plans[0].time and result.plans[0].status == "optimal"
+
+
 # ----------------------------------------------------------------------------------- ties collapsed
 def fake(name: str, t: float, mem: float, key: int) -> Plan:
     """A Plan stub: keep_top reads the time, peak memory, layout (dims) and candidate order."""

@@ -647,7 +647,7 @@ def search_hetero(
     cache: dict = {}
     solved = 0
     frontier = float("inf")
-    open_bounds: list[float] = []
+    open_solves: list[tuple[float, HeteroCandidate, list[StageModel]]] = []  # solves stopped by their cap
 
     # Best-first over boxes of stage counts: a box's bound holds for every candidate in it, a one-point box is a
     # candidate. The first box whose bound reaches the K-th best time ends the search (all others are worse).
@@ -663,18 +663,32 @@ def search_hetero(
         if progress is not None:
             progress(min(settled, counted), counted, MIXED_PROGRESS)
 
-    def solve(c: HeteroCandidate, sms: list[StageModel], kth: float, bound: float) -> None:
+    def solve(c: HeteroCandidate, sms: list[StageModel], kth: float, bound: float, limit: float | None = None):
         nonlocal solved, settled
-        # without a plan to beat, a solve only needs to find one: a short limit (its bound is kept)
-        limit = solve_limit(deadline - time.monotonic(), time_limit_s if kth < float("inf") else 0.0)
+        if limit is None:  # without a plan to beat, a solve only needs to find one: a short limit (its bound is kept)
+            limit = solve_limit(deadline - time.monotonic(), time_limit_s if kth < float("inf") else 0.0)
+            solved += 1
+            settled += 1
         res, est = _solve(ctx, c, with_group_sends(ctx.job, c.stage_groups, sms), kth, limit, workers)
-        solved += 1
-        settled += 1
         if res.status not in ("optimal", "infeasible"):
-            open_bounds.append(max(res.bound_s, bound))  # the candidate's own bound holds for the solve too
+            # the candidate's own bound holds for the solve too
+            open_solves.append((max(res.bound_s, bound), c, sms))
         if est is not None and est.fits:
             keep_top(best, Plan(c, est, res.status), top)
         report()
+
+    def solve_again(until: float) -> None:
+        """Solves stopped by their cap whose bound is below the K-th best, again, best bound first, each with an
+        even share of the time left until ``until`` (at least the cap it had)."""
+        left = sorted(open_solves, key=lambda x: x[0])
+        open_solves.clear()
+        for i, (bound, c, sms) in enumerate(left):
+            remaining = until - time.monotonic()
+            if bound >= cut() or remaining <= 0:
+                open_solves.extend(left[i:])
+                return
+            share = max(remaining / (len(left) - i), solve_limit(remaining, time_limit_s))
+            solve(c, sms, kth_time(), bound, limit=share)
 
     def push(bound: float, node, nbox) -> None:
         nonlocal settled
@@ -778,13 +792,14 @@ def search_hetero(
         if adopted is not None:
             keep_top(best, adopted, top)
     # The time the other phases left goes to what is still open, cut by every plan found: the mixed pipelines,
-    # then the replica shapes whose bound is below the K-th best.
+    # the solves their cap stopped, then the replica shapes whose bound is below the K-th best.
     end = start + time_limit_s
     if timed_out:
         explore(end)
+    solve_again(end)
     if rs is not None and min(rs.unexplored, rs.low) < kth_time() * (1 - 1e-9) and time.monotonic() < end:
         rs = replica_pass(kth_time(), end)
-    complete, open_bound = settle_open_solves(not timed_out, open_bounds, best, top)
+    complete, open_bound = settle_open_solves(not timed_out, [b for b, _, _ in open_solves], best, top)
     # What keeps the top K from being proven, as (bound, stop reason, part of the space): the mixed pipelines as
     # ``complete`` says (cut by the deadline, or a solve stopped at its per-solve cap), and replica shapes whose
     # bound is below the K-th best (left unexplored by the deadline, or evaluated heuristically: replica plans
