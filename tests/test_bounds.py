@@ -244,6 +244,26 @@ def test_mixed_pipeline_bounds_hold_for_every_plan(model):
     assert_bounds_hold(ctx, sample)
 
 
+def test_layer_kinds_tighten_the_mixed_bounds():
+    """MOE6's dense first layer is cheaper than its MoE layers: box bounds that count the two kinds apart
+    (KindMix: the MoE layers in dense-layer units) are at least the bounds that price every layer at the cheaper
+    kind, and above them somewhere. (That they hold for every plan is test_mixed_pipeline_bounds_hold_for_every_plan.)"""
+    from dataclasses import replace
+
+    j = mixed_job(MOE6)
+    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2)
+    ctx = MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
+    L = j.model.num_layers
+    tighter = 0
+    for _, fam, c in candidates_with_bounds(ctx):
+        assert fam.kinds is not None
+        ks = tuple(k for _, _, k in c.groups)
+        with_kinds, without = fam.bound(L, ks, ks), replace(fam, kinds=None).bound(L, ks, ks)
+        assert with_kinds >= without
+        tighter += with_kinds > without * (1 + 1e-9)
+    assert tighter
+
+
 def assert_bounds_hold(ctx, sample) -> None:
     """Every bound of each (bounds on the way, family, candidate) of ``sample`` -- _TpChoiceNode, unordered and
     ordered family boxes, the candidate's own box, its refined bound, also probed at its best time -- is at most

@@ -70,12 +70,31 @@ def per_layer_bound(ctx: MixedContext, g: int, tp: int, cp: int, mbs: int, base:
     return hit
 
 
+def kind_layer_bounds(
+    ctx: MixedContext, g: int, tp: int, cp: int, mbs: int, base: str, ep: int = 1
+) -> tuple[float, float] | None:
+    """(dense, MoE) least seconds per layer of each kind (KindCoeffs.layer_floor) on group g's GPU with this TP,
+    CP and EP, for a model that has layers of both kinds; None for a model with one kind (per_layer_bound is then
+    exact per layer)."""
+    m = ctx.job.model
+    if m.moe is None or m.num_moe_layers in (0, m.num_layers):
+        return None
+    key = (g, tp, cp, ep, mbs, base)
+    hit = ctx.caches.kind_floors.get(key)
+    if hit is None:
+        tokens = mbs * ctx.job.training.seq_length // cp
+        kinds = kind_coeffs(ctx.job, ctx.costs(g), tokens, tp, cp, ep, tp > 1, base)
+        hit = ctx.caches.kind_floors[key] = (kinds["dense"].layer_floor(), kinds["moe"].layer_floor())
+    return hit
+
+
 @dataclass
 class MixedCaches:
     """Memoized bounds of the mixed searches, one table per quantity (the key is the arguments of the function that
     fills it)."""
 
     fastest_layer: dict = field(default_factory=dict)  # per_layer_bound: (group, tp, cp, ep, mbs, base)
+    kind_floors: dict = field(default_factory=dict)  # kind_layer_bounds: the same key
     stage_terms: dict = field(default_factory=dict)  # MixedContext.stage_terms: memory room and layer cap
     tail_floor: dict = field(default_factory=dict)  # MixedContext.tail_floor: least DP tail
     sharded_line: dict = field(default_factory=dict)  # MixedContext.sharded_line: ZeRO-2/3 traffic line

@@ -53,6 +53,29 @@ class Ends:
         )
 
 
+@dataclass(frozen=True)
+class KindMix:
+    """A model with dense and MoE layers in a box bound. A stage holding d dense and e MoE layers on group g takes
+    at least d*x_g + e*y_g + c seconds (x_g, y_g: each kind's least seconds per layer there, with what the caller
+    adds per layer), and y_g >= rho*x_g with rho the least y_g/x_g over the groups, so d + rho*e <= (T - c)/x_g:
+    the stages hold ``layers`` = D + rho*E dense-layer units within T (box_bound's bottleneck at x_g per layer,
+    with ``ends`` over x). ``work``: D*min x + E*min y, the least sum of every layer's seconds."""
+
+    dense: tuple[float, ...]
+    ends: Ends
+    layers: float
+    work: float
+
+    @classmethod
+    def of(cls, dense, moe, ends, counts: tuple[int, int], ordered: bool) -> KindMix:
+        """``dense``/``moe``: per used group; ``ends``: (embedding, logits) seconds per group; ``counts``: (D, E);
+        ``ordered``: the groups are in pipeline order (else each end term at its least over the groups)."""
+        D, E = counts
+        rho = min(y / x for x, y in zip(dense, moe))
+        at_ends = Ends.of(dense, ends, 0, len(dense) - 1) if ordered else Ends.any_order(dense, ends)
+        return cls(tuple(dense), at_ends, D + rho * E, D * min(dense) + E * min(moe))
+
+
 def schedule_bound(bottleneck: float, total: float, m: int, v: int = 1) -> float:
     """The iteration seconds of planner/cost/schedule.pipeline_time (m max_s t_s + (sum_s t_s - max_s t_s)/v, the
     1F1B schedule at v = 1, interleaved with v model chunks per stage) written as (m - 1/v) max + sum/v: a lower
@@ -62,7 +85,16 @@ def schedule_bound(bottleneck: float, total: float, m: int, v: int = 1) -> float
 
 
 def box_bound(
-    a, lo: tuple[int, ...], hi: tuple[int, ...], ends: Ends, L: int, m: int, send=None, v: int = 1, floor: float = 0.0
+    a,
+    lo: tuple[int, ...],
+    hi: tuple[int, ...],
+    ends: Ends,
+    L: int,
+    m: int,
+    send=None,
+    v: int = 1,
+    floor: float = 0.0,
+    mix: KindMix | None = None,
 ) -> float:
     """Iteration seconds no candidate with lo_g <= k_g <= hi_g stages per used group g beats (lo = hi: one
     candidate). Each stage of group g takes at least a_g seconds per layer and, when there are >= 2 stages,
@@ -76,7 +108,8 @@ def box_bound(
       - sum_s t_s >= emb + logits + sum_s send_s + the least work: one chunk of v layers per stage, the rest at
         the fastest a_g, which is L*min(a) + sum_g k_g v (a_g - min(a)), smallest at k = lo.
     Communication beyond TP, CP and pipeline sends, the DP tail and the optimizer step are >= 0 and left out.
-    ``floor``: a bound on max_s t_s known otherwise (memory_floor)."""
+    ``floor``: a bound on max_s t_s known otherwise (memory_floor). ``mix``: the model's two layer kinds (KindMix),
+    for a second bottleneck in dense-layer units and a second least work (a = the faster kind's seconds)."""
     sends = send is not None and sum(lo) >= 2
     single = sum(hi) == 1  # one stage holds both ends
     top = max(ends.first_top + (ends.logits if single else 0.0), ends.last_top)
@@ -91,8 +124,14 @@ def box_bound(
             top = max(top, v * x + y)  # a stage of this group surely holds a layer (a chunk of v layers)
             work += k_lo * (v * (x - fast) + y)
     T = max(top, (L + ends.emb_per_a + ends.logits_per_a + over) / inv, floor)
+    if mix is not None:
+        ys = send if sends else (0.0,) * len(a)
+        inv_d = sum(k / x for k, x in zip(hi, mix.dense))
+        over_d = sum(k * y / x for k, y, x in zip(hi, ys, mix.dense))
+        T = max(T, (mix.layers + mix.ends.emb_per_a + mix.ends.logits_per_a + over_d) / inv_d)
+        work = max(work, mix.work + sum(k * y for k, y in zip(lo, ys)))
     if most > T:  # the monotonicity above fails: drop the sends
-        return box_bound(a, lo, hi, ends, L, m, None, v, floor)
+        return box_bound(a, lo, hi, ends, L, m, None, v, floor, mix)
     return schedule_bound(T, ends.emb + ends.logits + work, m, v)
 
 
@@ -190,7 +229,7 @@ def _group_bound(ctx: MixedContext, fam: _Family, c: HeteroCandidate, sms: list[
     cover every kind of position (first, middle, last) it has."""
     L = ctx.job.model.num_layers
     P = c.pp
-    a, room, tail = [], 0, 0.0
+    a, slopes, room, tail = [], [], 0, 0.0
     s = 0
     for j, (g, _, k) in enumerate(c.groups):
         end = s + k - 1
@@ -200,12 +239,19 @@ def _group_bound(ctx: MixedContext, fam: _Family, c: HeteroCandidate, sms: list[
         lines = [ctx.sharded_line(sms[i], i) for i in seen]
         slope = min(z for z, _ in lines) if min(z0 for _, z0 in lines) >= 0 else 0.0
         a.append(fam.a[j] + slope)
+        slopes.append(slope)
         tail = max(tail, max(r[3] for r in rows))
         s = end + 1
     if room < L:
         return float("inf")
     ks = tuple(k for _, _, k in c.groups)
-    return box_bound(a, ks, ks, Ends.of(a, fam.ends, 0, len(a) - 1), L, fam.mb, fam.send, fam.vpp) + tail
+    mix = None
+    if fam.kinds is not None:  # the same traffic line on both kinds
+        dense = tuple(x + z for (x, _), z in zip(fam.kinds, slopes))
+        moe = tuple(y + z for (_, y), z in zip(fam.kinds, slopes))
+        mix = KindMix.of(dense, moe, fam.ends, fam.kind_counts, True)
+    ends = Ends.of(a, fam.ends, 0, len(a) - 1)
+    return box_bound(a, ks, ks, ends, L, fam.mb, fam.send, fam.vpp, mix=mix) + tail
 
 
 def refined_bound(

@@ -20,8 +20,10 @@ CP-SAT solves candidates in the order of those bounds. The search stops when no 
 plan (by more than quick.RESOLUTION), which proves the top K (K distinct plans, planner.search.result.keep_top)
 optimal within this space, as planner/search/homogeneous.py does. A short first look at the replica plans
 (planner/search/replicas.py, heuristic evaluation of the best-bound shapes) gives the search its first cut; the
-replica search proper follows, cut by the best plan of either kind. SearchResult.stop_reason and gap_source say
-what leaves a gap, and in which part of the space.
+replica search proper follows, cut by the best plan of either kind, then the single-type baselines
+(planner/search/single_type.py, whose plan is a mixed layout and a cut too). What the mixed pipelines' deadline left
+in line, the solves stopped by their cap and the replica shapes still below the K-th best then get the time those
+phases left. SearchResult.stop_reason and gap_source say what leaves a gap, and in which part of the space.
 """
 
 from __future__ import annotations
@@ -46,6 +48,7 @@ from planner.search.mixed_context import (
     cp_options,
     end_costs,
     ep_options,
+    kind_layer_bounds,
     per_layer_bound,
     pipeline_dims,
     send_bound,
@@ -53,7 +56,7 @@ from planner.search.mixed_context import (
     vpp_options,
     zero_terms,
 )
-from planner.search.mixed_pipeline_bounds import Ends, box_bound, memory_floor, refined_bound
+from planner.search.mixed_pipeline_bounds import Ends, KindMix, box_bound, memory_floor, refined_bound
 from planner.search.partition import solve_partition
 from planner.search.quick import RESOLUTION
 from planner.search.replicas import search_replicas
@@ -315,6 +318,7 @@ class _TpChoiceNode:
                 vpp=self.vpp,
                 zts=zts,
                 depths=_depths(ctx, self.vpp, self.mb) if self.vpp > 1 else (),
+                **_kinds(ctx, used, self),
             )
             box = (1,) * len(used), tuple(self.kmax_of[g][tp] for g, tp in used)
             return [(fam.bound(L, *box), fam, box)]
@@ -364,10 +368,29 @@ class _Family:
     vpp: int = 1  # model chunks per stage (interleaved schedule)
     zts: tuple[tuple[ZeroTerms, ...], ...] = ()  # an open family: zt of each of its ZeRO stages (used-group order)
     depths: tuple[int, ...] = ()  # vpp > 1: the depths that take it (_depths), ascending
+    # a model with dense and MoE layers: (dense, MoE) least seconds per layer of each used group, and (D, E) counts
+    kinds: tuple[tuple[float, float], ...] | None = None
+    kind_counts: tuple[int, int] = (0, 0)
 
     @functools.cached_property
     def bound_ends(self) -> Ends:
         return Ends.of(self.a, self.ends, 0, len(self.a) - 1) if self.ordered else Ends.any_order(self.a, self.ends)
+
+    def kind_mix(self, zt: tuple[ZeroTerms, ...] = (), ordered: bool = True) -> KindMix | None:
+        """The KindMix of the used groups (None for a model with one kind), with zt's ZeRO-2/3 lines added to both
+        kinds and the end stages as in ``sharded`` (for two or more stages)."""
+        if self.kinds is None:
+            return None
+        slope = [z.slope for z in zt] if zt else [0.0] * len(self.kinds)
+        dense = tuple(x + z for (x, _), z in zip(self.kinds, slope))
+        moe = tuple(y + z for (_, y), z in zip(self.kinds, slope))
+        ends = tuple((e + z.first, lg + z.last) for (e, lg), z in zip(self.ends, zt)) if zt else self.ends
+        return KindMix.of(dense, moe, ends, self.kind_counts, ordered)
+
+    @functools.cached_property
+    def mixes(self) -> tuple[KindMix | None, KindMix | None]:
+        """kind_mix of an ordered family with one stage, and with two or more (its ZeRO stage's lines)."""
+        return self.kind_mix(), self.kind_mix(self.zt)
 
     @functools.cached_property
     def sharded(self) -> tuple[tuple[float, ...], Ends]:
@@ -395,12 +418,15 @@ class _Family:
         if room < L:
             return float("inf")
         a, ends, tail = (self.a, self.bound_ends, 0.0) if sum(lo) < 2 else (*self.sharded, self.tail)
+        mix = self.mixes[sum(lo) >= 2]
         # two or more stages: ZeRO-2/3 traffic, and the DP tail of the slowest group to sync
-        plain = box_bound(a, lo, hi, ends, L, self.mb, self.send, v) + tail
+        plain = box_bound(a, lo, hi, ends, L, self.mb, self.send, v, mix=mix) + tail
         if plain >= target:
             return plain
         floor = _memory_floor(self.zt, afters[::-1], hi, v)
-        return floor if floor == float("inf") else box_bound(a, lo, hi, ends, L, self.mb, self.send, v, floor) + tail
+        if floor == float("inf"):
+            return floor
+        return box_bound(a, lo, hi, ends, L, self.mb, self.send, v, floor, mix) + tail
 
     def _clip(self, lo, hi):
         """The box narrowed to the depths that take the family's vpp: with P = sum k between the least such depth
@@ -424,7 +450,8 @@ class _Family:
         no stage followed it (the most it can hold: ZeroTerms.room only falls with stages after it); the least
         over the ZeRO stages."""
         v = self.vpp
-        plain = box_bound(self.a, lo, hi, self.bound_ends, L, self.mb, self.send, v)
+        plain_mix = self.kind_mix(ordered=False)
+        plain = box_bound(self.a, lo, hi, self.bound_ends, L, self.mb, self.send, v, mix=plain_mix)
         if not self.zts:
             return plain
         best = float("inf")
@@ -432,17 +459,18 @@ class _Family:
             if sum(z.room(0, k_hi, v) for z, k_hi in zip(zt, hi)) < L:
                 continue
             if sum(lo) < 2:
-                a, ends, tail = self.a, self.bound_ends, 0.0
+                a, ends, tail, mix = self.a, self.bound_ends, 0.0, plain_mix
             else:
                 a = tuple(x + z.slope for x, z in zip(self.a, zt))
                 ends = Ends.any_order(a, tuple((e + z.first, lg + z.last) for (e, lg), z in zip(self.ends, zt)))
                 tail = max(z.tail for z in zt)
-            zbound = box_bound(a, lo, hi, ends, L, self.mb, self.send, v) + tail
+                mix = self.kind_mix(zt, ordered=False)
+            zbound = box_bound(a, lo, hi, ends, L, self.mb, self.send, v, mix=mix) + tail
             if zbound < min(best, target):
                 floor = _memory_floor(zt, [0] * len(zt), hi, v)
                 if floor == float("inf"):
                     continue
-                zbound = box_bound(a, lo, hi, ends, L, self.mb, self.send, v, floor) + tail
+                zbound = box_bound(a, lo, hi, ends, L, self.mb, self.send, v, floor, mix) + tail
             best = min(best, zbound)
         return best
 
@@ -483,6 +511,8 @@ class _Family:
                     ep=self.ep,
                     vpp=self.vpp,
                     depths=self.depths,
+                    kinds=None if self.kinds is None else pick(self.kinds),
+                    kind_counts=self.kind_counts,
                 )
                 out.append((fam, box))
         return out
@@ -504,6 +534,15 @@ class _Family:
                     return []
         groups = tuple((g, tp, k) for (g, tp), k in zip(self.used, ks))
         return [HeteroCandidate(self.dp, self.cp, self.mbs, self.zero, self.base, groups, lb, self.ep, v)]
+
+
+def _kinds(ctx: MixedContext, used, node: _TpChoiceNode) -> dict:
+    """_Family's kinds and kind_counts for its used (group, TP) pairs, for a model with dense and MoE layers."""
+    kinds = [kind_layer_bounds(ctx, g, tp, node.cp, node.mbs, node.base, node.ep) for g, tp in used]
+    if any(k is None for k in kinds):
+        return {}
+    m = ctx.job.model
+    return {"kinds": tuple(kinds), "kind_counts": (m.num_layers - m.num_moe_layers, m.num_moe_layers)}
 
 
 def _memory_floor(zt: tuple[ZeroTerms, ...], afters, his, v: int) -> float:
