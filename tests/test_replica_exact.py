@@ -181,3 +181,40 @@ def test_a_pipelined_replica_plan_is_proven_by_the_exact_pass():
     assert result.stop_reason == "proven" and result.gap == 0.0
     best = result.plans[0]
     assert getattr(best.candidate, "pp", 1) > 1 and hasattr(best.candidate, "counts")
+
+
+def test_a_proven_shape_is_not_solved_again_below_a_lower_cut(monkeypatch):
+    """replicas._exact_once keeps what the exact pass proved about a shape: asked again with the same or a lower
+    cut (a later pass of the replica search), it answers from memory, with the plan the exact split gives below
+    that cut, and without a second solve; asked with a higher cut it solves again."""
+    from planner.search import replicas
+
+    job = replica_job()
+    ctx = MixedContext(job, SearchOptions(), None, cost_source(job), group_order(job.cluster))
+    shape, base, counts = (1, 1, 2, 1), "none", ((0, 2), (1, 1))
+    work = [
+        job.model.num_layers * per_layer_bound(ctx, g, 1, 1, 1, base) + sum(end_costs(ctx, (g, 1), (g, 1), 1, 1))
+        for g, _ in counts
+    ]
+    cand = ReplicaCandidate(*shape, 1, base, counts, 0.0)
+    calls = []
+    real = replicas._exact_shape
+
+    def counted(*args):
+        calls.append(args[-2])  # the cut
+        return real(*args)
+
+    monkeypatch.setattr(replicas, "_exact_shape", counted)
+    first, proven, _ = replicas._exact_once(ctx, cand, None, 120.0, 1, float("inf"), work)
+    assert proven and first is not None and len(calls) == 1
+    again, proven, _ = replicas._exact_once(ctx, cand, None, 120.0, 1, first.iteration_time_s * 1.5, work)
+    assert proven and again is first and len(calls) == 1  # below a lower cut: the same plan, from memory
+    below, proven, _ = replicas._exact_once(ctx, cand, None, 120.0, 1, first.iteration_time_s * 0.9, work)
+    assert proven and below is None and len(calls) == 1  # nothing of the shape beats a cut below its best
+    replicas._exact_once(ctx, cand, None, 120.0, 1, float("inf"), work)
+    assert len(calls) == 1  # the same cut as the first call (inf) is answered from memory too
+    ctx.caches.replica_exact.clear()
+    replicas._exact_once(ctx, cand, None, 120.0, 1, first.iteration_time_s * 1.2, work)
+    assert len(calls) == 2
+    higher, proven, _ = replicas._exact_once(ctx, cand, None, 120.0, 1, first.iteration_time_s * 1.5, work)
+    assert len(calls) == 3 and proven and higher.iteration_time_s == first.iteration_time_s  # a higher cut: solved

@@ -69,6 +69,11 @@ class ReplicaCandidate:
     def dp(self) -> int:
         return sum(d for _, d in self.counts)
 
+    @property
+    def key(self) -> tuple:
+        """The shape and ZeRO stage without the bound: what the memoized floors and exact results are kept by."""
+        return self.tp, self.cp, self.pp, self.mbs, self.zero, self.recompute, self.counts, self.ep
+
     def sort_key(self):
         return mixed_order(self, tuple((g, self.tp, d) for g, d in self.counts))
 
@@ -279,6 +284,22 @@ def _exact_shape(ctx, cand: ReplicaCandidate, best, remaining: float, workers: i
     return best, found.proven, found.open_bound_s
 
 
+def _exact_once(ctx, cand: ReplicaCandidate, est, remaining: float, workers: int, beat: float, work):
+    """_exact_shape, memoized where it proved the shape: its best plan below a cut (or that there is none) holds
+    below any lower cut, which a later pass of the replica search, cut by a better plan, asks about again."""
+    cut = min(beat, est.iteration_time_s) if est is not None else beat  # _exact_shape's own cut
+    hit = ctx.caches.replica_exact.get(cand.key)
+    if hit is not None and cut <= hit[0]:
+        plan = hit[1] if hit[1] is not None and hit[1].iteration_time_s < cut * (1 + RESOLUTION) else None
+        if plan is None or (est is not None and est.iteration_time_s <= plan.iteration_time_s):
+            plan = est
+        return plan, True, float("inf")
+    better, proven, open_s = _exact_shape(ctx, cand, est, remaining, workers, beat, work)
+    if proven:
+        ctx.caches.replica_exact[cand.key] = (cut, None if better is est else better)
+    return better, proven, open_s
+
+
 def pipeline_floor(ctx, cand: ReplicaCandidate) -> float:
     """Iteration seconds no plan of the shape beats, from each replica's pipeline alone (quick.lower_bound_terms,
     the homogeneous search's bound of one pipeline: its per-layer floor, the bottleneck of holding its layers in
@@ -288,6 +309,13 @@ def pipeline_floor(ctx, cand: ReplicaCandidate) -> float:
     The counts m_g of the replicas sum to M = global batch / micro-batch, so the least X at which the replicas
     can run M micro-batches within X (by bisection, m_g continuous) bounds the shape; inf when a replica's layers
     cannot fit its GPUs."""
+    hit = ctx.caches.replica_floor.get(cand.key)
+    if hit is None:
+        hit = ctx.caches.replica_floor[cand.key] = _pipeline_floor(ctx, cand)
+    return hit
+
+
+def _pipeline_floor(ctx, cand: ReplicaCandidate) -> float:
     pp = cand.pp
     M = ctx.job.training.global_batch_size // cand.mbs
     at = {}  # micro-batches -> per replica entry (T, rest)
@@ -571,7 +599,7 @@ def search_replicas(
         if remaining <= 0:
             low = min(low, zbound)
             break
-        better, proven, open_s = _exact_shape(ctx, cand, est, remaining, workers, best, work)
+        better, proven, open_s = _exact_once(ctx, cand, est, remaining, workers, best, work)
         if not proven:
             low = min(low, max(zbound, open_s))
         if better is None:
