@@ -16,9 +16,10 @@ runs the real CLI (`python -m planner plan JOB --json --top 1 --time-limit S`, i
 included); each of its node groups is then planned alone as a one-group job (same model and training, in this
 process, S each) for the best single-type time. Prints a row per job and the suite's summary: p50/p95/max of the
 CLI wall time and of the gap, the share proven optimal (gap <= 0.01%) and within 1%, and how many mixed plans are
-slower than the best single-type one (a ratio above 1 + 1e-5). A CLI run still going at 3 x S + 120 s is killed
-and reported as such. Needs examples/hetero/; takes about 7-10 minutes at --time-limit 30 on 2 cores (seed 0:
-437 s at commit 1e7a513), under 1 s for --list
+slower than the best single-type one (a ratio above 1 + 1e-5); a job left open names the part of the space its gap
+comes from (search.gap_source). A CLI run still going at 3 x S + 120 s is killed
+and reported as such. Needs examples/hetero/; takes about 8-10 minutes at --time-limit 30 on 2 cores (seed 0:
+517 s at commit cac328f), under 1 s for --list
 (which runs nothing; --save-jobs DIR writes each job's YAML). Exit 0 after a run, 2 on bad input.
 """
 
