@@ -231,6 +231,35 @@ def test_mixed_search_goes_on_after_the_baselines(monkeypatch):
     assert result.plans[0].status == "optimal"
 
 
+def test_replica_shapes_left_open_are_searched_again(monkeypatch):
+    """The replica search stopped by its share of the time limit is searched again with the time the other phases
+    left: the result is the one an unlimited search proves. The test's clock stands still but for one jump, past
+    the replica search's stop (60% of the limit), when it has opened its first shape."""
+    from test_hetero import OPTS, small_job
+
+    from planner.search import mixed_pipelines
+    from planner.search.mixed_pipelines import search_hetero
+
+    free = search_hetero(small_job(), top=1, time_limit_s=3600, options=OPTS)
+    assert free.complete and free.gap == 0.0
+
+    limit = 100.0
+    clock = [0.0]
+    calls = []
+
+    def progress(done, total, what="candidates"):
+        calls.append(what)
+        if what == "replica shapes" and done > 0 and clock[0] == 0.0:
+            clock[0] = 0.65 * limit
+
+    monkeypatch.setattr(mixed_pipelines.time, "monotonic", lambda: clock[0])
+    result = search_hetero(small_job(), top=1, time_limit_s=limit, options=OPTS, progress=progress)
+    singles = [i for i, what in enumerate(calls) if what.endswith("alone")]
+    assert singles and "replica shapes" in calls[singles[-1] :]  # searched again after the baselines
+    assert result.complete and result.gap == 0.0 and result.stop_reason == "proven"
+    assert result.plans[0].time == free.plans[0].time
+
+
 def test_solves_stopped_by_their_cap_are_solved_again(monkeypatch):
     """A mixed-pipeline solve stopped by its cap (here: every candidate's first solve reports 'feasible' with a
     bound of 0, as a solve cut short would) is solved again with the time the other phases left: the result is

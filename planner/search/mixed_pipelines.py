@@ -666,7 +666,8 @@ def search_hetero(
     ``progress(done, total, what)`` is called as each phase moves, ``what`` naming what it counts: mixed-pipeline
     replica shapes evaluated in a first, short look, then candidates solved or ruled out by a bound
     (MIXED_PROGRESS; a box cut by its bound settles every candidate in it), then replica shapes evaluated or ruled
-    out, then each single-type search's candidates."""
+    out, then each single-type search's candidates; then, where the mixed pipelines or replica shapes are still
+    open, their counts again as the time left goes on with them."""
     opts = options or SearchOptions()
     start = time.monotonic()
     # shares of the time limit: mixed pipelines, then replicas on different types, then the single-type searches;
