@@ -310,3 +310,35 @@ def test_the_dp_tail_floor_holds_for_every_stage_of_any_layer_mix(zero):
                 largest = max(largest, min(exposed, ctx.tail_floor(sm, s, L)) + slope * plan.layers + const)
                 assert slope * plan.layers + const <= zero_time * SLACK + 1e-12, (split, rec, s)
     assert largest > 0
+
+
+def test_kind_bottleneck_is_below_every_assignment_of_the_two_kinds():
+    """mixed_pipeline_bounds.kind_bottleneck against every way of placing D dense and E MoE layers on the stages
+    (at most caps_s layers each): the slowest stage of each is at or above the bound; and the bound is above the
+    one that prices every layer at its stage's cheaper kind somewhere (it counts the kinds apart)."""
+    from planner.search.mixed_pipeline_bounds import kind_bottleneck
+
+    rng = random.Random(11)
+    tighter = 0
+    for _ in range(200):
+        P = rng.randint(1, 3)
+        xs = [rng.uniform(0.5, 2.0) for _ in range(P)]
+        ys = [x * rng.uniform(0.7, 3.0) for x in xs]
+        c = [rng.uniform(0.0, 1.0) for _ in range(P)]
+        D, E = rng.randint(0, 3), rng.randint(1, 4)
+        caps = [rng.randint(1, D + E) for _ in range(P)]
+        best = float("inf")
+        for ds in itertools.product(range(D + 1), repeat=P):
+            if sum(ds) != D:
+                continue
+            for es in itertools.product(range(E + 1), repeat=P):
+                if sum(es) != E or any(d + e > k for d, e, k in zip(ds, es, caps)):
+                    continue
+                best = min(best, max(d * x + e * y + ci for d, e, x, y, ci in zip(ds, es, xs, ys, c)))
+        bound = kind_bottleneck(xs, ys, c, caps, D, E)
+        assert bound <= best * SLACK
+        if best < float("inf"):
+            cheap = [min(x, y) for x, y in zip(xs, ys)]
+            plain = kind_bottleneck(cheap, cheap, c, caps, D + E, 0)  # every layer at the cheaper kind
+            tighter += bound > plain * (1 + 1e-9)
+    assert tighter

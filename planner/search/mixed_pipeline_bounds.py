@@ -181,6 +181,32 @@ def min_work(a: list[float], L: int, caps: list[int] | None = None) -> float:
     return work if left <= 0 else float("inf")
 
 
+def kind_bottleneck(xs, ys, c, caps, D: int, E: int) -> float:
+    """Smallest T at which stages hold D dense and E MoE layers, stage s taking at least d*xs_s + e*ys_s + c_s
+    seconds for d + e <= caps_s layers (KindMix's argument, stage by stage): with rho the least ys_s/xs_s, stage s
+    holds at most min(max(1, rho)*caps_s, (T - c_s)/xs_s) dense-layer units, and the stages must hold D + rho*E
+    of them. The units held grow piecewise linearly with T; solved exactly between the breakpoints (a stage
+    starts holding at c_s and is full at c_s + its cap in units times xs_s)."""
+    rho = min(y / x for x, y in zip(xs, ys))
+    need = D + rho * E
+    full = [k * max(1.0, rho) for k in caps]
+    stages = list(zip(xs, c, full))
+
+    def held(T: float) -> float:
+        return sum(min(u, max(0.0, (T - ci) / x)) for x, ci, u in stages)
+
+    points = sorted({ci for _, ci, _ in stages} | {ci + u * x for x, ci, u in stages})
+    if held(points[-1]) < need * (1 - 1e-12):
+        return float("inf")
+    lo = points[0]
+    for T in points:
+        if held(T) >= need:
+            rate = sum(1 / x for x, ci, u in stages if ci <= lo < ci + u * x)  # units per second on (lo, T)
+            return T if rate <= 0 else min(T, lo + (need - held(lo)) / rate)
+        lo = T
+    return points[-1]
+
+
 def _sends(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel]) -> list[float]:
     """Each stage's pipeline-send seconds per micro-batch, a send to a neighbour on another group over the link
     between the groups (planner.cost.estimate.with_group_sends)."""
@@ -275,11 +301,19 @@ def refined_bound(
         return float("inf")
     cst = [x + send for x, send in zip(const, _sends(ctx, c, sms))]
     work = sum(cst) + min_work(a, L, caps)  # <= sum_s t_s
+    by_kind = 0.0
+    if fam.kinds is not None and v == 1:  # dense and MoE layers counted apart (KindMix), stage by stage
+        lift = [x - sm.layer_floor() for x, sm in zip(a, sms)]  # what the stage adds per layer (ZeRO-2/3 line)
+        xs = [z + sm.kinds["dense"].layer_floor() for z, sm in zip(lift, sms)]
+        ys = [z + sm.kinds["moe"].layer_floor() for z, sm in zip(lift, sms)]
+        D, E = fam.kind_counts
+        work = max(work, sum(cst) + D * min(xs) + E * min(ys))
+        by_kind = kind_bottleneck(xs, ys, cst, caps, D, E)
     tail = max(tails)
     mb = sms[0].mb
     rest = work / v + tail  # schedule_bound at T = 0, plus the tail; each second of T adds mb - 1/v
     probe = (target - rest) / (mb - 1 / v) if mb - 1 / v > 0 and target < float("inf") else None
-    T = _capped_bottleneck(a, cst, caps, L, probe)
+    T = max(_capped_bottleneck(a, cst, caps, L, probe), by_kind)
     if probe is None or T < probe:
         T = max(T, _memory_bottleneck(ctx, c, sms, cst, probe, v))
     if T == float("inf"):
