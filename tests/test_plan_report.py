@@ -200,18 +200,14 @@ def test_mixed_progress_moves():
     assert len({d for w, d, _ in alone if w == MIXED_PROGRESS}) > 3
 
 
-def test_mixed_search_goes_on_after_the_baselines(monkeypatch):
-    """The mixed pipelines stopped by their share of the time limit go on with the time the single-type
-    baselines left, cut by their plans: the result is the one an unlimited search proves. The clock is the
-    test's own: it stands still except once, when the first mixed-pipeline candidates are settled, where it
-    jumps past the mixed share (42% of the limit) to half the limit."""
+def search_with_one_clock_jump(monkeypatch, phase: str, to: float, **kw):
+    """search_hetero of the small job (limit 100 s) on a clock of the test's own: it stands still but once, when
+    ``phase`` first reports progress past 0, where it jumps to ``to`` of the limit. (result, every phase reported,
+    in order)."""
     from test_hetero import OPTS, small_job
 
     from planner.search import mixed_pipelines
-    from planner.search.mixed_pipelines import MIXED_PROGRESS, search_hetero
-
-    free = search_hetero(small_job(), top=1, time_limit_s=3600, options=OPTS, replicas=False)
-    assert free.complete and free.gap == 0.0
+    from planner.search.mixed_pipelines import search_hetero
 
     limit = 100.0
     clock = [0.0]
@@ -219,11 +215,27 @@ def test_mixed_search_goes_on_after_the_baselines(monkeypatch):
 
     def progress(done, total, what="candidates"):
         calls.append(what)
-        if what == MIXED_PROGRESS and done > 0 and clock[0] == 0.0:
-            clock[0] = 0.5 * limit
+        if what == phase and done > 0 and clock[0] == 0.0:
+            clock[0] = to * limit
 
     monkeypatch.setattr(mixed_pipelines.time, "monotonic", lambda: clock[0])
-    result = search_hetero(small_job(), top=1, time_limit_s=limit, options=OPTS, replicas=False, progress=progress)
+    result = search_hetero(small_job(), top=1, time_limit_s=limit, options=OPTS, progress=progress, **kw)
+    return result, calls
+
+
+def test_mixed_search_goes_on_after_the_baselines(monkeypatch):
+    """The mixed pipelines stopped by their share of the time limit go on with the time the single-type
+    baselines left, cut by their plans: the result is the one an unlimited search proves. The clock is the
+    test's own: it stands still except once, when the first mixed-pipeline candidates are settled, where it
+    jumps past the mixed share (42% of the limit) to half the limit."""
+    from test_hetero import OPTS, small_job
+
+    from planner.search.mixed_pipelines import MIXED_PROGRESS, search_hetero
+
+    free = search_hetero(small_job(), top=1, time_limit_s=3600, options=OPTS, replicas=False)
+    assert free.complete and free.gap == 0.0
+
+    result, calls = search_with_one_clock_jump(monkeypatch, MIXED_PROGRESS, 0.5, replicas=False)
     singles = [i for i, what in enumerate(calls) if what.endswith("alone")]
     assert singles and MIXED_PROGRESS in calls[singles[-1] :]  # the mixed search went on after the baselines
     assert result.complete and result.gap == 0.0 and result.stop_reason == "proven"
@@ -237,23 +249,12 @@ def test_replica_shapes_left_open_are_searched_again(monkeypatch):
     the replica search's stop (60% of the limit), when it has opened its first shape."""
     from test_hetero import OPTS, small_job
 
-    from planner.search import mixed_pipelines
     from planner.search.mixed_pipelines import search_hetero
 
     free = search_hetero(small_job(), top=1, time_limit_s=3600, options=OPTS)
     assert free.complete and free.gap == 0.0
 
-    limit = 100.0
-    clock = [0.0]
-    calls = []
-
-    def progress(done, total, what="candidates"):
-        calls.append(what)
-        if what == "replica shapes" and done > 0 and clock[0] == 0.0:
-            clock[0] = 0.65 * limit
-
-    monkeypatch.setattr(mixed_pipelines.time, "monotonic", lambda: clock[0])
-    result = search_hetero(small_job(), top=1, time_limit_s=limit, options=OPTS, progress=progress)
+    result, calls = search_with_one_clock_jump(monkeypatch, "replica shapes", 0.65)
     singles = [i for i, what in enumerate(calls) if what.endswith("alone")]
     assert singles and "replica shapes" in calls[singles[-1] :]  # searched again after the baselines
     assert result.complete and result.gap == 0.0 and result.stop_reason == "proven"
