@@ -150,7 +150,7 @@ def test_memory_bottleneck_is_the_least_breakpoint(name):
     for c in cands:
         sm = StageModel(j, dims_for(j, c, tp_overlap=opts.tp_comm_overlap), costs)
         heavy = j.model.num_moe_layers if sm.has_moe else j.model.num_layers
-        counts, lo, _, chunk_time = quick._memory_counts(sm, capacity)
+        counts, lo, chunk_time = quick._memory_counts(sm, capacity)
         L = j.model.num_layers
         chunks = {chunk_time(i, k) for i in range(c.pp) for k in range(1, L + 1)}
         times = sorted({lo} | {T for T in chunks if lo < T < float("inf")})  # no stage is faster than its constant

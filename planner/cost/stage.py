@@ -103,6 +103,13 @@ def layer_counts(model) -> dict[str, int]:
     return {"dense": model.num_layers - model.num_moe_layers, "moe": model.num_moe_layers}
 
 
+def heavy_kind(model) -> tuple[str, int]:
+    """The layer kind the memory bounds count, and how many layers of it the model has: the MoE layers of an MoE
+    model (the most bytes per layer), every layer of a dense one. The other layers only add time and memory."""
+    kind = "moe" if model.moe is not None else "dense"
+    return kind, layer_counts(model)[kind]
+
+
 def fastest_layer(kinds: dict[str, KindCoeffs], model) -> float:
     """The least seconds one layer of ``model`` adds to a stage's micro-batch: the cheapest of the layer kinds the
     model has (a model whose every layer is an MoE layer has no cheaper dense layer; its floor pays the EP

@@ -10,7 +10,15 @@ from dataclasses import dataclass, field
 from planner import parallel
 from planner.cost.memory import inflight_microbatches
 from planner.cost.provider import CostSource
-from planner.cost.stage import FormCache, StageModel, fastest_layer, kind_coeffs, layer_counts, pipeline_send
+from planner.cost.stage import (
+    FormCache,
+    StageModel,
+    fastest_layer,
+    heavy_kind,
+    kind_coeffs,
+    layer_counts,
+    pipeline_send,
+)
 from planner.frameworks import Framework
 from planner.parallel import HeteroDims, node_group_tp_options, seq_shard_error
 from planner.search import quick
@@ -62,12 +70,14 @@ def per_layer_bound(ctx: MixedContext, g: int, tp: int, cp: int, mbs: int, base:
     key = (g, tp, cp, ep, mbs, base)
     hit = ctx.caches.fastest_layer.get(key)
     if hit is None:
-        job = ctx.job
-        tokens = mbs * job.training.seq_length // cp
-        hit = ctx.caches.fastest_layer[key] = fastest_layer(
-            kind_coeffs(job, ctx.costs(g), tokens, tp, cp, ep, tp > 1, base), job.model
-        )
+        hit = ctx.caches.fastest_layer[key] = fastest_layer(_layer_kinds(ctx, *key), ctx.job.model)
     return hit
+
+
+def _layer_kinds(ctx: MixedContext, g: int, tp: int, cp: int, ep: int, mbs: int, base: str) -> dict:
+    """kind_coeffs of a stage of group g at these degrees (memoized on the group's costs)."""
+    tokens = mbs * ctx.job.training.seq_length // cp
+    return kind_coeffs(ctx.job, ctx.costs(g), tokens, tp, cp, ep, tp > 1, base)
 
 
 def kind_layer_bounds(
@@ -76,14 +86,12 @@ def kind_layer_bounds(
     """(dense, MoE) least seconds per layer of each kind (KindCoeffs.layer_floor) on group g's GPU with this TP,
     CP and EP, for a model that has layers of both kinds; None for a model with one kind (per_layer_bound is then
     exact per layer)."""
-    m = ctx.job.model
-    if m.moe is None or m.num_moe_layers in (0, m.num_layers):
+    if not all(layer_counts(ctx.job.model).values()):
         return None
     key = (g, tp, cp, ep, mbs, base)
     hit = ctx.caches.kind_floors.get(key)
     if hit is None:
-        tokens = mbs * ctx.job.training.seq_length // cp
-        kinds = kind_coeffs(ctx.job, ctx.costs(g), tokens, tp, cp, ep, tp > 1, base)
+        kinds = _layer_kinds(ctx, *key)
         hit = ctx.caches.kind_floors[key] = (kinds["dense"].layer_floor(), kinds["moe"].layer_floor())
     return hit
 
@@ -212,7 +220,7 @@ class ZeroTerms:
         inflight = self.least_inflight(after, vpp)
         hit = self.memory.get(inflight)
         if hit is None:
-            kind = sm.kinds["moe" if sm.has_moe else "dense"]
+            kind = sm.kinds[heavy_kind(sm.job.model)[0]]
             room = quick.memory_term(sm, self.capacity_gib, False, False, inflight)
             hit = self.memory[inflight] = (*room, kind.layer_floor(), kind.recompute_floor())
         return hit

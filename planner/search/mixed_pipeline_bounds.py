@@ -9,7 +9,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from planner.cost.estimate import neighbour_links
-from planner.cost.stage import StageModel
+from planner.cost.stage import StageModel, heavy_kind
 from planner.search.mixed_context import MixedContext
 from planner.search.quick import relaxed_layers
 
@@ -333,8 +333,7 @@ def _memory_bottleneck(
     above it, else a weaker valid bound. ``v``: the layers of a dense model come in whole chunks of v per stage."""
     m = ctx.job.model
     chunk = v if m.moe is None else 1  # an MoE model's heavy layers are only some of a stage's chunks
-    heavy_name = "moe" if m.moe is not None else "dense"
-    need = m.num_moe_layers if m.moe is not None else m.num_layers
+    heavy_name, need = heavy_kind(m)
     stages = []
     for s, (sm, g) in enumerate(zip(sms, c.stage_groups)):
         room, alpha, beta, _ = ctx.stage_terms(sm, g, s)

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from planner.cost.estimate import evaluate_stages, hetero_stage_models, with_group_sends
 from planner.cost.provider import cost_source
-from planner.cost.stage import StageModel
+from planner.cost.stage import StageModel, heavy_kind, layer_counts
 from planner.parallel import HeteroDims, baseline_recompute_modes, dp_options, group_order, micro_batch_options
 from planner.parallel import vpp_options as depth_vpp_options
 from planner.search.mixed_context import (
@@ -541,8 +541,8 @@ def _kinds(ctx: MixedContext, used, node: _TpChoiceNode) -> dict:
     kinds = [kind_layer_bounds(ctx, g, tp, node.cp, node.mbs, node.base, node.ep) for g, tp in used]
     if any(k is None for k in kinds):
         return {}
-    m = ctx.job.model
-    return {"kinds": tuple(kinds), "kind_counts": (m.num_layers - m.num_moe_layers, m.num_moe_layers)}
+    count = layer_counts(ctx.job.model)
+    return {"kinds": tuple(kinds), "kind_counts": (count["dense"], count["moe"])}
 
 
 def _memory_floor(zt: tuple[ZeroTerms, ...], afters, his, v: int) -> float:
@@ -553,9 +553,8 @@ def _memory_floor(zt: tuple[ZeroTerms, ...], afters, his, v: int) -> float:
     terms = [z.memory_terms(after, v) for z, after in zip(zt, afters)]
     if not zt or any(t is None for t in terms):
         return 0.0
-    model = zt[0].sm.job.model
     rows = tuple((k, *t) for k, t in zip(his, terms))
-    return _cached_memory_floor(rows, model.num_moe_layers if model.moe is not None else model.num_layers)
+    return _cached_memory_floor(rows, heavy_kind(zt[0].sm.job.model)[1])
 
 
 # boxes halved from one family share most of their rows

@@ -13,7 +13,7 @@ import heapq
 import math
 
 from planner.cost import memory as M
-from planner.cost.stage import StageModel, StagePlan, split_kinds
+from planner.cost.stage import StageModel, StagePlan, heavy_kind, split_kinds
 
 RESOLUTION = 1e-4  # plans closer than 0.01% are treated as equal in time
 
@@ -92,7 +92,7 @@ def forced_recompute(sm: StageModel, capacity_gib: float) -> float | None:
     L, p = sm.job.model.num_layers, d.pp
     cap = sm.allocatable(capacity_gib)
     kinds = tuple(sm.kinds)
-    heavy = kinds.index("moe" if sm.has_moe else "dense")
+    heavy = kinds.index(heavy_kind(sm.job.model)[0])
     free_total, extra = 0.0, []
     full_total = 0
     memories = _per_stage(p, sm.allocated_memory)
@@ -144,7 +144,7 @@ def memory_term(sm: StageModel, capacity_gib: float, first: bool, last: bool, in
     """(room, alpha, beta) of a stage at this position holding ``inflight`` micro-batches: allocatable bytes left
     after its fixed items, bytes per layer of the heaviest kind, bytes saved per fully recomputed layer."""
     memory = sm.allocated_memory(first, last)
-    heavy = "moe" if sm.has_moe else "dense"
+    heavy = heavy_kind(sm.job.model)[0]
     return (
         sm.allocatable(capacity_gib) - memory.const(inflight),
         memory.per_layer(heavy, inflight),
@@ -179,7 +179,7 @@ def memory_bottleneck(sm: StageModel, capacity_gib: float, effective_layers: flo
     within T exactly when E layers' worth of the cheapest chunks of v layers fit under T: T is the time of the
     last chunk taken when the stages' next chunks are taken cheapest first (a k-way merge of increasing
     sequences), starting from what each holds at the least T (its constant)."""
-    counts, lo, _, chunk_time = _memory_counts(sm, capacity_gib)
+    counts, lo, chunk_time = _memory_counts(sm, capacity_gib)
     held = counts(lo)
     v = sm.dims.vpp
     short = effective_layers - 1e-9 - sum(held)
@@ -199,12 +199,12 @@ def memory_bottleneck(sm: StageModel, capacity_gib: float, effective_layers: flo
 
 
 def _memory_counts(sm: StageModel, capacity_gib: float):
-    """(counts, lo, hi, chunk_time): counts(T) gives, per stage, the most heavy layers (multiples of v) it holds
-    within a bottleneck T when it recomputes just enough whole layers to fit; lo and hi bracket the bottleneck;
-    chunk_time(i, k) is stage i's time with k chunks of v heavy layers."""
+    """(counts, lo, chunk_time): counts(T) gives, per stage, the most heavy layers (multiples of v) it holds within
+    a bottleneck T when it recomputes just enough whole layers to fit; lo is the least bottleneck (the largest
+    stage constant); chunk_time(i, k) is stage i's time with k chunks of v heavy layers."""
     d = sm.dims
     v = d.vpp
-    heavy = sm.kinds["moe" if sm.has_moe else "dense"]
+    heavy = sm.kinds[heavy_kind(sm.job.model)[0]]
     a = heavy.layer_floor()
     rc = heavy.recompute_floor()
     terms = _stage_memory_terms(sm, capacity_gib)
@@ -241,7 +241,7 @@ def _memory_counts(sm: StageModel, capacity_gib: float):
         return stage_time(i, k * v)
 
     lo = max(consts) if consts else 0.0
-    return counts, lo, lo + sm.job.model.num_layers * (a + rc), chunk_time
+    return counts, lo, chunk_time
 
 
 def lower_bound(sm: StageModel, capacity_gib: float | None = None, cutoff: float = float("inf")) -> float:
@@ -280,8 +280,7 @@ def lower_bound_terms(
     slope = sm.mb - 1 / v
     if capacity_gib is not None and slope * T + rest < cutoff:
         # the heaviest kind alone must fit: all layers of a dense model, the MoE layers of an MoE model
-        heavy_layers = m.num_moe_layers if sm.has_moe else m.num_layers
-        T = max(T, memory_bottleneck(sm, capacity_gib, heavy_layers))
+        T = max(T, memory_bottleneck(sm, capacity_gib, heavy_kind(m)[1]))
     return T, rest
 
 
@@ -336,10 +335,10 @@ def greedy_recompute_partition(sm: StageModel, capacity_gib: float) -> list[Stag
     d = sm.dims
     m = sm.job.model
     L, p, v = m.num_layers, d.pp, d.vpp
-    T = memory_bottleneck(sm, capacity_gib, m.num_moe_layers if sm.has_moe else L)
+    T = memory_bottleneck(sm, capacity_gib, heavy_kind(m)[1])
     if T == float("inf"):
         return None
-    stage_counts, _, _, _ = _memory_counts(sm, capacity_gib)
+    stage_counts, _, _ = _memory_counts(sm, capacity_gib)
     counts = stage_counts(T * (1 + 1e-9))
     if sum(counts) < L or min(counts) < v:
         bump = 1.0
