@@ -154,8 +154,15 @@ def memory_floor(rows, need: int) -> float:
 
     if not stages or held(float("inf")) < need:
         return float("inf")
+    return least_time(held, sorted(points), need)
+
+
+def least_time(held, points, need: float) -> float:
+    """Smallest T with held(T) >= need, for an increasing held(T) that is 0 at 0 or at the first of the sorted
+    breakpoints ``points``, linear between them and beyond the last one: the first breakpoint where need is
+    reached, then linear interpolation from the one before. The caller makes sure need is reached."""
     lo = 0.0
-    for T in sorted(points):
+    for T in points:
         if held(T) >= need:
             break
         lo = T
@@ -185,8 +192,8 @@ def kind_bottleneck(xs, ys, c, caps, D: int, E: int) -> float:
     """Smallest T at which stages hold D dense and E MoE layers, stage s taking at least d*xs_s + e*ys_s + c_s
     seconds for d + e <= caps_s layers (KindMix's argument, stage by stage): with rho the least ys_s/xs_s, stage s
     holds at most min(max(1, rho)*caps_s, (T - c_s)/xs_s) dense-layer units, and the stages must hold D + rho*E
-    of them. The units held grow piecewise linearly with T; solved exactly between the breakpoints (a stage
-    starts holding at c_s and is full at c_s + its cap in units times xs_s)."""
+    of them. The units held grow piecewise linearly with T; solved exactly between the breakpoints (least_time:
+    a stage starts holding at c_s and is full at c_s + its cap in units times xs_s)."""
     rho = min(y / x for x, y in zip(xs, ys))
     need = D + rho * E
     full = [k * max(1.0, rho) for k in caps]
@@ -196,15 +203,10 @@ def kind_bottleneck(xs, ys, c, caps, D: int, E: int) -> float:
         return sum(min(u, max(0.0, (T - ci) / x)) for x, ci, u in stages)
 
     points = sorted({ci for _, ci, _ in stages} | {ci + u * x for x, ci, u in stages})
-    if held(points[-1]) < need * (1 - 1e-12):
+    most = held(points[-1])  # every stage full: held stays there
+    if most < need * (1 - 1e-12):
         return float("inf")
-    lo = points[0]
-    for T in points:
-        if held(T) >= need:
-            rate = sum(1 / x for x, ci, u in stages if ci <= lo < ci + u * x)  # units per second on (lo, T)
-            return T if rate <= 0 else min(T, lo + (need - held(lo)) / rate)
-        lo = T
-    return points[-1]
+    return least_time(held, points, min(need, most))
 
 
 def _sends(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel]) -> list[float]:
