@@ -67,9 +67,12 @@ class KindMix:
     work: float
 
     @classmethod
-    def of(cls, dense, moe, ends, counts: tuple[int, int], ordered: bool) -> KindMix:
-        """``dense``/``moe``: per used group; ``ends``: (embedding, logits) seconds per group; ``counts``: (D, E);
+    def of(cls, kinds, lift, ends, counts: tuple[int, int], ordered: bool) -> KindMix:
+        """``kinds``: (dense, MoE) least seconds per layer of each used group, ``lift`` what the caller adds to
+        every layer there (ZeRO-2/3 traffic); ``ends``: (embedding, logits) seconds per group; ``counts``: (D, E);
         ``ordered``: the groups are in pipeline order (else each end term at its least over the groups)."""
+        dense = tuple(x + z for (x, _), z in zip(kinds, lift))
+        moe = tuple(y + z for (_, y), z in zip(kinds, lift))
         D, E = counts
         rho = min(y / x for x, y in zip(dense, moe))
         at_ends = Ends.of(dense, ends, 0, len(dense) - 1) if ordered else Ends.any_order(dense, ends)
@@ -273,11 +276,7 @@ def _group_bound(ctx: MixedContext, fam: _Family, c: HeteroCandidate, sms: list[
     if room < L:
         return float("inf")
     ks = tuple(k for _, _, k in c.groups)
-    mix = None
-    if fam.kinds is not None:  # the same traffic line on both kinds
-        dense = tuple(x + z for (x, _), z in zip(fam.kinds, slopes))
-        moe = tuple(y + z for (_, y), z in zip(fam.kinds, slopes))
-        mix = KindMix.of(dense, moe, fam.ends, fam.kind_counts, True)
+    mix = None if fam.kinds is None else KindMix.of(fam.kinds, slopes, fam.ends, fam.kind_counts, True)
     ends = Ends.of(a, fam.ends, 0, len(a) - 1)
     return box_bound(a, ks, ks, ends, L, fam.mb, fam.send, fam.vpp, mix=mix) + tail
 

@@ -376,16 +376,20 @@ class _Family:
     def bound_ends(self) -> Ends:
         return Ends.of(self.a, self.ends, 0, len(self.a) - 1) if self.ordered else Ends.any_order(self.a, self.ends)
 
+    def _lined(self, zt: tuple[ZeroTerms, ...]) -> tuple[tuple[float, ...], tuple[tuple[float, float], ...]]:
+        """(per-layer seconds, (embedding, logits) seconds) of the used groups with zt's ZeRO-2/3 traffic lines
+        added (ZeroTerms: valid for two or more stages)."""
+        a = tuple(x + z.slope for x, z in zip(self.a, zt))
+        return a, tuple((e + z.first, lg + z.last) for (e, lg), z in zip(self.ends, zt))
+
     def kind_mix(self, zt: tuple[ZeroTerms, ...] = (), ordered: bool = True) -> KindMix | None:
         """The KindMix of the used groups (None for a model with one kind), with zt's ZeRO-2/3 lines added to both
-        kinds and the end stages as in ``sharded`` (for two or more stages)."""
+        kinds and the end stages as in ``_lined`` (for two or more stages)."""
         if self.kinds is None:
             return None
-        slope = [z.slope for z in zt] if zt else [0.0] * len(self.kinds)
-        dense = tuple(x + z for (x, _), z in zip(self.kinds, slope))
-        moe = tuple(y + z for (_, y), z in zip(self.kinds, slope))
-        ends = tuple((e + z.first, lg + z.last) for (e, lg), z in zip(self.ends, zt)) if zt else self.ends
-        return KindMix.of(dense, moe, ends, self.kind_counts, ordered)
+        if not zt:
+            return KindMix.of(self.kinds, (0.0,) * len(self.kinds), self.ends, self.kind_counts, ordered)
+        return KindMix.of(self.kinds, [z.slope for z in zt], self._lined(zt)[1], self.kind_counts, ordered)
 
     @functools.cached_property
     def mixes(self) -> tuple[KindMix | None, KindMix | None]:
@@ -395,8 +399,7 @@ class _Family:
     @functools.cached_property
     def sharded(self) -> tuple[tuple[float, ...], Ends]:
         """Per-layer seconds and ends with the ZeRO-2/3 traffic lines (ZeroTerms), for two or more stages."""
-        a = tuple(x + z.slope for x, z in zip(self.a, self.zt))
-        ends = tuple((e + z.first, lg + z.last) for (e, lg), z in zip(self.ends, self.zt))
+        a, ends = self._lined(self.zt)
         return a, Ends.of(a, ends, 0, len(a) - 1)
 
     def bound(self, L: int, lo, hi, target: float = float("inf")) -> float:
@@ -450,21 +453,15 @@ class _Family:
         no stage followed it (the most it can hold: ZeroTerms.room only falls with stages after it); the least
         over the ZeRO stages."""
         v = self.vpp
-        plain_mix = self.kind_mix(ordered=False)
+        plain_mix, lined = self.open_terms
         plain = box_bound(self.a, lo, hi, self.bound_ends, L, self.mb, self.send, v, mix=plain_mix)
         if not self.zts:
             return plain
         best = float("inf")
-        for zt in self.zts:
+        for zt, terms in zip(self.zts, lined):
             if sum(z.room(0, k_hi, v) for z, k_hi in zip(zt, hi)) < L:
                 continue
-            if sum(lo) < 2:
-                a, ends, tail, mix = self.a, self.bound_ends, 0.0, plain_mix
-            else:
-                a = tuple(x + z.slope for x, z in zip(self.a, zt))
-                ends = Ends.any_order(a, tuple((e + z.first, lg + z.last) for (e, lg), z in zip(self.ends, zt)))
-                tail = max(z.tail for z in zt)
-                mix = self.kind_mix(zt, ordered=False)
+            a, ends, tail, mix = (self.a, self.bound_ends, 0.0, plain_mix) if sum(lo) < 2 else terms
             zbound = box_bound(a, lo, hi, ends, L, self.mb, self.send, v, mix=mix) + tail
             if zbound < min(best, target):
                 floor = _memory_floor(zt, [0] * len(zt), hi, v)
@@ -473,6 +470,16 @@ class _Family:
                 zbound = box_bound(a, lo, hi, ends, L, self.mb, self.send, v, floor, mix) + tail
             best = min(best, zbound)
         return best
+
+    @functools.cached_property
+    def open_terms(self) -> tuple[KindMix | None, list[tuple]]:
+        """What _open_bound reads that does not depend on the box: the KindMix of one stage, and per ZeRO stage
+        (zts) the per-layer seconds, ends at their least over the groups, DP tail and KindMix of two or more."""
+        lined = []
+        for zt in self.zts:
+            a, ends = self._lined(zt)
+            lined.append((a, Ends.any_order(a, ends), max(z.tail for z in zt), self.kind_mix(zt, ordered=False)))
+        return self.kind_mix(ordered=False), lined
 
     @functools.cached_property
     def tail(self) -> float:
