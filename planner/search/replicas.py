@@ -254,12 +254,12 @@ def _probe_models(ctx, cand: ReplicaCandidate, ms) -> list[list[StageModel]]:
 
 def _exact_shape(ctx, cand: ReplicaCandidate, best, remaining: float, workers: int, beat: float, work):
     """A pipelined shape's plans from the exact split of each micro-batch choice (planner/search/replica_partition
-    .py) below ``beat``: (the better of them and ``best``, whether that is the shape's optimum among plans faster
-    than ``beat``, the least time an unproven part of the shape could reach)."""
+    .py) below ``beat`` (_exact_once: at most ``best``'s time): (the better of them and ``best``, whether that is
+    the shape's optimum among plans faster than ``beat``, the least time an unproven part of the shape could
+    reach)."""
     job = ctx.job
     shape = (cand.tp, cand.cp, cand.pp, cand.mbs)
     counts = cand.counts
-    beat = min(beat, best.iteration_time_s) if best is not None else beat
     found = exact_splits(
         lambda ms: _probe_models(ctx, cand, ms),
         [ctx.capacity(g) for g, _ in counts],
@@ -287,14 +287,14 @@ def _exact_shape(ctx, cand: ReplicaCandidate, best, remaining: float, workers: i
 def _exact_once(ctx, cand: ReplicaCandidate, est, remaining: float, workers: int, beat: float, work):
     """_exact_shape, memoized where it proved the shape: its best plan below a cut (or that there is none) holds
     below any lower cut, which a later pass of the replica search, cut by a better plan, asks about again."""
-    cut = min(beat, est.iteration_time_s) if est is not None else beat  # _exact_shape's own cut
+    cut = min(beat, est.iteration_time_s) if est is not None else beat  # the heuristic plan is beaten or kept
     hit = ctx.caches.replica_exact.get(cand.key)
     if hit is not None and cut <= hit[0]:
         plan = hit[1] if hit[1] is not None and hit[1].iteration_time_s < cut * (1 + RESOLUTION) else None
         if plan is None or (est is not None and est.iteration_time_s <= plan.iteration_time_s):
             plan = est
         return plan, True, float("inf")
-    better, proven, open_s = _exact_shape(ctx, cand, est, remaining, workers, beat, work)
+    better, proven, open_s = _exact_shape(ctx, cand, est, remaining, workers, cut, work)
     if proven:
         ctx.caches.replica_exact[cand.key] = (cut, None if better is est else better)
     return better, proven, open_s
