@@ -711,7 +711,9 @@ def search_hetero(
 
     def solve(c: HeteroCandidate, sms: list[StageModel], kth: float, bound: float, limit: float | None = None):
         nonlocal solved, settled
-        if limit is None:  # without a plan to beat, a solve only needs to find one: a short limit (its bound is kept)
+        # a candidate's first solve (no limit given; solve_again gives one) is counted; without a plan to beat it
+        # only needs to find one: a short limit (its bound is kept)
+        if limit is None:
             limit = solve_limit(deadline - time.monotonic(), time_limit_s if kth < float("inf") else 0.0)
             solved += 1
             settled += 1
@@ -843,7 +845,7 @@ def search_hetero(
     if timed_out:
         explore(end)
     solve_again(end)
-    if rs is not None and min(rs.unexplored, rs.low) < kth_time() * (1 - 1e-9) and time.monotonic() < end:
+    if rs is not None and rs.open_parts(kth_time() * (1 - 1e-9)) and time.monotonic() < end:
         rs = replica_pass(kth_time(), end)
     complete, open_bound = settle_open_solves(not timed_out, [b for b, _, _ in open_solves], best, top)
     # What keeps the top K from being proven, as (bound, stop reason, part of the space): the mixed pipelines as
@@ -856,10 +858,8 @@ def search_hetero(
     open_parts = []
     if not complete:
         open_parts.append((min(frontier, open_bound), "time_limit" if timed_out else "solve_cap", "mixed_pipelines"))
-    if rs is not None and rs.unexplored < kth:
-        open_parts.append((rs.unexplored, "time_limit", "replica_shapes"))
-    if rs is not None and rs.low < kth:
-        open_parts.append((rs.low, "heuristic", "replica_shapes"))
+    if rs is not None:
+        open_parts += rs.open_parts(kth)
     proven = not open_parts
     final = [p if proven else unproven(p) for p in best]
     gap, reason, source = 0.0, "proven", None

@@ -497,6 +497,11 @@ class ReplicaSearch:
     low: float
     unexplored: float
 
+    def open_parts(self, kth: float) -> list[tuple[float, str, str]]:
+        """(bound, stop reason, part of the space) of what keeps the replica shapes from closing below ``kth``."""
+        parts = [(self.unexplored, "time_limit"), (self.low, "heuristic")]
+        return [(bound, reason, "replica_shapes") for bound, reason in parts if bound < kth]
+
 
 def global_floor(ctx) -> float:
     """Iteration seconds no plan on the cluster can beat: the model's FLOPs (attention halved by the causal mask)
