@@ -342,3 +342,42 @@ def test_kind_bottleneck_is_below_every_assignment_of_the_two_kinds():
             plain = kind_bottleneck(cheap, cheap, c, caps, D + E, 0)  # every layer at the cheaper kind
             tighter += bound > plain * (1 + 1e-9)
     assert tighter
+
+
+def test_whole_chunk_bottleneck_is_below_every_split_of_the_chunks():
+    """mixed_pipeline_bounds.whole_chunk_bottleneck against every stage count k_g <= hi_g per group (in pipeline
+    order) and every split of the layers into whole chunks of v per stage: the slowest stage (its chunks, its
+    sends, the embedding on the first stage and the logits on the last) is at or above the bound; and the bound is
+    above the continuous one (start) somewhere."""
+    from planner.search.mixed_pipeline_bounds import Ends, whole_chunk_bottleneck
+
+    rng = random.Random(3)
+    tighter = 0
+    for _ in range(300):
+        n = rng.randint(1, 3)
+        v = rng.choice([1, 1, 2])
+        L = v * rng.randint(2, 7)
+        a = [rng.uniform(0.5, 2.0) for _ in range(n)]
+        hi = [rng.randint(1, 3) for _ in range(n)]
+        # sends only where every candidate has two stages or more (as box_bound passes them)
+        sends = None if n < 2 or rng.random() < 0.3 else [rng.uniform(0.0, 0.5) for _ in range(n)]
+        ends = Ends.of(a, [(rng.uniform(0, 1), rng.uniform(0, 1)) for _ in range(n)], 0, n - 1)
+        best = float("inf")
+        for ks in itertools.product(*[range(1, h + 1) for h in hi]):
+            P = sum(ks)
+            if P > L // v:
+                continue
+            stage_a = [x for x, k in zip(a, ks) for _ in range(k)]
+            const = [0.0 if sends is None else y for y, k in zip(sends or a, ks) for _ in range(k)]
+            const[0] += ends.emb
+            const[-1] += ends.logits
+            for chunks in compositions(L // v, P):
+                best = min(best, max(v * c * x + ci for c, x, ci in zip(chunks, stage_a, const)))
+        bound = whole_chunk_bottleneck(a, hi, ends, L, sends, v, 0.0)
+        assert bound <= best * SLACK, (a, hi, sends, v, L)
+        # the continuous bottleneck: the hi stages hold fractions of chunks
+        inv = sum(k / (v * x) for x, k in zip(a, hi))
+        const = sum(k * y / (v * x) for x, k, y in zip(a, hi, sends or [0.0] * n))
+        continuous = (L // v + const + ends.emb / (v * a[0]) + ends.logits / (v * a[-1])) / inv
+        tighter += bound > continuous * (1 + 1e-6)
+    assert tighter

@@ -5,6 +5,7 @@ every plan of what it bounds, so the search may drop anything whose bound reache
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -98,6 +99,7 @@ def box_bound(
     v: int = 1,
     floor: float = 0.0,
     mix: KindMix | None = None,
+    whole: bool = False,
 ) -> float:
     """Iteration seconds no candidate with lo_g <= k_g <= hi_g stages per used group g beats (lo = hi: one
     candidate). Each stage of group g takes at least a_g seconds per layer and, when there are >= 2 stages,
@@ -112,7 +114,9 @@ def box_bound(
         the fastest a_g, which is L*min(a) + sum_g k_g v (a_g - min(a)), smallest at k = lo.
     Communication beyond TP, CP and pipeline sends, the DP tail and the optimizer step are >= 0 and left out.
     ``floor``: a bound on max_s t_s known otherwise (memory_floor). ``mix``: the model's two layer kinds (KindMix),
-    for a second bottleneck in dense-layer units and a second least work (a = the faster kind's seconds)."""
+    for a second bottleneck in dense-layer units and a second least work (a = the faster kind's seconds).
+    ``whole``: the groups are in pipeline order with real stage counts (an ordered family, one candidate), so the
+    bottleneck is raised to where the stages hold the layers in whole chunks (whole_chunk_bottleneck)."""
     sends = send is not None and sum(lo) >= 2
     single = sum(hi) == 1  # one stage holds both ends
     top = max(ends.first_top + (ends.logits if single else 0.0), ends.last_top)
@@ -134,8 +138,46 @@ def box_bound(
         T = max(T, (mix.layers + mix.ends.emb_per_a + mix.ends.logits_per_a + over_d) / inv_d)
         work = max(work, mix.work + sum(k * y for k, y in zip(lo, ys)))
     if most > T:  # the monotonicity above fails: drop the sends
-        return box_bound(a, lo, hi, ends, L, m, None, v, floor, mix)
+        return box_bound(a, lo, hi, ends, L, m, None, v, floor, mix, whole)
+    if whole:
+        T = whole_chunk_bottleneck(a, hi, ends, L, send if sends else None, v, T)
     return schedule_bound(T, ends.emb + ends.logits + work, m, v)
+
+
+def whole_chunk_bottleneck(a, hi, ends: Ends, L: int, send, v: int, start: float) -> float:
+    """Smallest bottleneck T >= ``start`` (a valid bound on it) at which hi_g stages per group, in pipeline order,
+    hold the L layers in whole chunks of v: a stage of group g with constant seconds c (its sends, and the
+    embedding on the first stage, the logits on the last) holds at most floor((T - c) / (v a_g)) chunks, and a
+    box's candidates have no more stages than hi (so no more room at T). box_bound's continuous bottleneck lets
+    every stage hold a fraction of a chunk; with a few layers per stage that is worth several percent. The held
+    chunks step up at c + q v a_g: the search walks those steps from ``start``."""
+    n = len(a)
+    ys = send or (0.0,) * n
+    if sum(hi) == 1:
+        kinds = [(1, ends.emb + ends.logits, v * a[0])]
+    else:
+        kinds = []  # (stages, constant seconds, seconds per chunk)
+        for g, (x, k, y) in enumerate(zip(a, hi, ys)):
+            if g == 0:
+                kinds.append((1, y + ends.emb, v * x))
+                k -= 1
+            if g == n - 1:
+                kinds.append((1, y + ends.logits, v * x))
+                k -= 1
+            if k > 0:
+                kinds.append((k, y, v * x))
+    need = L // v
+    T = start
+    while True:
+        held, step = 0, float("inf")
+        for k, c, u in kinds:
+            q = math.floor((T - c) / u + 1e-9)  # (rounding: a chunk that just fits is held)
+            if q > 0:
+                held += k * q
+            step = min(step, c + (max(q, 0) + 1) * u)
+        if held >= need:
+            return T
+        T = step
 
 
 def memory_floor(rows, need: int) -> float:
@@ -278,7 +320,7 @@ def _group_bound(ctx: MixedContext, fam: _Family, c: HeteroCandidate, sms: list[
     ks = tuple(k for _, _, k in c.groups)
     mix = None if fam.kinds is None else KindMix.of(fam.kinds, slopes, fam.ends, fam.kind_counts, True)
     ends = Ends.of(a, fam.ends, 0, len(a) - 1)
-    return box_bound(a, ks, ks, ends, L, fam.mb, fam.send, fam.vpp, mix=mix) + tail
+    return box_bound(a, ks, ks, ends, L, fam.mb, fam.send, fam.vpp, mix=mix, whole=True) + tail
 
 
 def refined_bound(

@@ -423,13 +423,13 @@ class _Family:
         a, ends, tail = (self.a, self.bound_ends, 0.0) if sum(lo) < 2 else (*self.sharded, self.tail)
         mix = self.mixes[sum(lo) >= 2]
         # two or more stages: ZeRO-2/3 traffic, and the DP tail of the slowest group to sync
-        plain = box_bound(a, lo, hi, ends, L, self.mb, self.send, v, mix=mix) + tail
+        plain = box_bound(a, lo, hi, ends, L, self.mb, self.send, v, mix=mix, whole=True) + tail
         if plain >= target:
             return plain
         floor = _memory_floor(self.zt, afters[::-1], hi, v)
         if floor == float("inf"):
             return floor
-        return box_bound(a, lo, hi, ends, L, self.mb, self.send, v, floor, mix) + tail
+        return box_bound(a, lo, hi, ends, L, self.mb, self.send, v, floor, mix, whole=True) + tail
 
     def _clip(self, lo, hi):
         """The box narrowed to the depths that take the family's vpp: with P = sum k between the least such depth
