@@ -14,6 +14,7 @@ import pytest
 from strategies import SMALL_MOE
 
 from planner.cost.estimate import evaluate_plans, evaluate_stages, with_group_sends
+from planner.cost.forms import StagePlan
 from planner.cost.provider import cost_source
 from planner.cost.stage import StageModel, split_kinds
 from planner.load import parse_job
@@ -267,7 +268,8 @@ def test_layer_kinds_tighten_the_mixed_bounds():
 def assert_bounds_hold(ctx, sample) -> None:
     """Every bound of each (bounds on the way, family, candidate) of ``sample`` -- _TpChoiceNode, unordered and
     ordered family boxes, the candidate's own box, its refined bound, also probed at its best time -- is at most
-    the brute-force best plan of the candidate; and some candidate has a plan that fits."""
+    the brute-force best plan of the candidate, probed just above it the refined bound does not reach the target
+    (prune it); and some candidate has a plan that fits."""
     cache: dict = {}
     fitting = 0
     for bounds, fam, c in sample:
@@ -280,14 +282,18 @@ def assert_bounds_hold(ctx, sample) -> None:
         if best.fit_time < float("inf"):
             fitting += 1
             assert refined_bound(ctx, fam, c, sms, best.fit_time) <= best.fit_time * SLACK, what
+            above = best.fit_time * 1.001  # a target the best plan beats: the candidate must not be pruned
+            assert refined_bound(ctx, fam, c, sms, above) < above, what
     assert fitting
 
 
 @pytest.mark.parametrize("zero", [1, 3])
 def test_the_dp_tail_floor_holds_for_every_stage_of_any_layer_mix(zero):
     """MixedContext.tail_floor (and the ZeRO-2/3 line) of an MoE model with a dense first layer: at most the exposed
-    DP tail (and per-micro-batch ZeRO traffic) of every stage at every layer split and recompute count, whatever mix
-    of dense and MoE layers the stage holds; and the floors are not zero everywhere, so the check bites."""
+    DP tail plus the stage's recompute seconds over vpp (what the bound also counts in sum_s t_s / vpp), and the
+    ZeRO line at most the per-micro-batch ZeRO traffic, of every stage at every layer split and recompute count,
+    whatever mix of dense and MoE layers the stage holds; the floors are not zero everywhere, so the check bites,
+    and where recompute pays for what it hides the floor is above the one with every layer recomputed."""
     j = parse_job(
         {
             "model": {**MOE6, "num_layers": 5},
@@ -300,11 +306,17 @@ def test_the_dp_tail_floor_holds_for_every_stage_of_any_layer_mix(zero):
     sm = StageModel(j, dims.stage_dims(0), ctx.costs(0))
     L = j.model.num_layers
     largest = 0.0
+    never = 10**6  # an interleaving degree at which recompute never pays: every layer recomputed
+    if zero == 1:  # (ZeRO-3: the floor is 0 either way here)
+        assert any(ctx.tail_floor(sm, s, L, 1) > ctx.tail_floor(sm, s, L, never) for s in range(2))
     for split in compositions(L, 2):
         for rec in itertools.product(*(range(n + 1) for n in split)):
             for s, plan in enumerate(split_kinds(j, split, rec, False)):
                 exposed = sm.iteration_tail(s, plan)[0]
-                assert ctx.tail_floor(sm, s, L) <= exposed * SLACK + 1e-12, (split, rec, s)
+                compute = sm.compute_form(s == 0, s == 1)
+                recompute_s = compute.at(plan) - compute.at(StagePlan(plan.dense, plan.moe))
+                for v in (1, 2, never):
+                    assert ctx.tail_floor(sm, s, L, v) <= (exposed + recompute_s / v) * SLACK + 1e-12, (split, rec, s)
                 slope, const = ctx.sharded_line(sm, s)
                 zero_time = sm.microbatch_time(s, plan)["zero_comm"]
                 largest = max(largest, min(exposed, ctx.tail_floor(sm, s, L)) + slope * plan.layers + const)

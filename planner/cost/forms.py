@@ -225,19 +225,34 @@ class Overlap:
     def exposed(self, traffic_s: float, window_s: float) -> float:
         return max(0.0, self.signed(traffic_s, window_s))
 
-    def recomputed_line(self, compute: Affine, forward: Affine, kind: str) -> tuple[float, float]:
+    def _window(self, compute: Affine, forward: Affine) -> Affine:
+        return compute if self.window == "compute" else forward if self.window == "forward" else compute - forward
+
+    def recomputed_line(
+        self, compute: Affine, forward: Affine, kind: str, recomputed: bool = True
+    ) -> tuple[float, float]:
         """(constant, per layer) of traffic - share * window on a stage of n >= 1 layers of ``kind``, every one
-        fully recomputed (the longest window), given the stage's compute and forward forms: read off the forms'
-        coefficients, indicators on."""
-        traffic = self.traffic.total()
-        window = compute if self.window == "compute" else forward if self.window == "forward" else compute - forward
+        fully recomputed (the longest window; with ``recomputed`` False, none), given the stage's compute and
+        forward forms: read off the forms' coefficients, indicators on."""
+        traffic, window = self.traffic.total(), self._window(compute, forward)
 
         def line(form: Affine) -> tuple[float, float]:
+            if not recomputed:
+                return form.const + (form.any_moe if kind == "moe" else 0.0), form.per_layer(kind)
             on = form.any_recomputed + (form.any_moe if kind == "moe" else 0.0)
             return form.const + on, form.per_layer(kind) + form.per_recomputed(kind)
 
         (t0, t1), (w0, w1) = line(traffic), line(window)
         return t0 - self.share * w0, t1 - self.share * w1
+
+    def hidden_by_recompute(self, compute: Affine, forward: Affine, kind: str) -> tuple[float, float]:
+        """(per recomputed layer of ``kind``, once for any) seconds by which recompute lowers traffic - share *
+        window, at least 0: what the longer window hides."""
+        traffic, window = self.traffic.total(), self._window(compute, forward)
+        return (
+            max(0.0, self.share * window.per_recomputed(kind) - traffic.per_recomputed(kind)),
+            max(0.0, self.share * window.any_recomputed - traffic.any_recomputed),
+        )
 
 
 class Position(NamedTuple):

@@ -144,16 +144,21 @@ class MixedContext:
             hit = self.caches.stage_terms[key] = (room, alpha, beta, max_layers(sm, s, room))
         return hit
 
-    def tail_floor(self, sm: StageModel, s: int, cap: int) -> float:
-        """The least exposed DP communication after stage s's last backward (StageModel.iteration_tail) over
-        every layer count 1..cap (the most the stage can hold), each layer fully recomputed (the longest backward
-        hides the most), in any mix of the model's layer kinds. It is the sum of two max(0, affine in n) parts
-        (TailForms), so its least value over integers lies at an end or next to where a part reaches 0."""
+    def tail_floor(self, sm: StageModel, s: int, cap: int, vpp: int | None = None) -> float:
+        """A floor under what stage s's exposed DP communication after its last backward (StageModel.iteration_tail)
+        adds to a bound that also counts the stage's recompute seconds once in sum_s t_s / vpp (the schedule's
+        second term: planner/cost/schedule.py): the least exposed communication over every layer count 1..cap
+        (the most the stage can hold), in any mix of the model's layer kinds, without recompute where a recomputed
+        layer adds at least as much there as its longer backward hides (recompute_pays_up_to), else with every
+        layer recomputed (the longest backward hides the most). It is the sum of two max(0, affine in n) parts
+        (TailForms), so its least value over integers lies at an end or next to where a part reaches 0. ``vpp``:
+        the stage model's own unless given."""
         cap = min(cap, self.job.model.num_layers)
-        key = (sm.form_cache, s == 0, s == sm.dims.pp - 1, cap)
+        v = sm.dims.vpp if vpp is None else vpp
+        key = (sm.form_cache, s == 0, s == sm.dims.pp - 1, cap, v)
         hit = self.caches.tail_floor.get(key)
         if hit is None:
-            hit = self.caches.tail_floor[key] = _tail_floor(sm, s, cap)
+            hit = self.caches.tail_floor[key] = stage_tail_floor(sm, s, cap, v)
         return hit
 
     def sharded_line(self, sm: StageModel, s: int) -> tuple[float, float]:
@@ -181,12 +186,23 @@ class ZeroTerms:
     slope: float
     first: float
     last: float
-    tail: float  # the least exposed DP tail of any of the group's stages (MixedContext.tail_floor)
     sm: StageModel | None  # the group's model at depth 3 (None: too few layers for one)
     middle_room: float
     caps: dict[int, list[int]] = field(default_factory=dict)  # by vpp: prefix sums over stages 1, 2, ... from the end
+    tails: dict[int, float] = field(default_factory=dict)  # tail by vpp
     memory: dict[float, tuple] = field(default_factory=dict)  # memory_terms by in-flight count
     capacity_gib: float = 0.0  # the group's usable GPU memory (MixedContext.capacity)
+
+    def tail(self, vpp: int = 1) -> float:
+        """The least exposed DP tail of any of the group's stages in a pipeline of ``vpp`` model chunks per stage
+        (MixedContext.tail_floor of the first, a middle and the last stage: at any depth >= 2)."""
+        if self.sm is None:
+            return 0.0
+        hit = self.tails.get(vpp)
+        if hit is None:
+            L = self.sm.job.model.num_layers
+            hit = self.tails[vpp] = min(stage_tail_floor(self.sm, s, L, vpp) for s in range(3))
+        return hit
 
     def room(self, after: int, count: int, vpp: int = 1) -> float:
         """Most layers ``count`` stages of this group can hold when at least ``after`` stages follow them, in a
@@ -244,17 +260,16 @@ def _zero_terms(
     job = ctx.job
     L = job.model.num_layers
     if L < 3:
-        return ZeroTerms(0.0, 0.0, 0.0, 0.0, None, 0.0)
+        return ZeroTerms(0.0, 0.0, 0.0, None, 0.0)
     dims = pipeline_dims(job, (g, g, g), (tp, tp, tp), dp, cp, mbs, zero, base, ep=ep)
     sm = StageModel(job, dims.stage_dims(0), ctx.costs(g), ctx.form_caches)
     lines = [ctx.sharded_line(sm, s) for s in range(3)]
     room = quick.stage_memory_term(sm, ctx.capacity(g), 1)[0]
-    tail = min(ctx.tail_floor(sm, s, L) for s in range(3))  # first, middle, last: at any depth >= 2
     cap = ctx.capacity(g)
     if lines[1][1] < 0:
-        return ZeroTerms(0.0, 0.0, 0.0, tail, sm, room, capacity_gib=cap)
+        return ZeroTerms(0.0, 0.0, 0.0, sm, room, capacity_gib=cap)
     first, last = min(0.0, lines[0][1]), min(0.0, lines[2][1])
-    return ZeroTerms(min(z for z, _ in lines), first, last, tail, sm, room, capacity_gib=cap)
+    return ZeroTerms(min(z for z, _ in lines), first, last, sm, room, capacity_gib=cap)
 
 
 def tp_options(ctx: MixedContext, g: int, cp: int) -> list[int]:
@@ -326,27 +341,71 @@ def max_layers(sm: StageModel, s: int, room: float, inflight: float | None = Non
     return sm.most_layers(room, sm.inflight(s) if inflight is None else inflight)
 
 
-def _any_mix_line(overlap, compute, forward, model) -> tuple[float, float]:
+def _any_mix_line(overlap, compute, forward, model, recomputed: bool = True) -> tuple[float, float]:
     """(constant, per layer) of an overlap's traffic - share * window (Overlap.recomputed_line) that holds for a
-    stage of n >= 1 layers in any mix of the kinds the model has, each fully recomputed (the longest window): the
-    least constant and the least per-layer term over those kinds (layers of kind k add n_k * slope_k >=
-    n_k * min slope, and a stage of dense layers only has no MoE term)."""
+    stage of n >= 1 layers in any mix of the kinds the model has, each fully recomputed (the longest window; with
+    ``recomputed`` False, none): the least constant and the least per-layer term over those kinds (layers of kind
+    k add n_k * slope_k >= n_k * min slope, and a stage of dense layers only has no MoE term)."""
     count = layer_counts(model)
-    lines = [overlap.recomputed_line(compute, forward, kind) for kind in ("dense", "moe") if count[kind]]
+    lines = [overlap.recomputed_line(compute, forward, kind, recomputed) for kind in ("dense", "moe") if count[kind]]
     return min(c for c, _ in lines), min(p for _, p in lines)
 
 
-def _tail_floor(sm: StageModel, s: int, L: int) -> float:
+def recompute_pays_up_to(sm: StageModel, s: int) -> float:
+    """The largest interleaving degree v at which recompute on stage s adds at least as much to an iteration bound
+    as it hides of the stage's exposed DP tail, so that the tail may be floored without recompute. A stage
+    recomputing r layers takes c_any + r*c_r more seconds per micro-batch (its compute form), counted once in the
+    schedule's sum_s t_s / v; its longer backward hides at most h_any + r*h_r of the tail's parts together
+    (Overlap.hidden_by_recompute; max(0, x - h) >= max(0, x) - h for h >= 0). So with c/v >= h for both terms,
+    tail(n, r) + (c_any + r*c_r)/v >= tail(n, 0): v <= min c/h (inf when recompute hides nothing; below 1 when
+    it hides more than it costs even at v = 1)."""
     first, last = s == 0, s == sm.dims.pp - 1
     compute, forward = sm.compute_form(first, last), sm.forward_form(first, last)
-    # (reduction, gather) minus what hides them, as lines in the layer count n (all recomputed)
-    lines = [_any_mix_line(x, compute, forward, sm.job.model) for x in sm.tail_forms(first, last).parts()]
-    points = {1, L}
+    parts = sm.tail_forms(first, last).parts()
+    count = layer_counts(sm.job.model)
+    most = float("inf")
+    for kind in ("dense", "moe"):
+        if not count[kind]:
+            continue
+        hidden = [x.hidden_by_recompute(compute, forward, kind) for x in parts]
+        costs = (compute.per_recomputed(kind), compute.any_recomputed)
+        for h, c in zip((sum(h for h, _ in hidden), sum(h for _, h in hidden)), costs):
+            if h > 0:
+                most = min(most, c / h)
+    return most
+
+
+def stage_tail_floor(sm: StageModel, s: int, L: int, vpp: int) -> float:
+    """MixedContext.tail_floor, not memoized."""
+    return least_tail(tail_lines(sm, s, vpp), L)[0]
+
+
+def tail_lines(sm: StageModel, s: int, vpp: int) -> tuple[tuple[float, float], ...]:
+    """Stage s's exposed DP tail as parts max(0, const + per_layer * n) in its layer count n >= 1 (reduction
+    behind the backward, gather behind the forward: TailForms), each (const, per_layer) an _any_mix_line without
+    recompute where it pays at ``vpp`` (recompute_pays_up_to; see MixedContext.tail_floor), else all recomputed."""
+    first, last = s == 0, s == sm.dims.pp - 1
+    compute, forward = sm.compute_form(first, last), sm.forward_form(first, last)
+    recomputed = vpp > recompute_pays_up_to(sm, s)
+    return tuple(
+        _any_mix_line(x, compute, forward, sm.job.model, recomputed) for x in sm.tail_forms(first, last).parts()
+    )
+
+
+def tail_at(lines, n: int) -> float:
+    """The tail of tail_lines at n layers."""
+    return sum((max(0.0, c + p * n) for c, p in lines), 0.0)
+
+
+def least_tail(lines, cap: int) -> tuple[float, int]:
+    """(least tail, the layer count 1..cap that has it) of tail_lines: a sum of max(0, affine) parts is convex, so
+    the least lies at an end or next to where a part reaches 0."""
+    points = {1, cap}
     for const, per_layer in lines:
         if per_layer:  # where this part reaches 0, and its integer neighbours
             z = -const / per_layer
-            points.update(min(L, max(1, int(z) + d)) for d in (0, 1))
-    return min(sum((max(0.0, c + p * n) for c, p in lines), 0.0) for n in sorted(points))
+            points.update(min(cap, max(1, int(z) + d)) for d in (0, 1))
+    return min((tail_at(lines, n), n) for n in sorted(points))
 
 
 def _sharded_line(sm: StageModel, s: int) -> tuple[float, float]:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from planner.cost.estimate import neighbour_links
 from planner.cost.stage import StageModel, heavy_kind
-from planner.search.mixed_context import MixedContext
+from planner.search.mixed_context import MixedContext, least_tail, tail_at, tail_lines
 from planner.search.quick import relaxed_layers
 
 # Relative width at which the bottleneck bisections stop. Their lower end is a valid bound at every step, so a
@@ -261,22 +261,25 @@ def _sends(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel]) -> list
     return [sm.pp_time if pair == (None, None) else sm.neighbour_pp_time(*pair) for sm, pair in zip(sms, links)]
 
 
-def _stage_bound(ctx: MixedContext, sm: StageModel, g: int, s: int) -> tuple[int, float, float, float]:
+def _stage_bound(ctx: MixedContext, sm: StageModel, g: int, s: int) -> tuple:
     """Stage s's terms of the refined bound: the most layers it can hold (memory), its least seconds per layer,
-    its constant seconds per micro-batch without sends (embedding, logits, ZeRO-2/3 traffic) and its least DP
-    tail."""
+    its constant seconds per micro-batch without sends (embedding, logits, ZeRO-2/3 traffic), its least DP tail
+    (MixedContext.tail_floor), and that tail as lines in the layer count (tail_lines) with the count 1..cap at
+    which it is least."""
     p = sm.dims.pp
     cap = ctx.stage_terms(sm, g, s)[3]
     z, z0 = ctx.sharded_line(sm, s)
     const = sm.compute_form(s == 0, s == p - 1).const + z0  # embedding, logits
-    return cap, sm.layer_floor() + z, const, ctx.tail_floor(sm, s, cap)
+    lines = tail_lines(sm, s, sm.dims.vpp)
+    least, at = least_tail(lines, max(1, min(cap, ctx.job.model.num_layers)))
+    return cap, sm.layer_floor() + z, const, least, lines, at
 
 
 def _stage_row(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], g: int, i: int) -> tuple:
     """_stage_bound of stage i, memoized per position and across depths (as MixedContext.stage_terms: the terms
     depend on the depth only through the in-flight count and the ends)."""
     sm = sms[i]
-    key = (sm.form_cache, sm.inflight(i), i == 0, i == c.pp - 1)
+    key = (sm.form_cache, sm.inflight(i), i == 0, i == c.pp - 1, c.vpp)
     row = ctx.caches.stage_bound.get(key)
     if row is None:
         row = ctx.caches.stage_bound[key] = _stage_bound(ctx, sm, g, i)
@@ -330,14 +333,17 @@ def refined_bound(
     memory cap on layers and the least DP tail of any stage (MixedContext.tail_floor); inf if the layers cannot
     fit at all. With interleaving the schedule is the interleaved one (schedule_bound) and the layers are counted
     in whole chunks of vpp per stage (a split that is not in whole chunks is not a plan). Only whether it reaches
-    ``target`` is decided exactly (the bottleneck terms are probed at the value that would reach it), which is all
+    ``target`` is decided exactly (the bottleneck terms are probed at the value that would reach it, and where
+    they do not reach it, the DP tail of the stages that must hold the layers: _hold_within_tail), which is all
     pruning needs. _group_bound decides first where it can."""
     quick = _group_bound(ctx, fam, c, sms)
     if quick >= target:
         return quick
     v = c.vpp
     L = ctx.job.model.num_layers
-    caps, a, const, tails = zip(*_stage_bounds(ctx, c, sms))
+    rows = _stage_bounds(ctx, c, sms)
+    caps, a, const, tails = list(zip(*rows))[:4]
+    layer_caps = caps
     if v > 1:  # counted in model chunks of v layers: every stage holds whole chunks (planner.parallel.vpp_error)
         caps, a, L = [k // v for k in caps], [x * v for x in a], L // v
     if min(caps) < 1 or sum(caps) < L:
@@ -363,7 +369,34 @@ def refined_bound(
         return T  # the layers cannot fit (and with one micro-batch (mb - 1) * T would be nan)
     if probe is not None and T >= probe:
         return max(target, (mb - 1 / v) * T + rest)  # the bound reaches target (float rounding aside)
-    return (mb - 1 / v) * T + rest  # schedule_bound(T, work, mb, v) + tail
+    if probe is not None:  # not cut by the bottleneck alone: its exact value, for the DP tail's turn below
+        T = max(_capped_bottleneck(a, cst, caps, L), by_kind, _memory_bottleneck(ctx, c, sms, cst, None, v))
+    bound = (mb - 1 / v) * T + rest  # schedule_bound(T, work, mb, v) + tail
+    reach = target - bound + tail  # the largest stage tail at which the bound would reach target
+    if target < float("inf") and not _hold_within_tail(rows, layer_caps, ctx.job.model.num_layers, reach):
+        return target  # the stages cannot hold the layers with every DP tail below what would reach target
+    return bound
+
+
+def _hold_within_tail(rows, caps, L: int, tail: float) -> bool:
+    """Whether the stages can hold the L layers (at least one each, at most caps_s) with every stage's exposed
+    DP tail (rows: _stage_bound's tail_lines and the count with the least tail) at most ``tail``: the tail is the
+    largest over the stages (planner.cost.estimate.evaluate_stages) and grows with the layers a stage holds, so a
+    bound with the least tail of any stage is low where the layers must spread. Each stage's tail is convex in
+    its layer count: the counts within ``tail`` are an interval from the least one up, found by bisection."""
+    held = 0
+    for row, cap in zip(rows, caps):
+        lines, least_at = row[4], row[5]
+        if tail_at(lines, least_at) > tail:
+            return False
+        lo, hi = least_at, max(least_at, min(cap, L))
+        while lo < hi:  # the largest n in lo..hi with tail_at(n) <= tail
+            mid = (lo + hi + 1) // 2
+            lo, hi = (mid, hi) if tail_at(lines, mid) <= tail else (lo, mid - 1)
+        held += lo
+        if held >= L:
+            return True
+    return False
 
 
 def _memory_bottleneck(

@@ -478,12 +478,16 @@ class _Family:
         lined = []
         for zt in self.zts:
             a, ends = self._lined(zt)
-            lined.append((a, Ends.any_order(a, ends), max(z.tail for z in zt), self.kind_mix(zt, ordered=False)))
+            lined.append((a, Ends.any_order(a, ends), self._tail(zt), self.kind_mix(zt, ordered=False)))
         return self.kind_mix(ordered=False), lined
 
     @functools.cached_property
     def tail(self) -> float:
-        return max(z.tail for z in self.zt)
+        return self._tail(self.zt)
+
+    def _tail(self, zt: tuple[ZeroTerms, ...]) -> float:
+        """The DP tail floor of the used groups at the family's vpp: the largest of their least tails."""
+        return max(z.tail(self.vpp) for z in zt)
 
     def expand(self, ctx: MixedContext, lo, hi) -> list[tuple[_Family, tuple]]:
         """Every pipeline order of the used groups and every ZeRO stage, each with its box (the groups' counts
@@ -794,7 +798,14 @@ def search_hetero(
                 push(flb, family, fbox)
             return
         if isinstance(fam, HeteroCandidate):  # a candidate back with its refined bound: solve it
-            solve(fam, box, kth, lb)
+            family, sms = box
+            # the bound was decided against the K-th best of its time (refined_bound only decides whether it
+            # reaches its target): against today's, it may be cut
+            if refined_bound(ctx, family, fam, sms, kth) >= kth:
+                settled += 1
+                report()
+                return
+            solve(fam, sms, kth, lb)
             return
         lo, hi = box
         if not fam.ordered:
@@ -819,7 +830,7 @@ def search_hetero(
             if kth == float("inf") and (not heap or refined <= heap[0][0] * (1 + DIVE)):
                 solve(c, sms, kth, max(lb, refined))  # no plan yet: one close to the frontier starts the cut
             else:
-                heapq.heappush(heap, (max(lb, refined), next(tie), c, sms))
+                heapq.heappush(heap, (max(lb, refined), next(tie), c, (fam, sms)))
 
     explore(deadline)
     rs = None
