@@ -35,6 +35,7 @@ class Ends:
     logits_per_a: float
     first_top: float
     last_top: float
+    ordered: bool = True  # the embedding is on the first group's first stage, the logits on the last group's last
 
     @classmethod
     def of(cls, a, ends, first: int, last: int) -> Ends:
@@ -51,6 +52,7 @@ class Ends:
             min([lg / x for lg, x in zip(logits, a)]),
             min([x + e for x, e in zip(a, emb)]),
             min([x + lg for x, lg in zip(a, logits)]),
+            ordered=False,
         )
 
 
@@ -115,8 +117,9 @@ def box_bound(
     Communication beyond TP, CP and pipeline sends, the DP tail and the optimizer step are >= 0 and left out.
     ``floor``: a bound on max_s t_s known otherwise (memory_floor). ``mix``: the model's two layer kinds (KindMix),
     for a second bottleneck in dense-layer units and a second least work (a = the faster kind's seconds).
-    ``whole``: the groups are in pipeline order with real stage counts (an ordered family, one candidate), so the
-    bottleneck is raised to where the stages hold the layers in whole chunks (whole_chunk_bottleneck)."""
+    ``whole``: the stage counts are real, at least one stage per group (a family's box, not a relaxed group), so
+    the bottleneck is raised to where the stages hold the layers in whole chunks (whole_chunk_bottleneck; the ends
+    only where ``ends`` are ordered)."""
     sends = send is not None and sum(lo) >= 2
     single = sum(hi) == 1  # one stage holds both ends
     top = max(ends.first_top + (ends.logits if single else 0.0), ends.last_top)
@@ -145,15 +148,18 @@ def box_bound(
 
 
 def whole_chunk_bottleneck(a, hi, ends: Ends, L: int, send, v: int, start: float) -> float:
-    """Smallest bottleneck T >= ``start`` (a valid bound on it) at which hi_g stages per group, in pipeline order,
-    hold the L layers in whole chunks of v: a stage of group g with constant seconds c (its sends, and the
-    embedding on the first stage, the logits on the last) holds at most floor((T - c) / (v a_g)) chunks, and a
-    box's candidates have no more stages than hi (so no more room at T). box_bound's continuous bottleneck lets
-    every stage hold a fraction of a chunk; with a few layers per stage that is worth several percent. The held
-    chunks step up at c + q v a_g: the search walks those steps from ``start``."""
+    """Smallest bottleneck T >= ``start`` (a valid bound on it) at which hi_g stages per group hold the L layers in
+    whole chunks of v: a stage of group g with constant seconds c (its sends, and with ordered ``ends`` the
+    embedding on the first group's first stage and the logits on the last group's last; else no end terms, which
+    only adds room) holds at most floor((T - c) / (v a_g)) chunks, and a box's candidates have no more stages than
+    hi (so no more room at T). box_bound's continuous bottleneck lets every stage hold a fraction of a chunk; with
+    a few layers per stage that is worth several percent. The held chunks step up at c + q v a_g: the search walks
+    those steps from ``start``."""
     n = len(a)
     ys = send or (0.0,) * n
-    if sum(hi) == 1:
+    if not ends.ordered:
+        kinds = [(k, y, v * x) for x, k, y in zip(a, hi, ys)]
+    elif sum(hi) == 1:
         kinds = [(1, ends.emb + ends.logits, v * a[0])]
     else:
         kinds = []  # (stages, constant seconds, seconds per chunk)

@@ -78,8 +78,9 @@ from planner.spec import Job
 # ZeRO stages of mixed plans, in the order they are tried where their bounds tie: ZeRO-1 first, the usual winner
 # with pipelines, so that its time caps the harder ZeRO-3 model.
 HETERO_ZERO = (1, 0, 3)
-# Before any plan is known, a candidate whose refined bound is within this share of the search frontier is solved
-# at once (to start the cut); every other candidate waits in line for its refined bound. Changes only the order.
+# While no plan is known, or the K-th best is more than this share above a candidate's refined bound, a candidate
+# whose refined bound is within this share of the search frontier is solved at once (to start or sharpen the cut);
+# every other candidate waits in line for its refined bound. Changes only the order.
 DIVE = 0.05
 
 
@@ -454,7 +455,7 @@ class _Family:
         over the ZeRO stages."""
         v = self.vpp
         plain_mix, lined = self.open_terms
-        plain = box_bound(self.a, lo, hi, self.bound_ends, L, self.mb, self.send, v, mix=plain_mix)
+        plain = box_bound(self.a, lo, hi, self.bound_ends, L, self.mb, self.send, v, mix=plain_mix, whole=True)
         if not self.zts:
             return plain
         best = float("inf")
@@ -462,12 +463,12 @@ class _Family:
             if sum(z.room(0, k_hi, v) for z, k_hi in zip(zt, hi)) < L:
                 continue
             a, ends, tail, mix = (self.a, self.bound_ends, 0.0, plain_mix) if sum(lo) < 2 else terms
-            zbound = box_bound(a, lo, hi, ends, L, self.mb, self.send, v, mix=mix) + tail
+            zbound = box_bound(a, lo, hi, ends, L, self.mb, self.send, v, mix=mix, whole=True) + tail
             if zbound < min(best, target):
                 floor = _memory_floor(zt, [0] * len(zt), hi, v)
                 if floor == float("inf"):
                     continue
-                zbound = box_bound(a, lo, hi, ends, L, self.mb, self.send, v, floor, mix) + tail
+                zbound = box_bound(a, lo, hi, ends, L, self.mb, self.send, v, floor, mix, whole=True) + tail
             best = min(best, zbound)
         return best
 
@@ -827,8 +828,8 @@ def search_hetero(
             if refined >= kth:
                 settled += 1
                 continue
-            if kth == float("inf") and (not heap or refined <= heap[0][0] * (1 + DIVE)):
-                solve(c, sms, kth, max(lb, refined))  # no plan yet: one close to the frontier starts the cut
+            if refined * (1 + DIVE) < kth and (not heap or refined <= heap[0][0] * (1 + DIVE)):
+                solve(c, sms, kth, max(lb, refined))  # no good plan yet: one close to the frontier cuts
             else:
                 heapq.heappush(heap, (max(lb, refined), next(tie), c, (fam, sms)))
 
