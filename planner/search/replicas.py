@@ -87,8 +87,31 @@ def _ep_superset(model) -> list[int]:
 def replica_ep_options(ctx, counts, cp: int, eps: list[int] | None = None) -> list[int]:
     """EP degrees (of ``eps``, default every one) that every replica entry accepts: ep_error with the entry's own
     count as its dp (its EP groups run in step with its own micro-batches, planner.parallel.ReplicaDims)."""
-    m = ctx.job.model
-    return [ep for ep in eps or _ep_superset(m) if all(ep_error(m, ep, d, cp) is None for _, d in counts)]
+    m, ok = ctx.job.model, ctx.caches.ep_ok
+    out = []
+    for ep in eps or _ep_superset(m):
+        for _, d in counts:
+            key = (ep, d, cp)
+            hit = ok.get(key)
+            if hit is None:
+                hit = ok[key] = ep_error(m, ep, d, cp) is None
+            if not hit:
+                break
+        else:
+            out.append(ep)
+    return out
+
+
+def shapes(ctx, deadline: float, beat: float):
+    """_shapes, kept for the whole search: an enumeration the deadline did not cut short holds every shape below its
+    bound, so a later call below the same or a lower bound only filters it."""
+    for cut, found in ctx.caches.replica_shapes.items():
+        if beat <= cut:
+            return [x for x in found if x[0] < beat], False
+    found, cut_short = _shapes(ctx, deadline, beat)
+    if not cut_short:
+        ctx.caches.replica_shapes[beat] = found
+    return found, cut_short
 
 
 def _shapes(ctx, deadline: float, beat: float):
@@ -534,8 +557,8 @@ def search_replicas(
     replica plans found so far. ``exact_pass`` False: no exact pass over the pipelined shapes (a quick look for a
     first plan; what it leaves open is in ``low``). ``progress(done, total, what)``: shapes evaluated or ruled
     out."""
-    shapes, cut_short = _shapes(ctx, deadline, incumbent_s)
-    shapes.sort(key=lambda x: (x[0], x[1]))
+    found_shapes, cut_short = shapes(ctx, deadline, incumbent_s)
+    found_shapes.sort(key=lambda x: (x[0], x[1]))
     t = ctx.job.training
     grad_wire = 2.0 if t.grad_dtype == "bf16" else 4.0
     found = []
@@ -555,7 +578,7 @@ def search_replicas(
     # Best-first over (bound, order, shape, ZeRO stage or None): a shape opens into its ZeRO stages, each back in
     # line at its own bound (the sharded traffic and the replicas' pipeline floor), so shapes are evaluated in
     # the order of those bounds and the first bound that reaches the best plan ends the search.
-    heap = [(bound, i, shape, work, None) for i, (bound, shape, work) in enumerate(shapes)]
+    heap = [(bound, i, shape, work, None) for i, (bound, shape, work) in enumerate(found_shapes)]
     heapq.heapify(heap)
     tie = itertools.count(len(heap))
     opened = 0
@@ -570,7 +593,7 @@ def search_replicas(
         if cand is None:
             opened += 1
             if progress is not None:
-                progress(opened, len(shapes), what)
+                progress(opened, len(found_shapes), what)
             for zero in REPLICA_ZERO:
                 degrees = {"pp": pp, "zero": zero, "cp": cp, "ep": ep, "tp": tp, "dp": sum(d for _, d in counts)}
                 if zero not in ctx.opts.zero_stages or (ctx.fw is not None and not ctx.fw.allows(**degrees)):
@@ -615,5 +638,5 @@ def search_replicas(
             found.append((cand, better, proven))
         best = min(best, offer(cand, better))
     if progress is not None:
-        progress(len(shapes), len(shapes), what)
+        progress(len(found_shapes), len(found_shapes), what)
     return ReplicaSearch(found, low, unexplored)
