@@ -5,6 +5,7 @@ embedding and logits)."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from planner import parallel
@@ -104,7 +105,8 @@ class MixedCaches:
     fastest_layer: dict = field(default_factory=dict)  # per_layer_bound: (group, tp, cp, ep, mbs, base)
     kind_floors: dict = field(default_factory=dict)  # kind_layer_bounds: the same key
     stage_terms: dict = field(default_factory=dict)  # MixedContext.stage_terms: memory room and layer cap
-    tail_floor: dict = field(default_factory=dict)  # MixedContext.tail_floor: least DP tail
+    tail_floor: dict = field(default_factory=dict)  # MixedContext.tail_terms: least DP tail and its lines
+    recompute_pays: dict = field(default_factory=dict)  # recompute_pays_up_to, by stage position
     sharded_line: dict = field(default_factory=dict)  # MixedContext.sharded_line: ZeRO-2/3 traffic line
     zero_terms: dict = field(default_factory=dict)  # zero_terms: a group's ZeRO slope and memory room
     send: dict = field(default_factory=dict)  # send_bound: pipeline send seconds per micro-batch
@@ -154,13 +156,26 @@ class MixedContext:
         layer adds at least as much there as its longer backward hides (recompute_pays_up_to), else with every
         layer recomputed (the longest backward hides the most). It is the sum of two max(0, affine in n) parts
         (TailForms), so its least value over integers lies at an end or next to where a part reaches 0. ``vpp``:
-        the stage model's own unless given."""
+        the stage model's own unless given (math.inf: every layer recomputed, valid at any vpp)."""
+        return self.tail_terms(sm, s, cap, vpp)[0]
+
+    def tail_terms(self, sm: StageModel, s: int, cap: int, vpp: float | None = None) -> tuple:
+        """(tail_floor, the layer count 1..cap at which it is least, the tail_lines it is read from)."""
         cap = min(cap, self.job.model.num_layers)
-        v = sm.dims.vpp if vpp is None else vpp
-        key = (sm.form_cache, s == 0, s == sm.dims.pp - 1, cap, v)
+        paid = (sm.dims.vpp if vpp is None else vpp) <= self.recompute_pays(sm, s)
+        key = (sm.form_cache, s == 0, s == sm.dims.pp - 1, cap, paid)
         hit = self.caches.tail_floor.get(key)
         if hit is None:
-            hit = self.caches.tail_floor[key] = stage_tail_floor(sm, s, cap, v)
+            lines = tail_lines(sm, s, paid)
+            hit = self.caches.tail_floor[key] = (*least_tail(lines, cap), lines)
+        return hit
+
+    def recompute_pays(self, sm: StageModel, s: int) -> float:
+        """recompute_pays_up_to, memoized by stage position."""
+        key = (sm.form_cache, s == 0, s == sm.dims.pp - 1)
+        hit = self.caches.recompute_pays.get(key)
+        if hit is None:
+            hit = self.caches.recompute_pays[key] = recompute_pays_up_to(sm, s)
         return hit
 
     def sharded_line(self, sm: StageModel, s: int) -> tuple[float, float]:
@@ -191,20 +206,16 @@ class ZeroTerms:
     sm: StageModel | None  # the group's model at depth 3 (None: too few layers for one)
     middle_room: float
     caps: dict[int, list[int]] = field(default_factory=dict)  # by vpp: prefix sums over stages 1, 2, ... from the end
-    tails: dict[int, float] = field(default_factory=dict)  # tail by vpp
+    paid_tail: float = 0.0  # the least DP tail with recompute paid for in the schedule's sum (MixedContext.tail_floor)
+    any_tail: float = 0.0  # the same with every layer recomputed: valid at any vpp
+    pays_up_to: float = float("inf")  # the largest vpp at which paid_tail holds (recompute_pays_up_to)
     memory: dict[float, tuple] = field(default_factory=dict)  # memory_terms by in-flight count
     capacity_gib: float = 0.0  # the group's usable GPU memory (MixedContext.capacity)
 
     def tail(self, vpp: int = 1) -> float:
         """The least exposed DP tail of any of the group's stages in a pipeline of ``vpp`` model chunks per stage
         (MixedContext.tail_floor of the first, a middle and the last stage: at any depth >= 2)."""
-        if self.sm is None:
-            return 0.0
-        hit = self.tails.get(vpp)
-        if hit is None:
-            L = self.sm.job.model.num_layers
-            hit = self.tails[vpp] = min(stage_tail_floor(self.sm, s, L, vpp) for s in range(3))
-        return hit
+        return self.paid_tail if vpp <= self.pays_up_to else self.any_tail
 
     def room(self, after: int, count: int, vpp: int = 1) -> float:
         """Most layers ``count`` stages of this group can hold when at least ``after`` stages follow them, in a
@@ -268,10 +279,16 @@ def _zero_terms(
     lines = [ctx.sharded_line(sm, s) for s in range(3)]
     room = quick.stage_memory_term(sm, ctx.capacity(g), 1)[0]
     cap = ctx.capacity(g)
+    # the first, a middle and the last stage: at any depth >= 2
+    tails = {
+        "paid_tail": min(ctx.tail_floor(sm, s, L, 1) for s in range(3)),
+        "any_tail": min(ctx.tail_floor(sm, s, L, math.inf) for s in range(3)),
+        "pays_up_to": min(ctx.recompute_pays(sm, s) for s in range(3)),
+    }
     if lines[1][1] < 0:
-        return ZeroTerms(0.0, 0.0, 0.0, sm, room, capacity_gib=cap)
+        return ZeroTerms(0.0, 0.0, 0.0, sm, room, capacity_gib=cap, **tails)
     first, last = min(0.0, lines[0][1]), min(0.0, lines[2][1])
-    return ZeroTerms(min(z for z, _ in lines), first, last, sm, room, capacity_gib=cap)
+    return ZeroTerms(min(z for z, _ in lines), first, last, sm, room, capacity_gib=cap, **tails)
 
 
 def tp_options(ctx: MixedContext, g: int, cp: int) -> list[int]:
@@ -377,21 +394,13 @@ def recompute_pays_up_to(sm: StageModel, s: int) -> float:
     return most
 
 
-def stage_tail_floor(sm: StageModel, s: int, L: int, vpp: int) -> float:
-    """MixedContext.tail_floor, not memoized."""
-    return least_tail(tail_lines(sm, s, vpp), L)[0]
-
-
-def tail_lines(sm: StageModel, s: int, vpp: int) -> tuple[tuple[float, float], ...]:
+def tail_lines(sm: StageModel, s: int, paid: bool) -> tuple[tuple[float, float], ...]:
     """Stage s's exposed DP tail as parts max(0, const + per_layer * n) in its layer count n >= 1 (reduction
     behind the backward, gather behind the forward: TailForms), each (const, per_layer) an _any_mix_line without
-    recompute where it pays at ``vpp`` (recompute_pays_up_to; see MixedContext.tail_floor), else all recomputed."""
+    recompute where the bound pays for it (``paid``: see MixedContext.tail_floor), else all recomputed."""
     first, last = s == 0, s == sm.dims.pp - 1
     compute, forward = sm.compute_form(first, last), sm.forward_form(first, last)
-    recomputed = vpp > recompute_pays_up_to(sm, s)
-    return tuple(
-        _any_mix_line(x, compute, forward, sm.job.model, recomputed) for x in sm.tail_forms(first, last).parts()
-    )
+    return tuple(_any_mix_line(x, compute, forward, sm.job.model, not paid) for x in sm.tail_forms(first, last).parts())
 
 
 def tail_at(lines, n: int) -> float:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from planner.cost.estimate import neighbour_links
 from planner.cost.stage import StageModel, heavy_kind
-from planner.search.mixed_context import MixedContext, least_tail, tail_at, tail_lines
+from planner.search.mixed_context import MixedContext, tail_at
 from planner.search.quick import relaxed_layers
 
 # Relative width at which the bottleneck bisections stop. Their lower end is a valid bound at every step, so a
@@ -102,6 +102,7 @@ def box_bound(
     floor: float = 0.0,
     mix: KindMix | None = None,
     whole: bool = False,
+    relaxed: tuple[bool, ...] = (),
 ) -> float:
     """Iteration seconds no candidate with lo_g <= k_g <= hi_g stages per used group g beats (lo = hi: one
     candidate). Each stage of group g takes at least a_g seconds per layer and, when there are >= 2 stages,
@@ -119,7 +120,8 @@ def box_bound(
     for a second bottleneck in dense-layer units and a second least work (a = the faster kind's seconds).
     ``whole``: the stage counts are real, at least one stage per group (a family's box, not a relaxed group), so
     the bottleneck is raised to where the stages hold the layers in whole chunks (whole_chunk_bottleneck; the ends
-    only where ``ends`` are ordered)."""
+    only where ``ends`` are ordered). ``relaxed``: per group, True where its row stands for several choices (a
+    group whose TP is still open: hi/a its best throughput), which holds a continuous share instead."""
     sends = send is not None and sum(lo) >= 2
     single = sum(hi) == 1  # one stage holds both ends
     top = max(ends.first_top + (ends.logits if single else 0.0), ends.last_top)
@@ -141,22 +143,27 @@ def box_bound(
         T = max(T, (mix.layers + mix.ends.emb_per_a + mix.ends.logits_per_a + over_d) / inv_d)
         work = max(work, mix.work + sum(k * y for k, y in zip(lo, ys)))
     if most > T:  # the monotonicity above fails: drop the sends
-        return box_bound(a, lo, hi, ends, L, m, None, v, floor, mix, whole)
+        return box_bound(a, lo, hi, ends, L, m, None, v, floor, mix, whole, relaxed)
     if whole:
-        T = whole_chunk_bottleneck(a, hi, ends, L, send if sends else None, v, T)
+        T = whole_chunk_bottleneck(a, hi, ends, L, send if sends else None, v, T, relaxed)
     return schedule_bound(T, ends.emb + ends.logits + work, m, v)
 
 
-def whole_chunk_bottleneck(a, hi, ends: Ends, L: int, send, v: int, start: float) -> float:
+def whole_chunk_bottleneck(a, hi, ends: Ends, L: int, send, v: int, start: float, relaxed=()) -> float:
     """Smallest bottleneck T >= ``start`` (a valid bound on it) at which hi_g stages per group hold the L layers in
     whole chunks of v: a stage of group g with constant seconds c (its sends, and with ordered ``ends`` the
     embedding on the first group's first stage and the logits on the last group's last; else no end terms, which
     only adds room) holds at most floor((T - c) / (v a_g)) chunks, and a box's candidates have no more stages than
     hi (so no more room at T). box_bound's continuous bottleneck lets every stage hold a fraction of a chunk; with
     a few layers per stage that is worth several percent. The held chunks step up at c + q v a_g: the search walks
-    those steps from ``start``."""
+    those steps from ``start``. A ``relaxed`` group (see box_bound; its ends unordered) holds its continuous share
+    k (T - c) / (v a_g), so between two steps the held chunks grow linearly: solved there."""
     n = len(a)
     ys = send or (0.0,) * n
+    free = [(k, y, v * x) for x, k, y, r in zip(a, hi, ys, relaxed) if r]
+    if free:
+        fixed = [(x, k, y) for x, k, y, r in zip(a, hi, ys, relaxed) if not r]
+        a, hi, ys = zip(*fixed) if fixed else ((), (), ())
     if not ends.ordered:
         kinds = [(k, y, v * x) for x, k, y in zip(a, hi, ys)]
     elif sum(hi) == 1:
@@ -181,8 +188,17 @@ def whole_chunk_bottleneck(a, hi, ends: Ends, L: int, send, v: int, start: float
             if q > 0:
                 held += k * q
             step = min(step, c + (max(q, 0) + 1) * u)
-        if held >= need:
+        rate = 0.0  # chunks per second the relaxed groups add from T on (each from its own c)
+        for k, c, u in free:
+            if T >= c:
+                held += k * (T - c) / u
+                rate += k / u
+            else:
+                step = min(step, c)
+        if held >= need * (1 - 1e-12):
             return T
+        if rate > 0 and T + (need - held) / rate <= step:
+            return T + (need - held) / rate
         T = step
 
 
@@ -276,8 +292,7 @@ def _stage_bound(ctx: MixedContext, sm: StageModel, g: int, s: int) -> tuple:
     cap = ctx.stage_terms(sm, g, s)[3]
     z, z0 = ctx.sharded_line(sm, s)
     const = sm.compute_form(s == 0, s == p - 1).const + z0  # embedding, logits
-    lines = tail_lines(sm, s, sm.dims.vpp)
-    least, at = least_tail(lines, max(1, min(cap, ctx.job.model.num_layers)))
+    least, at, lines = ctx.tail_terms(sm, s, max(1, cap))
     return cap, sm.layer_floor() + z, const, least, lines, at
 
 

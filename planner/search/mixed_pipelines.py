@@ -283,15 +283,16 @@ class _TpChoiceNode:
                 tp = self.fixed[i]
                 if tp:
                     a, ends, send = self._terms(ctx, (g, tp))
-                    rows.append((a, ends, send, 1, self.kmax_of[g][tp]))
+                    rows.append((a, ends, send, 1, self.kmax_of[g][tp], False))
             else:
                 row = self._free(ctx, i)
                 if row:
-                    rows.append(row)
+                    rows.append((*row, True))
         if not rows:
             return float("inf")
-        a, ends, send, lo, hi = zip(*rows)
-        return box_bound(a, lo, hi, Ends.any_order(a, ends), ctx.job.model.num_layers, self.mb, send, self.vpp)
+        a, ends, send, lo, hi, free = zip(*rows)
+        L = ctx.job.model.num_layers
+        return box_bound(a, lo, hi, Ends.any_order(a, ends), L, self.mb, send, self.vpp, whole=True, relaxed=free)
 
     def families(self, ctx: MixedContext) -> list[tuple[float, _TpChoiceNode | _Family, tuple | None]]:
         """The next group's choices (each a _TpChoiceNode); with every choice fixed, the family itself."""
