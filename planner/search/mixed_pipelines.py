@@ -82,10 +82,6 @@ HETERO_ZERO = (1, 0, 3)
 # whose refined bound is within this share of the search frontier is solved at once (to start or sharpen the cut);
 # every other candidate waits in line for its refined bound. Changes only the order.
 DIVE = 0.05
-# Every this many boxes out of line, the candidate waiting with the least refined bound is solved out of turn:
-# where the boxes' bounds lie far below the candidates', best-first would reach none before the time limit, and
-# a better plan cuts everything above it. Changes only the order (a deterministic one: counted in boxes).
-DIVE_EVERY = 1000
 
 
 @dataclass(frozen=True)
@@ -704,8 +700,6 @@ def search_hetero(
     solved = 0
     frontier = float("inf")
     open_solves: list[tuple[float, HeteroCandidate, list[StageModel]]] = []  # solves stopped by their cap
-    waiting: list = []  # the candidates in line again, by refined bound (dive)
-    taken: set[int] = set()  # candidates out of line (by id): solved or settled
 
     # Best-first over boxes of stage counts: a box's bound holds for every candidate in it, a one-point box is a
     # candidate. The first box whose bound reaches the K-th best time ends the search (all others are worse).
@@ -795,24 +789,7 @@ def search_hetero(
                 heapq.heappush(heap, (lb, next(tie), fam, box))
                 break
             step(kth, lb, fam, box)
-            if pops % DIVE_EVERY == 0:
-                dive()
         report()
-
-    def dive() -> None:
-        """The waiting candidate with the least refined bound, solved out of turn (or settled by today's cut)."""
-        nonlocal settled
-        while waiting:
-            bound, _, c, (family, sms) = heapq.heappop(waiting)
-            if id(c) in taken:
-                continue
-            taken.add(id(c))
-            kth = cut()
-            if bound >= kth or refined_bound(ctx, family, c, sms, kth) >= kth:
-                settled += 1
-                continue
-            solve(c, sms, kth, bound)
-            return
 
     def step(kth: float, lb: float, fam, box) -> None:
         """One box out of line: its families or sub-boxes put in line, or its candidates bounded and solved (or
@@ -823,9 +800,6 @@ def search_hetero(
                 push(flb, family, fbox)
             return
         if isinstance(fam, HeteroCandidate):  # a candidate back with its refined bound: solve it
-            if id(fam) in taken:  # solved (or settled) out of turn
-                return
-            taken.add(id(fam))
             family, sms = box
             # the bound was decided against the K-th best of its time (refined_bound only decides whether it
             # reaches its target): against today's, it may be cut
@@ -858,9 +832,7 @@ def search_hetero(
             if refined * (1 + DIVE) < kth and (not heap or refined <= heap[0][0] * (1 + DIVE)):
                 solve(c, sms, kth, max(lb, refined))  # no good plan yet: one close to the frontier cuts
             else:
-                entry = (max(lb, refined), next(tie), c, (fam, sms))
-                heapq.heappush(heap, entry)
-                heapq.heappush(waiting, entry)
+                heapq.heappush(heap, (max(lb, refined), next(tie), c, (fam, sms)))
 
     explore(deadline)
     rs = None
