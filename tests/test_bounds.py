@@ -393,3 +393,39 @@ def test_whole_chunk_bottleneck_is_below_every_split_of_the_chunks():
         continuous = (L // v + const + ends.emb / (v * a[0]) + ends.logits / (v * a[-1])) / inv
         tighter += bound > continuous * (1 + 1e-6)
     assert tighter
+
+
+def test_block_bottleneck_is_below_every_split_into_consecutive_layers():
+    """mixed_pipeline_bounds.block_bottleneck against every split of a random dense/MoE layer sequence into
+    consecutive blocks, one per stage (at most caps_s layers each): the slowest stage is at or above the bound; and
+    the bound is above kind_bottleneck (any mix of the kinds per stage) somewhere."""
+    from planner.search.mixed_pipeline_bounds import block_bottleneck, kind_bottleneck
+
+    rng = random.Random(7)
+    tighter = 0
+    for _ in range(200):
+        L, P = rng.randint(2, 8), rng.randint(1, 3)
+        if P > L:
+            continue
+        moe = [rng.random() < 0.5 for _ in range(L)]
+        windows = tuple([f([sum(moe[i : i + n]) for i in range(L - n + 1)]) for n in range(L + 1)] for f in (min, max))
+        xs = [rng.uniform(0.5, 2.0) for _ in range(P)]
+        ys = [x * rng.uniform(0.5, 3.0) for x in xs]
+        c = [rng.uniform(0.0, 1.0) for _ in range(P)]
+        caps = [rng.randint(1, L) for _ in range(P)]
+        best = float("inf")
+        for split in compositions(L, P):
+            if any(n > k for n, k in zip(split, caps)):
+                continue
+            start, slowest = 0, 0.0
+            for n, x, y, ci in zip(split, xs, ys, c):
+                e = sum(moe[start : start + n])
+                slowest = max(slowest, (n - e) * x + e * y + ci)
+                start += n
+            best = min(best, slowest)
+        bound = block_bottleneck(xs, ys, windows, c, caps, L)
+        assert bound <= best * SLACK, (moe, xs, ys, c, caps)
+        if best < float("inf"):
+            E = sum(moe)
+            tighter += bound > kind_bottleneck(xs, ys, c, caps, L - E, E) * (1 + 1e-6)
+    assert tighter

@@ -372,6 +372,7 @@ def refined_bound(
     cst = [x + send for x, send in zip(const, _sends(ctx, c, sms))]
     work = sum(cst) + min_work(a, L, caps)  # <= sum_s t_s
     by_kind = 0.0
+    blocks = None
     if fam.kinds is not None and v == 1:  # dense and MoE layers counted apart (KindMix), stage by stage
         lift = [x - sm.layer_floor() for x, sm in zip(a, sms)]  # what the stage adds per layer (ZeRO-2/3 line)
         xs = [z + sm.kinds["dense"].layer_floor() for z, sm in zip(lift, sms)]
@@ -379,10 +380,13 @@ def refined_bound(
         D, E = fam.kind_counts
         work = max(work, sum(cst) + D * min(xs) + E * min(ys))
         by_kind = kind_bottleneck(xs, ys, cst, caps, D, E)
+        blocks = (xs, ys, moe_windows(ctx))
     tail = max(tails)
     mb = sms[0].mb
     rest = work / v + tail  # schedule_bound at T = 0, plus the tail; each second of T adds mb - 1/v
     probe = (target - rest) / (mb - 1 / v) if mb - 1 / v > 0 and target < float("inf") else None
+    if blocks is not None:
+        by_kind = max(by_kind, block_bottleneck(*blocks, cst, caps, L, probe))
     T = max(_capped_bottleneck(a, cst, caps, L, probe), by_kind)
     if probe is None or T < probe:
         T = max(T, _memory_bottleneck(ctx, c, sms, cst, probe, v))
@@ -391,12 +395,62 @@ def refined_bound(
     if probe is not None and T >= probe:
         return max(target, (mb - 1 / v) * T + rest)  # the bound reaches target (float rounding aside)
     if probe is not None:  # not cut by the bottleneck alone: its exact value, for the DP tail's turn below
+        if blocks is not None:
+            by_kind = max(by_kind, block_bottleneck(*blocks, cst, caps, L))
         T = max(_capped_bottleneck(a, cst, caps, L), by_kind, _memory_bottleneck(ctx, c, sms, cst, None, v))
     bound = (mb - 1 / v) * T + rest  # schedule_bound(T, work, mb, v) + tail
     reach = target - bound + tail  # the largest stage tail at which the bound would reach target
     if target < float("inf") and not _hold_within_tail(rows, layer_caps, ctx.job.model.num_layers, reach):
         return target  # the stages cannot hold the layers with every DP tail below what would reach target
     return bound
+
+
+def moe_windows(ctx: MixedContext) -> tuple[list[int], list[int]]:
+    """(fewest, most) MoE layers in any n consecutive layers of the model, for n = 0..num_layers (a stage holds
+    consecutive layers: planner.spec.ModelSpec.is_moe_layer)."""
+    hit = ctx.caches.moe_windows.get(None)
+    if hit is None:
+        m = ctx.job.model
+        before = [m.moe_layers_before(i) for i in range(m.num_layers + 1)]
+        L = m.num_layers
+        counts = [[before[i + n] - before[i] for i in range(L - n + 1)] for n in range(L + 1)]
+        hit = ctx.caches.moe_windows[None] = ([min(c) for c in counts], [max(c) for c in counts])
+    return hit
+
+
+def block_bottleneck(xs, ys, windows, c, caps, L: int, probe: float | None = None) -> float:
+    """Smallest T at which the stages hold the L layers as blocks of consecutive layers: stage s holding n of them
+    takes at least (n - e) xs_s + e ys_s + c_s seconds with e the MoE layers in the block, at least the fewest any
+    n consecutive layers have (the most, where an MoE layer is the cheaper one: ``windows``); that time grows with
+    n, so a stage holds at most the largest n (<= caps_s) within T. kind_bottleneck lets a stage take any mix of
+    the kinds; with the kinds interleaved (an MoE layer every other one) blocks of a few layers cannot skip them.
+    With ``probe``: ``probe`` when T is above it, else a weaker valid bound (bisection otherwise)."""
+    fewest, most = windows
+    stages = [(x, y, ci, min(k, L), fewest if y >= x else most) for x, y, ci, k in zip(xs, ys, c, caps)]
+
+    def time(x, y, ci, n, e) -> float:
+        return (n - e[n]) * x + e[n] * y + ci
+
+    def held(T: float) -> int:
+        total = 0
+        for x, y, ci, k, e in stages:
+            lo, hi = 0, k  # the largest n in 0..k within T (time grows with n)
+            while lo < hi:
+                mid = (lo + hi + 1) // 2
+                lo, hi = (mid, hi) if time(x, y, ci, mid, e) <= T * (1 + 1e-12) else (lo, mid - 1)
+            total += lo
+        return total
+
+    lo = max(time(x, y, ci, 1, e) for x, y, ci, _, e in stages)  # every stage holds a layer
+    hi = max(time(x, y, ci, k, e) for x, y, ci, k, e in stages)
+    if held(lo) >= L or held(hi) < L:
+        return lo  # (not enough room at all: the caller's capped bottleneck says so)
+    if probe is not None:
+        return probe if lo < probe < hi and held(probe) < L else lo
+    while hi - lo > BISECTION * hi:
+        mid = (lo + hi) / 2
+        lo, hi = (lo, mid) if held(mid) >= L else (mid, hi)
+    return lo
 
 
 def _hold_within_tail(rows, caps, L: int, tail: float) -> bool:
