@@ -755,14 +755,16 @@ def search_hetero(
     # mixed pipelines. The replica search proper comes after them, cut by the best plan of either kind.
     with_replicas = replicas and len(job.cluster) > 1 and opts.framework is None  # stock frameworks: one count
 
-    def replica_pass(incumbent: float, stop: float, exact_pass: bool = True):
-        rs = search_replicas(ctx, incumbent, stop, workers, progress, best, top, exact_pass)
+    def replica_pass(incumbent: float, stop: float, exact_pass: bool = True, look_s: float | None = None):
+        rs = search_replicas(ctx, incumbent, stop, workers, progress, best, top, exact_pass, look_s)
         for cand, est, exact in rs.found:
             keep_top(best, Plan(cand, est, "optimal" if exact else "feasible"), top)
         return rs
 
     if with_replicas:
-        replica_pass(float("inf"), start + 0.1 * time_limit_s * share, exact_pass=False)
+        # its shape enumeration (kept for the replica search proper) may take up to the mixed pipelines' deadline;
+        # the look itself a tenth of the mixed share after it
+        replica_pass(float("inf"), deadline, exact_pass=False, look_s=0.1 * time_limit_s * share)
 
     timed_out = False
 

@@ -549,6 +549,7 @@ def search_replicas(
     top_plans=(),
     top: int = 1,
     exact_pass: bool = True,
+    look_s: float | None = None,
 ) -> ReplicaSearch:
     """Replica plans faster than ``incumbent_s``, best-first until the bound reaches the K-th best time known or
     the deadline passes, and the smallest bounds of the replica shapes that could beat ``incumbent_s``: no replica
@@ -556,8 +557,10 @@ def search_replicas(
     most ``top`` distinct plans, planner.search.result.keep_top); the K-th best is read from a copy of it with the
     replica plans found so far. ``exact_pass`` False: no exact pass over the pipelined shapes (a quick look for a
     first plan; what it leaves open is in ``low``). ``progress(done, total, what)``: shapes evaluated or ruled
-    out."""
+    out. ``look_s``: the evaluation stops this many seconds after the shapes are enumerated (or at ``deadline``)."""
     found_shapes, cut_short = shapes(ctx, deadline, incumbent_s)
+    if look_s is not None:
+        deadline = min(deadline, time.monotonic() + look_s)
     found_shapes.sort(key=lambda x: (x[0], x[1]))
     t = ctx.job.training
     grad_wire = 2.0 if t.grad_dtype == "bf16" else 4.0
