@@ -5,9 +5,10 @@ every plan of what it bounds, so the search may drop anything whose bound reache
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, NamedTuple
 
 from planner.cost.estimate import neighbour_links
 from planner.cost.stage import StageModel, heavy_kind
@@ -158,32 +159,29 @@ def whole_chunk_bottleneck(a, hi, ends: Ends, L: int, send, v: int, start: float
     a few layers per stage that is worth several percent. The held chunks step up at c + q v a_g: the search walks
     those steps from ``start``. A ``relaxed`` group (see box_bound; its ends unordered) holds its continuous share
     k (T - c) / (v a_g), so between two steps the held chunks grow linearly: solved there."""
-    n = len(a)
-    ys = send or (0.0,) * n
-    free = [(k, y, v * x) for x, k, y, r in zip(a, hi, ys, relaxed) if r]
-    if free:
-        fixed = [(x, k, y) for x, k, y, r in zip(a, hi, ys, relaxed) if not r]
-        a, hi, ys = zip(*fixed) if fixed else ((), (), ())
+    rows = list(zip(a, hi, send or (0.0,) * len(a), relaxed or (False,) * len(a)))
+    free = [(k, y, v * x) for x, k, y, r in rows if r]  # (stages, constant seconds, seconds per chunk)
+    fixed = [(x, k, y) for x, k, y, r in rows if not r]
     if not ends.ordered:
-        kinds = [(k, y, v * x) for x, k, y in zip(a, hi, ys)]
-    elif sum(hi) == 1:
-        kinds = [(1, ends.emb + ends.logits, v * a[0])]
+        stages = [(k, y, v * x) for x, k, y in fixed]
+    elif sum(k for _, k, _ in fixed) == 1:
+        stages = [(1, ends.emb + ends.logits, v * fixed[0][0])]
     else:
-        kinds = []  # (stages, constant seconds, seconds per chunk)
-        for g, (x, k, y) in enumerate(zip(a, hi, ys)):
+        stages = []
+        for g, (x, k, y) in enumerate(fixed):
             if g == 0:
-                kinds.append((1, y + ends.emb, v * x))
+                stages.append((1, y + ends.emb, v * x))
                 k -= 1
-            if g == n - 1:
-                kinds.append((1, y + ends.logits, v * x))
+            if g == len(fixed) - 1:
+                stages.append((1, y + ends.logits, v * x))
                 k -= 1
             if k > 0:
-                kinds.append((k, y, v * x))
+                stages.append((k, y, v * x))
     need = L // v
     T = start
     while True:
         held, step = 0, float("inf")
-        for k, c, u in kinds:
+        for k, c, u in stages:
             q = math.floor((T - c) / u + 1e-9)  # (rounding: a chunk that just fits is held)
             if q > 0:
                 held += k * q
@@ -283,20 +281,28 @@ def _sends(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel]) -> list
     return [sm.pp_time if pair == (None, None) else sm.neighbour_pp_time(*pair) for sm, pair in zip(sms, links)]
 
 
-def _stage_bound(ctx: MixedContext, sm: StageModel, g: int, s: int) -> tuple:
-    """Stage s's terms of the refined bound: the most layers it can hold (memory), its least seconds per layer,
-    its constant seconds per micro-batch without sends (embedding, logits, ZeRO-2/3 traffic), its least DP tail
-    (MixedContext.tail_floor), and that tail as lines in the layer count (tail_lines) with the count 1..cap at
-    which it is least."""
+class StageRow(NamedTuple):
+    """One stage's terms of the refined bound (_stage_bound)."""
+
+    cap: int  # the most layers it can hold (memory)
+    a: float  # its least seconds per layer
+    const: float  # its constant seconds per micro-batch without sends (embedding, logits, ZeRO-2/3 traffic)
+    tail: float  # its least DP tail (MixedContext.tail_floor)
+    tail_lines: tuple  # that tail as lines in the layer count (mixed_context.tail_lines)
+    least_at: int  # the layer count 1..cap at which the tail is least
+
+
+def _stage_bound(ctx: MixedContext, sm: StageModel, g: int, s: int) -> StageRow:
+    """Stage s's StageRow."""
     p = sm.dims.pp
     cap = ctx.stage_terms(sm, g, s)[3]
     z, z0 = ctx.sharded_line(sm, s)
     const = sm.compute_form(s == 0, s == p - 1).const + z0  # embedding, logits
     least, at, lines = ctx.tail_terms(sm, s, max(1, cap))
-    return cap, sm.layer_floor() + z, const, least, lines, at
+    return StageRow(cap, sm.layer_floor() + z, const, least, lines, at)
 
 
-def _stage_row(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], g: int, i: int) -> tuple:
+def _stage_row(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], g: int, i: int) -> StageRow:
     """_stage_bound of stage i, memoized per position and across depths (as MixedContext.stage_terms: the terms
     depend on the depth only through the in-flight count and the ends)."""
     sm = sms[i]
@@ -307,7 +313,7 @@ def _stage_row(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], g: 
     return row
 
 
-def _stage_bounds(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel]) -> list[tuple]:
+def _stage_bounds(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel]) -> list[StageRow]:
     """_stage_row of every stage."""
     out = []
     s = 0
@@ -332,12 +338,12 @@ def _group_bound(ctx: MixedContext, fam: _Family, c: HeteroCandidate, sms: list[
         end = s + k - 1
         seen = sorted({s, end, max(s, end - 1) if end == P - 1 else end})
         rows = [_stage_row(ctx, c, sms, g, i) for i in seen]
-        room += k * max(r[0] for r in rows)
+        room += k * max(r.cap for r in rows)
         lines = [ctx.sharded_line(sms[i], i) for i in seen]
         slope = min(z for z, _ in lines) if min(z0 for _, z0 in lines) >= 0 else 0.0
         a.append(fam.a[j] + slope)
         slopes.append(slope)
-        tail = max(tail, max(r[3] for r in rows))
+        tail = max(tail, max(r.tail for r in rows))
         s = end + 1
     if room < L:
         return float("inf")
@@ -363,7 +369,7 @@ def refined_bound(
     v = c.vpp
     L = ctx.job.model.num_layers
     rows = _stage_bounds(ctx, c, sms)
-    caps, a, const, tails = list(zip(*rows))[:4]
+    caps, a, const = [r.cap for r in rows], [r.a for r in rows], [r.const for r in rows]
     layer_caps = caps
     if v > 1:  # counted in model chunks of v layers: every stage holds whole chunks (planner.parallel.vpp_error)
         caps, a, L = [k // v for k in caps], [x * v for x in a], L // v
@@ -381,7 +387,7 @@ def refined_bound(
         work = max(work, sum(cst) + D * min(xs) + E * min(ys))
         by_kind = kind_bottleneck(xs, ys, cst, caps, D, E)
         blocks = (xs, ys, moe_windows(ctx))
-    tail = max(tails)
+    tail = max(r.tail for r in rows)
     mb = sms[0].mb
     rest = work / v + tail  # schedule_bound at T = 0, plus the tail; each second of T adds mb - 1/v
     probe = (target - rest) / (mb - 1 / v) if mb - 1 / v > 0 and target < float("inf") else None
@@ -428,28 +434,41 @@ def block_bottleneck(xs, ys, windows, c, caps, L: int, probe: float | None = Non
     fewest, most = windows
     stages = [(x, y, ci, min(k, L), fewest if y >= x else most) for x, y, ci, k in zip(xs, ys, c, caps)]
 
-    def time(x, y, ci, n, e) -> float:
+    def time(stage, n: int) -> float:
+        x, y, ci, _, e = stage
         return (n - e[n]) * x + e[n] * y + ci
 
     def held(T: float) -> int:
-        total = 0
-        for x, y, ci, k, e in stages:
-            lo, hi = 0, k  # the largest n in 0..k within T (time grows with n)
-            while lo < hi:
-                mid = (lo + hi + 1) // 2
-                lo, hi = (mid, hi) if time(x, y, ci, mid, e) <= T * (1 + 1e-12) else (lo, mid - 1)
-            total += lo
-        return total
+        limit = T * (1 + 1e-12)
+        return sum(_largest_within(functools.partial(time, st), 0, st[3], limit) for st in stages)
 
-    lo = max(time(x, y, ci, 1, e) for x, y, ci, _, e in stages)  # every stage holds a layer
-    hi = max(time(x, y, ci, k, e) for x, y, ci, k, e in stages)
-    if held(lo) >= L or held(hi) < L:
+    lo = max(time(st, 1) for st in stages)  # every stage holds a layer
+    hi = max(time(st, st[3]) for st in stages)
+    if held(hi) < L:
         return lo  # (not enough room at all: the caller's capped bottleneck says so)
+    return _least_holding(held, lo, hi, L, probe)
+
+
+def _largest_within(value, lo: int, hi: int, limit: float) -> int:
+    """The largest n in lo..hi with value(n) <= limit, for a value that grows with n there (bisection); lo when
+    none is."""
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if value(mid) <= limit else (lo, mid - 1)
+    return lo
+
+
+def _least_holding(holds, lo: float, hi: float, need: float, probe: float | None = None) -> float:
+    """The smallest bottleneck T in lo..hi at which holds(T) >= need, for holds growing with T and reaching need at
+    hi: lo where it already does, else bisection down to a width of BISECTION (its lower end is a valid bound).
+    With ``probe``: ``probe`` when T is above it, else lo (a weaker valid bound), which is all pruning needs."""
+    if holds(lo) >= need:
+        return lo
     if probe is not None:
-        return probe if lo < probe < hi and held(probe) < L else lo
+        return probe if lo < probe < hi and holds(probe) < need else lo
     while hi - lo > BISECTION * hi:
         mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if held(mid) >= L else (mid, hi)
+        lo, hi = (lo, mid) if holds(mid) >= need else (mid, hi)
     return lo
 
 
@@ -461,14 +480,10 @@ def _hold_within_tail(rows, caps, L: int, tail: float) -> bool:
     its layer count: the counts within ``tail`` are an interval from the least one up, found by bisection."""
     held = 0
     for row, cap in zip(rows, caps):
-        lines, least_at = row[4], row[5]
-        if tail_at(lines, least_at) > tail:
+        if row.tail > tail:
             return False
-        lo, hi = least_at, max(least_at, min(cap, L))
-        while lo < hi:  # the largest n in lo..hi with tail_at(n) <= tail
-            mid = (lo + hi + 1) // 2
-            lo, hi = (mid, hi) if tail_at(lines, mid) <= tail else (lo, mid - 1)
-        held += lo
+        tail_of = functools.partial(tail_at, row.tail_lines)
+        held += _largest_within(tail_of, row.least_at, max(row.least_at, min(cap, L)), tail)
         if held >= L:
             return True
     return False
@@ -518,12 +533,7 @@ def _memory_bottleneck(
     hi = lo + m.num_layers * max(a + rc for *_, a, rc, _c in stages)
     if held(hi) < need:
         return float("inf")
-    if probe is not None:
-        return probe if probe < hi and held(probe) < need else lo
-    while hi - lo > BISECTION * hi:
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if held(mid) >= need else (mid, hi)
-    return lo
+    return _least_holding(held, lo, hi, need, probe)
 
 
 def _capped_bottleneck(a, c, caps, L, probe: float | None = None) -> float:
@@ -533,13 +543,4 @@ def _capped_bottleneck(a, c, caps, L, probe: float | None = None) -> float:
     def holds(T):
         return sum(min(k, int((T - ci) / ai + 1e-9)) for ai, ci, k in zip(a, c, caps) if T > ci)
 
-    lo = max(ci + ai for ai, ci in zip(a, c))
-    hi = max(c) + L * max(a)
-    if holds(lo) >= L:
-        return lo
-    if probe is not None:
-        return probe if lo < probe < hi and holds(probe) < L else lo
-    while hi - lo > BISECTION * hi:
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if holds(mid) >= L else (mid, hi)
-    return lo
+    return _least_holding(holds, max(ci + ai for ai, ci in zip(a, c)), max(c) + L * max(a), L, probe)
