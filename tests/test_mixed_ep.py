@@ -23,9 +23,9 @@ from planner.errors import SpecError
 from planner.gate import layout_input
 from planner.load import parse_job
 from planner.parallel import dims_from_layout, group_order
-from planner.search.mixed_context import MixedContext, end_costs, per_layer_bound
+from planner.search.mixed_context import MixedContext
 from planner.search.mixed_pipelines import HETERO_ZERO, search_hetero
-from planner.search.replicas import ReplicaCandidate, _exact_shape
+from planner.search.replicas import ReplicaCandidate, _exact_shape, micro_batch_work
 from planner.search.space import SearchOptions
 from planner.spec import Layout
 
@@ -200,11 +200,7 @@ def test_exact_replica_shape_with_ep_is_the_brute_force_optimum(monkeypatch):
     shape, base, counts, zero = (1, 1, 2, 1), "none", ((0, 2), (1, 2)), 1
     found = {}
     for ep in (1, 2):
-        work = [
-            job.model.num_layers * per_layer_bound(ctx, g, 1, 1, 1, base, ep)
-            + sum(end_costs(ctx, (g, 1), (g, 1), 1, 1))
-            for g, _ in counts
-        ]
+        work = [micro_batch_work(ctx, g, 1, 1, 1, base, ep) for g, _ in counts]
         cand = ReplicaCandidate(*shape, zero, base, counts, 0.0, ep)
         est, proven, open_s = _exact_shape(ctx, cand, None, 120.0, 1, float("inf"), work)
         assert proven and open_s == float("inf")

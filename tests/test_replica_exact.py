@@ -4,16 +4,24 @@ planner/search/replica_partition.py against every layer split, per-replica recom
 import itertools
 
 import pytest
+from strategies import SMALL_MOE
 from test_hetero import SMALL, SMALL_GPU, compositions
 
 from planner.cost.estimate import estimate_replicas
 from planner.cost.provider import cost_source
 from planner.load import parse_job
 from planner.parallel import group_order
-from planner.search.mixed_context import MixedContext, end_costs, per_layer_bound
+from planner.search.mixed_context import MixedContext
 from planner.search.quick import RESOLUTION
 from planner.search.replica_partition import micro_batch_choices, micro_batch_range
-from planner.search.replicas import ReplicaCandidate, _exact_shape, _replica_dims
+from planner.search.replicas import (
+    ReplicaCandidate,
+    _exact_shape,
+    _replica_dims,
+    _shapes,
+    micro_batch_work,
+    pipeline_floor,
+)
 from planner.search.space import SearchOptions
 
 
@@ -60,10 +68,7 @@ def test_the_exact_split_of_a_pipelined_replica_shape_is_the_brute_force_optimum
     opts = SearchOptions()
     ctx = MixedContext(job, opts, None, cost_source(job), group_order(job.cluster))
     shape, base, counts = (1, 1, 2, 1), "none", ((0, 2), (1, 1))
-    work = [
-        job.model.num_layers * per_layer_bound(ctx, g, 1, 1, 1, base) + sum(end_costs(ctx, (g, 1), (g, 1), 1, 1))
-        for g, _ in counts
-    ]
+    work = [micro_batch_work(ctx, g, 1, 1, 1, base) for g, _ in counts]
     cand = ReplicaCandidate(*shape, zero, base, counts, 0.0)
     est, proven, open_s = _exact_shape(ctx, cand, None, 120.0, 1, float("inf"), work)
     expected = brute_force(job, shape, zero, counts, base)
@@ -91,7 +96,6 @@ def test_the_pipeline_floor_of_a_replica_shape_is_below_every_plan_of_it(monkeyp
     GPU and on one so tight that some shapes fit only by recomputing), and proves the shape infeasible only when no plan
     fits."""
     import planner.cost.estimate as E
-    from planner.search.replicas import pipeline_floor
 
     job = replica_job()
     raw = job.model_dump(mode="json", exclude_none=True)
@@ -110,6 +114,46 @@ def test_the_pipeline_floor_of_a_replica_shape_is_below_every_plan_of_it(monkeyp
         assert floor > 0
     if (shape, zero) == ((1, 1, 2, 1), 3):  # fits on both GPUs, on the 5.5 GiB one only by recomputing
         assert expected < float("inf")
+
+
+def test_the_shape_bound_of_a_model_with_dense_and_moe_layers_counts_each_layer_at_its_kind(monkeypatch):
+    """An MoE model with a dense first layer: the shape bound (replicas._shapes, from micro_batch_work) and the
+    pipeline floor are below every plan of the shape (brute force), and the shape bound is above what it was
+    with every layer at the cheaper dense layer's floor (L * per_layer_bound)."""
+    import planner.cost.estimate as E
+    from planner.search.mixed_context import end_costs, per_layer_bound
+
+    model = {**SMALL_MOE, "num_layers": 4}
+    job = parse_job(
+        {
+            "model": model,
+            "cluster": [
+                {"gpu": SMALL_GPU, "nodes": 1, "gpus_per_node": 4},
+                {"gpu": "a100-40gb", "nodes": 1, "gpus_per_node": 2},
+            ],
+            "training": {"seq_length": 4096, "global_batch_size": 8, "attention": "eager"},
+        }
+    )
+    shared = E.costs_by_group(job)
+    monkeypatch.setattr(E, "costs_by_group", lambda job, cal=None: shared)
+    ctx = MixedContext(job, SearchOptions(), None, cost_source(job), group_order(job.cluster))
+    found, cut_short = _shapes(ctx, float("inf"), float("inf"))
+    assert not cut_short
+    checked = tighter = 0
+    for bound, (tp, cp, pp, mbs, base, counts, ep), work in found:
+        if (tp, cp, mbs, ep, base) != (1, 1, 1, 1, "none") or pp > 2 or len(counts) != 2:
+            continue
+        for g, w in zip((g for g, _ in counts), work):
+            one_kind = job.model.num_layers * per_layer_bound(ctx, g, tp, cp, mbs, base) + sum(
+                end_costs(ctx, (g, tp), (g, tp), cp, mbs)
+            )
+            assert w == micro_batch_work(ctx, g, tp, cp, mbs, base)
+            tighter += w > one_kind * (1 + 1e-9)
+        expected = brute_force(job, (tp, cp, pp, mbs), 1, counts, base)
+        floor = pipeline_floor(ctx, ReplicaCandidate(tp, cp, pp, mbs, 1, base, counts, bound))
+        assert bound <= expected * (1 + 1e-9) and floor <= expected * (1 + 1e-9), (pp, counts)
+        checked += expected < float("inf")
+    assert checked and tighter
 
 
 def test_the_micro_batch_enumeration_stops_at_its_visit_budget():
@@ -192,10 +236,7 @@ def test_a_proven_shape_is_not_solved_again_below_a_lower_cut(monkeypatch):
     job = replica_job()
     ctx = MixedContext(job, SearchOptions(), None, cost_source(job), group_order(job.cluster))
     shape, base, counts = (1, 1, 2, 1), "none", ((0, 2), (1, 1))
-    work = [
-        job.model.num_layers * per_layer_bound(ctx, g, 1, 1, 1, base) + sum(end_costs(ctx, (g, 1), (g, 1), 1, 1))
-        for g, _ in counts
-    ]
+    work = [micro_batch_work(ctx, g, 1, 1, 1, base) for g, _ in counts]
     cand = ReplicaCandidate(*shape, 1, base, counts, 0.0)
     calls = []
     real = replicas._exact_shape

@@ -118,6 +118,12 @@ def fastest_layer(kinds: dict[str, KindCoeffs], model) -> float:
     return min(k.layer_floor() for kind, k in kinds.items() if count.get(kind))
 
 
+def layers_floor(kinds: dict[str, KindCoeffs], model) -> float:
+    """The least seconds all of ``model``'s layers add to a micro-batch: each layer at the floor of its own kind
+    (an MoE model's few dense layers do not stand for its MoE layers, as L * fastest_layer would let them)."""
+    return sum(n * kinds[kind].layer_floor() for kind, n in layer_counts(model).items() if n)
+
+
 @dataclass(slots=True)
 class LayerEnds:
     """The forms of a stage end position (first stage or not, last stage or not, in a pipeline of more than one
@@ -715,18 +721,21 @@ class StageModel:
         """The least seconds any one layer adds to a stage's micro-batch (fastest_layer)."""
         return self._layer_floor
 
+    def layers_floor(self) -> float:
+        """The least seconds all the model's layers add to a micro-batch (layers_floor)."""
+        return layers_floor(self.kinds, self.job.model)
+
     def lower_bound(self) -> float:
         """Iteration seconds no partition can beat: every layer's compute and unavoidable communication (TP
         unless overlapped, CP, EP), embedding, logits and pipeline sends, spread evenly over the stages, in the
         schedule m*max(t) + (sum(t) - max(t))/v >= sum(t)/p * (m + (p-1)/v); plus the smallest optimizer step."""
         d, m = self.dims, self.job.model
-        n_moe = m.num_moe_layers
         total = self.emb_time + self.logits_time + d.pp * self.pp_time
         params = self.position_params(0) + (self.position_params(d.pp - 1) if d.pp > 1 else 0.0)
-        for kind, count in (("dense", m.num_layers - n_moe), ("moe", n_moe)):
+        total += self.layers_floor()
+        for kind, count in layer_counts(m).items():
             if count:
                 k = self.kinds[kind]
-                total += count * k.layer_floor()
                 params += count * (k.params_dense + k.params_expert)
         sched = total / d.pp * (self.mb + (d.pp - 1) / d.vpp)
         sharded = d.zero_stage >= 1

@@ -18,6 +18,7 @@ from planner.cost.stage import (
     heavy_kind,
     kind_coeffs,
     layer_counts,
+    layers_floor,
     pipeline_send,
 )
 from planner.frameworks import Framework
@@ -75,6 +76,17 @@ def per_layer_bound(ctx: MixedContext, g: int, tp: int, cp: int, mbs: int, base:
     return hit
 
 
+def model_layers_bound(ctx: MixedContext, g: int, tp: int, cp: int, mbs: int, base: str, ep: int = 1) -> float:
+    """Least seconds one micro-batch spends in all the model's layers on group g's GPU with this TP, CP and EP:
+    each layer at the floor of its own kind (stage.layers_floor), so an MoE model's few dense layers do not stand
+    for its MoE layers (L * per_layer_bound would)."""
+    key = (g, tp, cp, ep, mbs, base)
+    hit = ctx.caches.model_layers.get(key)
+    if hit is None:
+        hit = ctx.caches.model_layers[key] = layers_floor(_layer_kinds(ctx, *key), ctx.job.model)
+    return hit
+
+
 def _layer_kinds(ctx: MixedContext, g: int, tp: int, cp: int, ep: int, mbs: int, base: str) -> dict:
     """kind_coeffs of a stage of group g at these degrees (memoized on the group's costs)."""
     tokens = mbs * ctx.job.training.seq_length // cp
@@ -104,6 +116,7 @@ class MixedCaches:
 
     fastest_layer: dict = field(default_factory=dict)  # per_layer_bound: (group, tp, cp, ep, mbs, base)
     kind_floors: dict = field(default_factory=dict)  # kind_layer_bounds: the same key
+    model_layers: dict = field(default_factory=dict)  # model_layers_bound: the same key
     stage_terms: dict = field(default_factory=dict)  # MixedContext.stage_terms: memory room and layer cap
     tail_floor: dict = field(default_factory=dict)  # MixedContext.tail_terms: least DP tail and its lines
     recompute_pays: dict = field(default_factory=dict)  # recompute_pays_up_to, by stage position

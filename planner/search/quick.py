@@ -261,7 +261,7 @@ def lower_bound_terms(
     d, m = sm.dims, sm.job.model
     p, v = d.pp, d.vpp
     consts = _stage_consts(sm)
-    total = m.num_layers * sm.layer_floor() + sum(consts)
+    total = sm.layers_floor() + sum(consts)
     # the whole model as one stage that is first and last: the aggregate of every stage's forms
     whole = sm.whole_model()
     time, tail = sm.time_forms(True, True), sm.tail_forms(True, True)

@@ -42,7 +42,7 @@ from planner.parallel import (
     seq_shard_error,
 )
 from planner.search import quick
-from planner.search.mixed_context import end_costs, per_layer_bound, pipeline_dims
+from planner.search.mixed_context import end_costs, model_layers_bound, pipeline_dims
 from planner.search.partition import solve_partition
 from planner.search.quick import RESOLUTION
 from planner.search.replica_partition import exact_splits
@@ -114,6 +114,12 @@ def shapes(ctx, deadline: float, beat: float):
     return found, cut_short
 
 
+def micro_batch_work(ctx, g: int, tp: int, cp: int, mbs: int, base: str, ep: int = 1) -> float:
+    """Least seconds one micro-batch takes through a whole pipeline on group g (all its stages' work): every layer
+    at the floor of its kind (mixed_context.model_layers_bound), the embedding and the logits."""
+    return model_layers_bound(ctx, g, tp, cp, mbs, base, ep) + sum(end_costs(ctx, (g, tp), (g, tp), cp, mbs))
+
+
 def _shapes(ctx, deadline: float, beat: float):
     """((bound, shape, work) for every tp, cp, pp, micro-batch, baseline recompute, set of >= 2 used groups and EP
     degree whose bound is below ``beat``, whether the deadline cut the enumeration short)."""
@@ -138,14 +144,7 @@ def _shapes(ctx, deadline: float, beat: float):
             for mbs in micro_batch_options(t, 1, ctx.opts.max_micro_batch):  # replicas run their own counts
                 M = t.global_batch_size // mbs
                 for base in bases:
-                    per_mb = {
-                        ep: {
-                            g: L * per_layer_bound(ctx, g, tp, cp, mbs, base, ep)
-                            + sum(end_costs(ctx, (g, tp), (g, tp), cp, mbs))
-                            for g in groups
-                        }
-                        for ep in eps
-                    }
+                    per_mb = {ep: {g: micro_batch_work(ctx, g, tp, cp, mbs, base, ep) for g in groups} for ep in eps}
                     least = {g: min(per_mb[ep][g] for ep in eps) for g in groups}  # valid at every EP degree
                     # every depth: d_g <= GPUs_g/(tp*cp*pp), so the rate below is at most the groups' GPU rate,
                     # and with >= 2 replicas the bound is at least (M + 2(pp - 1)) over it, growing with pp

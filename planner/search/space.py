@@ -206,17 +206,11 @@ def _compute_lower_bound(job: Job, costs: AnalyticCosts, tp, cp, ep, mbs, base, 
     without pipeline sends or extra recompute. Spread over p stages this bounds the
     iteration from below, since with stage times t_i the schedule takes
     m*max(t) + (sum(t) - max(t))/v >= sum(t)/p * (m + (p-1)/v)."""
-    from planner.cost.stage import kind_coeffs
+    from planner.cost.stage import kind_coeffs, layers_floor
 
     m, t = job.model, job.training
     tokens = mbs * t.seq_length // cp
-    n_moe = m.num_moe_layers
-    kinds = kind_coeffs(job, costs, tokens, tp, cp, ep, tp > 1, base, tp_overlap)
-    total = 0.0
-    for kind, count in (("dense", m.num_layers - n_moe), ("moe", n_moe)):
-        if count:
-            k = kinds[kind]
-            total += count * k.layer_floor()
+    total = layers_floor(kind_coeffs(job, costs, tokens, tp, cp, ep, tp > 1, base, tp_overlap), m)
     e = costs.embedding(m, tokens, tp, tp > 1)
     lg = costs.logits(m, tokens, tp)
     return total + e.forward + e.backward + lg.forward + lg.backward
