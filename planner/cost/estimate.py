@@ -302,25 +302,30 @@ def mean_peak_tflops(gpus, weights, precision: str) -> float:
     return sum(w * peak_tflops(g, precision) for w, g in zip(weights, gpus)) / sum(weights)
 
 
-def replica_stage_models(job: Job, dims: ReplicaDims, costs_for) -> list[list[StageModel]]:
-    """Stage models of every replica; stage s's DP ring runs over the stage-s GPUs of all replicas, so where those
-    sit on several node groups its collectives use the slowest NVLink, NIC and inter-group link on the ring. With
-    EP the expert parameters' ring (expert-DP: dp*cp/ep ranks of every replica) spans the groups too, at its own
-    size."""
+def replica_stage_models(job: Job, dims: ReplicaDims, costs_for, stages=None) -> list[list[StageModel]]:
+    """Stage models of every replica (of the stages in ``stages`` only, default all); stage s's DP ring runs over
+    the stage-s GPUs of all replicas, so where those sit on several node groups its collectives use the slowest
+    NVLink, NIC and inter-group link on the ring. With EP the expert parameters' ring (expert-DP: dp*cp/ep ranks
+    of every replica) spans the groups too, at its own size."""
     per = [hetero_stage_models(job, r, costs_for) for r in dims.replicas]
-    for s in range(dims.pp):
+    stages = range(dims.pp) if stages is None else stages
+    ringed: dict = {}  # stages whose replicas share their models (same group and TP) share the ring's models
+    for s in stages:
         groups = sorted({r.stage_groups[s] for r in dims.replicas})
         if len(groups) == 1:
             continue
         sms = [models[s] for models in per]
-        link = _spanning_ring(costs_for, groups, sms[0].shard, sms, [sm.shard_per_node for sm in sms], "shard_link")
-        exp_link = None
-        if sms[0].exp_shard != sms[0].shard:  # ep > 1: a smaller ring of its own
-            per_node = [sm.exp_shard_per_node for sm in sms]
-            exp_link = _spanning_ring(costs_for, groups, sms[0].exp_shard, sms, per_node, "exp_link")
-        for models in per:
-            models[s] = models[s].with_dp_link(link, exp_link)
-    return per
+        key = tuple(map(id, sms))
+        if key not in ringed:
+            link = _spanning_ring(costs_for, groups, sms[0].shard, sms, [sm.shard_per_node for sm in sms], "shard_link")
+            exp_link = None
+            if sms[0].exp_shard != sms[0].shard:  # ep > 1: a smaller ring of its own
+                per_node = [sm.exp_shard_per_node for sm in sms]
+                exp_link = _spanning_ring(costs_for, groups, sms[0].exp_shard, sms, per_node, "exp_link")
+            ringed[key] = [sm.with_dp_link(link, exp_link) for sm in sms]
+        for models, ringed_sm in zip(per, ringed[key]):
+            models[s] = ringed_sm
+    return [[models[s] for s in stages] for models in per]
 
 
 def _spanning_ring(costs_for, groups, size: int, sms: list[StageModel], per_node: list[int], own: str):

@@ -263,15 +263,15 @@ def _replica_dims(job, shape, zero, counts, layers, recs, ms, base, ep: int = 1)
     return ReplicaDims(tuple(reps))
 
 
-def _probe_models(ctx, cand: ReplicaCandidate, ms) -> list[list[StageModel]]:
-    """Stage models of every replica entry of the shape, entry i running ms[i] micro-batches, at an even split
-    without recompute (the models' forms do not depend on the split)."""
+def _probe_models(ctx, cand: ReplicaCandidate, ms, stages=None) -> list[list[StageModel]]:
+    """Stage models of every replica entry of the shape (of ``stages`` only, default all), entry i running ms[i]
+    micro-batches, at an even split without recompute (the models' forms do not depend on the split)."""
     job, pp = ctx.job, cand.pp
     even = [job.model.num_layers // pp] * pp
     zeros = [(0,) * pp] * len(cand.counts)
     shape = (cand.tp, cand.cp, pp, cand.mbs)
     probe = _replica_dims(job, shape, cand.zero, cand.counts, even, zeros, list(ms), cand.recompute, cand.ep)
-    return replica_stage_models(job, probe, ctx.costs)
+    return replica_stage_models(job, probe, ctx.costs, stages)
 
 
 def _exact_shape(ctx, cand: ReplicaCandidate, best, remaining: float, workers: int, beat: float, work):
@@ -342,7 +342,7 @@ def _pipeline_floor(ctx, cand: ReplicaCandidate) -> float:
     M = ctx.job.training.global_batch_size // cand.mbs
     at = {}  # micro-batches -> per replica entry (T, rest)
     for m in sorted({1, pp}):
-        per = _probe_models(ctx, cand, [m] * len(cand.counts))
+        per = _probe_models(ctx, cand, [m] * len(cand.counts), stages=(0,))  # the terms read the first stage's
         at[m] = [quick.lower_bound_terms(sms[0], ctx.capacity(g)) for (g, _), sms in zip(cand.counts, per)]
     if any(T == float("inf") for T, _ in at[1]):
         return float("inf")
