@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from planner import parallel
 from planner.cost.memory import inflight_microbatches
@@ -118,7 +119,7 @@ class MixedCaches:
     kind_floors: dict = field(default_factory=dict)  # kind_layer_bounds: the same key
     model_layers: dict = field(default_factory=dict)  # model_layers_bound: the same key
     stage_terms: dict = field(default_factory=dict)  # MixedContext.stage_terms: memory room and layer cap
-    tail_floor: dict = field(default_factory=dict)  # MixedContext.tail_terms: least DP tail and its lines
+    tail_profile: dict = field(default_factory=dict)  # MixedContext.tail_terms: a stage's TailProfile
     recompute_pays: dict = field(default_factory=dict)  # recompute_pays_up_to, by stage position
     sharded_line: dict = field(default_factory=dict)  # MixedContext.sharded_line: ZeRO-2/3 traffic line
     zero_terms: dict = field(default_factory=dict)  # zero_terms: a group's ZeRO slope and memory room
@@ -133,7 +134,7 @@ class MixedCaches:
     replica_floor: dict = field(default_factory=dict)  # replicas.pipeline_floor, by ReplicaCandidate.key
     replica_exact: dict = field(default_factory=dict)  # replicas._exact_once: (cut, best plan) where proven
     replica_shapes: dict = field(default_factory=dict)  # replicas.shapes: the enumeration below a bound, by bound
-    moe_windows: dict = field(default_factory=dict)  # mixed_pipeline_bounds.moe_windows (one entry)
+    moe_windows: dict = field(default_factory=dict)  # moe_windows (one entry)
     ep_ok: dict = field(default_factory=dict)  # replicas.replica_ep_options: ep_error is None, by (ep, d, cp)
 
 
@@ -174,15 +175,18 @@ class MixedContext:
         return self.tail_terms(sm, s, cap, vpp)[0]
 
     def tail_terms(self, sm: StageModel, s: int, cap: int, vpp: float | None = None) -> tuple:
-        """(tail_floor, the layer count 1..cap at which it is least, the tail_lines it is read from)."""
+        """(tail_floor, the layer count 1..cap at which it is least, the TailProfile it is read from). The layers
+        are consecutive ones (moe_windows) only where the stage model's vpp is 1 and ``vpp`` is not given (a stage
+        of an interleaved pipeline holds several runs of layers; the ZeRO terms stand for every vpp)."""
         cap = min(cap, self.job.model.num_layers)
         paid = (sm.dims.vpp if vpp is None else vpp) <= self.recompute_pays(sm, s)
-        key = (sm.form_cache, s == 0, s == sm.dims.pp - 1, cap, paid)
-        hit = self.caches.tail_floor.get(key)
-        if hit is None:
-            lines = tail_lines(sm, s, paid)
-            hit = self.caches.tail_floor[key] = (*least_tail(lines, cap), lines)
-        return hit
+        consecutive = vpp is None and sm.dims.vpp == 1
+        key = (sm.form_cache, s == 0, s == sm.dims.pp - 1, paid, consecutive)
+        profile = self.caches.tail_profile.get(key)
+        if profile is None:
+            windows = moe_windows(self) if consecutive else any_layers(self.job.model)
+            profile = self.caches.tail_profile[key] = tail_profile(tail_lines(sm, s, paid), windows)
+        return *least_tail(profile, cap), profile
 
     def recompute_pays(self, sm: StageModel, s: int) -> float:
         """recompute_pays_up_to, memoized by stage position."""
@@ -379,9 +383,37 @@ def _any_mix_line(overlap, compute, forward, model, recomputed: bool = True) -> 
     stage of n >= 1 layers in any mix of the kinds the model has, each fully recomputed (the longest window; with
     ``recomputed`` False, none): the least constant and the least per-layer term over those kinds (layers of kind
     k add n_k * slope_k >= n_k * min slope, and a stage of dense layers only has no MoE term)."""
-    count = layer_counts(model)
-    lines = [overlap.recomputed_line(compute, forward, kind, recomputed) for kind in ("dense", "moe") if count[kind]]
+    lines = _kind_lines(overlap, compute, forward, model, recomputed).values()
     return min(c for c, _ in lines), min(p for _, p in lines)
+
+
+def _kind_lines(overlap, compute, forward, model, recomputed: bool) -> dict[str, tuple[float, float]]:
+    """Overlap.recomputed_line of each layer kind the model has: a stage of d dense and e >= 1 MoE layers has
+    traffic - share * window = c_moe + d * p_dense + e * p_moe (the MoE line's constant carries the terms that
+    come with any MoE layer), one of dense layers only c_dense + d * p_dense."""
+    count = layer_counts(model)
+    return {k: overlap.recomputed_line(compute, forward, k, recomputed) for k in ("dense", "moe") if count[k]}
+
+
+def any_layers(model) -> tuple[list[int], list[int]]:
+    """(fewest, most) MoE layers in any n layers of the model, n = 0..num_layers: moe_windows for layers that need
+    not be consecutive."""
+    count = layer_counts(model)
+    D, E = count["dense"], count["moe"]
+    return [max(0, n - D) for n in range(D + E + 1)], [min(n, E) for n in range(D + E + 1)]
+
+
+def moe_windows(ctx: MixedContext) -> tuple[list[int], list[int]]:
+    """(fewest, most) MoE layers in any n consecutive layers of the model, for n = 0..num_layers (a stage holds
+    consecutive layers: planner.spec.ModelSpec.is_moe_layer)."""
+    hit = ctx.caches.moe_windows.get(None)
+    if hit is None:
+        m = ctx.job.model
+        before = [m.moe_layers_before(i) for i in range(m.num_layers + 1)]
+        L = m.num_layers
+        counts = [[before[i + n] - before[i] for i in range(L - n + 1)] for n in range(L + 1)]
+        hit = ctx.caches.moe_windows[None] = ([min(c) for c in counts], [max(c) for c in counts])
+    return hit
 
 
 def recompute_pays_up_to(sm: StageModel, s: int) -> float:
@@ -408,29 +440,49 @@ def recompute_pays_up_to(sm: StageModel, s: int) -> float:
     return most
 
 
-def tail_lines(sm: StageModel, s: int, paid: bool) -> tuple[tuple[float, float], ...]:
-    """Stage s's exposed DP tail as parts max(0, const + per_layer * n) in its layer count n >= 1 (reduction
-    behind the backward, gather behind the forward: TailForms), each (const, per_layer) an _any_mix_line without
-    recompute where the bound pays for it (``paid``: see MixedContext.tail_floor), else all recomputed."""
+def tail_lines(sm: StageModel, s: int, paid: bool) -> tuple[dict[str, tuple[float, float]], ...]:
+    """Stage s's exposed DP tail as parts max(0, traffic - share * window) (reduction behind the backward, gather
+    behind the forward: TailForms), each as its _kind_lines without recompute where the bound pays for it
+    (``paid``: see MixedContext.tail_floor), else with every layer recomputed."""
     first, last = s == 0, s == sm.dims.pp - 1
     compute, forward = sm.compute_form(first, last), sm.forward_form(first, last)
-    return tuple(_any_mix_line(x, compute, forward, sm.job.model, not paid) for x in sm.tail_forms(first, last).parts())
+    return tuple(_kind_lines(x, compute, forward, sm.job.model, not paid) for x in sm.tail_forms(first, last).parts())
 
 
-def tail_at(lines, n: int) -> float:
-    """The tail of tail_lines at n layers."""
-    return sum((max(0.0, c + p * n) for c, p in lines), 0.0)
+class TailProfile(NamedTuple):
+    """A stage's DP tail floor by its layer count n = 0..num_layers (tail_profile), and ``reach[n]``: the least of
+    it over n..num_layers (grows with n), which tells the most layers a stage can hold within a tail."""
+
+    at: tuple[float, ...]
+    reach: tuple[float, ...]
 
 
-def least_tail(lines, cap: int) -> tuple[float, int]:
-    """(least tail, the layer count 1..cap that has it) of tail_lines: a sum of max(0, affine) parts is convex, so
-    the least lies at an end or next to where a part reaches 0."""
-    points = {1, cap}
-    for const, per_layer in lines:
-        if per_layer:  # where this part reaches 0, and its integer neighbours
-            z = -const / per_layer
-            points.update(min(cap, max(1, int(z) + d)) for d in (0, 1))
-    return min((tail_at(lines, n), n) for n in sorted(points))
+def tail_profile(lines, windows: tuple[list[int], list[int]]) -> TailProfile:
+    """The floor of a stage's exposed DP tail (tail_lines) when it holds n consecutive layers, for every n: those
+    hold e MoE layers with fewest[n] <= e <= most[n] (moe_windows) and n - e dense ones, and each part is linear in
+    e for e >= 1 (_kind_lines), so its least value over e lies at fewest[n], most[n] or 1; the parts' least values
+    add up to at most the tail's. An MoE model whose few dense layers carry little traffic thus no longer has the
+    tail of a stage of dense layers only."""
+    fewest, most = windows
+    at = [float("inf")]
+    for n in range(1, len(fewest)):
+        f, top = fewest[n], most[n]
+        total = 0.0
+        for kinds in lines:
+            c_d, p_d = kinds.get("dense", (0.0, 0.0))
+            c_m, p_m = kinds.get("moe", (0.0, 0.0))
+            least = min((c_m if e else c_d) + (n - e) * p_d + e * p_m for e in {f, top, max(f, min(1, top))})
+            total += max(0.0, least)
+        at.append(total)
+    reach = list(at)
+    for n in range(len(at) - 2, -1, -1):
+        reach[n] = min(reach[n], reach[n + 1])
+    return TailProfile(tuple(at), tuple(reach))
+
+
+def least_tail(profile: TailProfile, cap: int) -> tuple[float, int]:
+    """(least tail, the layer count 1..cap that has it) of a TailProfile."""
+    return min((profile.at[n], n) for n in range(1, max(1, cap) + 1))
 
 
 def _sharded_line(sm: StageModel, s: int) -> tuple[float, float]:

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from planner.cost.estimate import neighbour_links
 from planner.cost.stage import StageModel, heavy_kind
-from planner.search.mixed_context import MixedContext, tail_at
+from planner.search.mixed_context import MixedContext, TailProfile, any_layers, moe_windows
 from planner.search.quick import relaxed_layers
 
 # Relative width at which the bottleneck bisections stop. Their lower end is a valid bound at every step, so a
@@ -288,7 +288,7 @@ class StageRow(NamedTuple):
     a: float  # its least seconds per layer
     const: float  # its constant seconds per micro-batch without sends (embedding, logits, ZeRO-2/3 traffic)
     tail: float  # its least DP tail (MixedContext.tail_floor)
-    tail_lines: tuple  # that tail as lines in the layer count (mixed_context.tail_lines)
+    tail_profile: TailProfile  # that tail's floor by layer count (mixed_context.tail_profile)
     least_at: int  # the layer count 1..cap at which the tail is least
 
 
@@ -298,8 +298,8 @@ def _stage_bound(ctx: MixedContext, sm: StageModel, g: int, s: int) -> StageRow:
     cap = ctx.stage_terms(sm, g, s)[3]
     z, z0 = ctx.sharded_line(sm, s)
     const = sm.compute_form(s == 0, s == p - 1).const + z0  # embedding, logits
-    least, at, lines = ctx.tail_terms(sm, s, max(1, cap))
-    return StageRow(cap, sm.layer_floor() + z, const, least, lines, at)
+    least, at, profile = ctx.tail_terms(sm, s, max(1, cap))
+    return StageRow(cap, sm.layer_floor() + z, const, least, profile, at)
 
 
 def _stage_row(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], g: int, i: int) -> StageRow:
@@ -379,14 +379,15 @@ def refined_bound(
     work = sum(cst) + min_work(a, L, caps)  # <= sum_s t_s
     by_kind = 0.0
     blocks = None
-    if fam.kinds is not None and v == 1:  # dense and MoE layers counted apart (KindMix), stage by stage
-        lift = [x - sm.layer_floor() for x, sm in zip(a, sms)]  # what the stage adds per layer (ZeRO-2/3 line)
+    if fam.kinds is not None:  # dense and MoE layers counted apart (KindMix), stage by stage, in layers
+        lift = [r.a - sm.layer_floor() for r, sm in zip(rows, sms)]  # what the stage adds per layer (ZeRO-2/3 line)
         xs = [z + sm.kinds["dense"].layer_floor() for z, sm in zip(lift, sms)]
         ys = [z + sm.kinds["moe"].layer_floor() for z, sm in zip(lift, sms)]
         D, E = fam.kind_counts
         work = max(work, sum(cst) + D * min(xs) + E * min(ys))
-        by_kind = kind_bottleneck(xs, ys, cst, caps, D, E)
-        blocks = (xs, ys, moe_windows(ctx))
+        by_kind = kind_bottleneck(xs, ys, cst, layer_caps, D, E)  # (whole chunks of v relaxed)
+        if v == 1:  # a stage's layers are consecutive ones: blocks (with v > 1 it holds several runs)
+            blocks = (xs, ys, moe_windows(ctx))
     tail = max(r.tail for r in rows)
     mb = sms[0].mb
     rest = work / v + tail  # schedule_bound at T = 0, plus the tail; each second of T adds mb - 1/v
@@ -405,23 +406,24 @@ def refined_bound(
             by_kind = max(by_kind, block_bottleneck(*blocks, cst, caps, L))
         T = max(_capped_bottleneck(a, cst, caps, L), by_kind, _memory_bottleneck(ctx, c, sms, cst, None, v))
     bound = (mb - 1 / v) * T + rest  # schedule_bound(T, work, mb, v) + tail
-    reach = target - bound + tail  # the largest stage tail at which the bound would reach target
-    if target < float("inf") and not _hold_within_tail(rows, layer_caps, ctx.job.model.num_layers, reach):
-        return target  # the stages cannot hold the layers with every DP tail below what would reach target
+    if target < float("inf"):
+        if fam.kinds is None:
+            times = [functools.partial(_layer_time, r.a, r.a, None, ci) for r, ci in zip(rows, cst)]
+        else:
+            windows = blocks[2] if blocks is not None else any_layers(ctx.job.model)
+            times = [functools.partial(_layer_time, x, y, windows, ci) for x, y, ci in zip(xs, ys, cst)]
+        if not _hold_within_tail(rows, layer_caps, ctx.job.model.num_layers, times, T, mb - 1 / v, target - work / v):
+            return target  # the stages cannot hold the layers with every stage's time and DP tail within target
     return bound
 
 
-def moe_windows(ctx: MixedContext) -> tuple[list[int], list[int]]:
-    """(fewest, most) MoE layers in any n consecutive layers of the model, for n = 0..num_layers (a stage holds
-    consecutive layers: planner.spec.ModelSpec.is_moe_layer)."""
-    hit = ctx.caches.moe_windows.get(None)
-    if hit is None:
-        m = ctx.job.model
-        before = [m.moe_layers_before(i) for i in range(m.num_layers + 1)]
-        L = m.num_layers
-        counts = [[before[i + n] - before[i] for i in range(L - n + 1)] for n in range(L + 1)]
-        hit = ctx.caches.moe_windows[None] = ([min(c) for c in counts], [max(c) for c in counts])
-    return hit
+def _layer_time(x: float, y: float, windows, const: float, n: int) -> float:
+    """Least seconds a stage takes per micro-batch with n layers: ``const`` plus its dense layers at x and MoE
+    layers at y each, the MoE count within the fewest and most of ``windows`` (moe_windows or any_layers; None:
+    one kind, x = y)."""
+    if windows is None:
+        return const + n * x
+    return const + min((n - e) * x + e * y for e in (windows[0][n], windows[1][n]))
 
 
 def block_bottleneck(xs, ys, windows, c, caps, L: int, probe: float | None = None) -> float:
@@ -472,18 +474,24 @@ def _least_holding(holds, lo: float, hi: float, need: float, probe: float | None
     return lo
 
 
-def _hold_within_tail(rows, caps, L: int, tail: float) -> bool:
-    """Whether the stages can hold the L layers (at least one each, at most caps_s) with every stage's exposed
-    DP tail (rows: _stage_bound's tail_lines and the count with the least tail) at most ``tail``: the tail is the
-    largest over the stages (planner.cost.estimate.evaluate_stages) and grows with the layers a stage holds, so a
-    bound with the least tail of any stage is low where the layers must spread. Each stage's tail is convex in
-    its layer count: the counts within ``tail`` are an interval from the least one up, found by bisection."""
+def _hold_within_tail(rows, caps, L: int, times, T: float, k: float, limit: float) -> bool:
+    """Whether the stages can hold the L layers (at least one each, at most caps_s) with every stage s within
+    ``limit``: a plan whose stage s holds n layers takes at least k * max(T, times_s(n)) + work / v + tail_s(n)
+    (the schedule's (m - 1/v) max_s t_s with max_s t_s >= T and >= t_s, its sum_s t_s / v, and the DP tail, the
+    largest over the stages: planner.cost.estimate.evaluate_stages), so n is held only where k * max(T,
+    times_s(n)) + tail_s(n) <= limit = target - work / v. The stage time and its DP tail both grow with the layers
+    a stage holds, so a bound with the bottleneck and the least tail of any stage apart is low where the layers
+    must spread. The tail is read from the stage's TailProfile ``reach`` (grows with n, as times_s does): the
+    counts within the limit are 1..n_max, found by bisection."""
     held = 0
-    for row, cap in zip(rows, caps):
-        if row.tail > tail:
+    for row, cap, time in zip(rows, caps, times):
+
+        def total(n: int, row=row, time=time) -> float:
+            return k * max(T, time(n)) + row.tail_profile.reach[n]
+
+        if total(1) > limit:
             return False
-        tail_of = functools.partial(tail_at, row.tail_lines)
-        held += _largest_within(tail_of, row.least_at, max(row.least_at, min(cap, L)), tail)
+        held += _largest_within(total, 1, max(1, min(cap, L)), limit)
         if held >= L:
             return True
     return False
