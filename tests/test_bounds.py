@@ -324,6 +324,46 @@ def test_the_dp_tail_floor_holds_for_every_stage_of_any_layer_mix(zero):
     assert largest > 0
 
 
+def test_the_tail_profile_holds_for_every_run_and_every_set_of_layers():
+    """mixed_context.tail_profile of an MoE model with a dense first layer and an MoE layer every other layer: for
+    every stage position and every set of n layers the stage could hold, its floor at n is at most the stage's
+    exposed DP tail; the floor for consecutive layers (moe_windows, vpp = 1) holds for every run of layers but
+    not for every set (an interleaved stage's layers need not be consecutive: it is used only at vpp = 1), and
+    both are above the floor of one line for any mix (_any_mix_line) somewhere."""
+    from planner.search.mixed_context import _any_mix_line
+
+    model = {**MOE6, "num_layers": 6, "moe": {**MOE6["moe"], "moe_layer_freq": 2}}
+    j = parse_job(
+        {
+            "model": model,
+            "cluster": [{"gpu": "a100-40gb", "nodes": 4, "gpus_per_node": 1}],
+            "training": {"seq_length": 512, "global_batch_size": 4, "attention": "flash"},
+        }
+    )
+    ctx = MixedContext(j, SearchOptions(), None, cost_source(j), group_order(j.cluster))
+    sm = StageModel(j, mixed_pipelines.pipeline_dims(j, (0, 0), (1, 1), 2, 1, 1, 1, "none").stage_dims(0), ctx.costs(0))
+    L = j.model.num_layers
+    set_below_run = run_above_mix = any_above_mix = False
+    for s in range(2):
+        runs, sets = ctx.tail_terms(sm, s, L)[2], ctx.tail_terms(sm, s, L, 1)[2]
+        first, last = s == 0, s == 1
+        compute, forward = sm.compute_form(first, last), sm.forward_form(first, last)
+        mix = [_any_mix_line(x, compute, forward, j.model, False) for x in sm.tail_forms(first, last).parts()]
+        for n in range(1, L + 1):
+            old = sum(max(0.0, c + p * n) for c, p in mix)
+            run_above_mix |= runs.at[n] > old * SLACK + 1e-12
+            any_above_mix |= sets.at[n] > old * SLACK + 1e-12
+            for chosen in itertools.combinations(range(L), n):
+                moe = sum(j.model.is_moe_layer(i) for i in chosen)
+                exposed = sm.iteration_tail(s, StagePlan(n - moe, moe))[0]
+                assert sets.at[n] <= exposed * SLACK + 1e-12, (s, chosen)
+                if chosen[-1] - chosen[0] == n - 1:
+                    assert runs.at[n] <= exposed * SLACK + 1e-12, (s, chosen)
+                else:
+                    set_below_run |= exposed < runs.at[n] / SLACK - 1e-12
+    assert set_below_run and run_above_mix and any_above_mix
+
+
 def test_kind_bottleneck_is_below_every_assignment_of_the_two_kinds():
     """mixed_pipeline_bounds.kind_bottleneck against every way of placing D dense and E MoE layers on the stages
     (at most caps_s layers each): the slowest stage of each is at or above the bound; and the bound is above the

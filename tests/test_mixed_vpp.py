@@ -317,6 +317,32 @@ def test_mixed_pipeline_bounds_hold_for_vpp_plans(every_candidate):
     assert fitting
 
 
+def test_mixed_pipeline_bounds_hold_for_vpp_plans_of_a_model_with_dense_and_moe_layers():
+    """An MoE model with a dense first layer and an MoE layer every other layer after it, interleaved: the refined
+    bound (its two layer kinds and its DP tail counted for a stage that holds several runs of layers) is at most
+    each candidate's best plan, and probed just above it does not reach it (an invalid prune would)."""
+    from test_bounds import MOE6, candidates_with_bounds
+
+    model = {**MOE6, "num_layers": 6, "moe": {**MOE6["moe"], "moe_layer_freq": 2}}
+    job = one_gpu_node_groups(model, nodes=2, memory_gib=6.0, gbs=8, links=[{"groups": [0, 1], "gbps": 25}])
+    ctx = MixedContext(job, OPTS, None, cost_source(job), group_order(job.cluster))
+    found = [x for x in candidates_with_bounds(ctx) if x[2].vpp > 1]
+    rng = random.Random(5)
+    cache: dict = {}
+    fitting = 0
+    for bounds, fam, c in rng.sample(found, min(30, len(found))):
+        best = brute_candidate(job, c, ctx)
+        what = f"{c.groups} dp{c.dp} cp{c.cp} vpp{c.vpp} mbs{c.mbs} z{c.zero} {c.recompute}"
+        assert all(b <= best * SLACK for b in bounds), what
+        sms = mixed_pipelines._stage_models(ctx, c, cache)
+        assert refined_bound(ctx, fam, c, sms) <= best * SLACK, what
+        if best < float("inf"):
+            fitting += 1
+            above = best * 1.001
+            assert refined_bound(ctx, fam, c, sms, above) < above, what
+    assert fitting
+
+
 # ----------------------------------------------------------------------------------------------- CLI and checker
 
 

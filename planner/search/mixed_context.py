@@ -9,6 +9,8 @@ import math
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import numpy as np
+
 from planner import parallel
 from planner.cost.memory import inflight_microbatches
 from planner.cost.provider import CostSource
@@ -135,6 +137,8 @@ class MixedCaches:
     replica_exact: dict = field(default_factory=dict)  # replicas._exact_once: (cut, best plan) where proven
     replica_shapes: dict = field(default_factory=dict)  # replicas.shapes: the enumeration below a bound, by bound
     moe_windows: dict = field(default_factory=dict)  # moe_windows (one entry)
+    window_arrays: dict = field(default_factory=dict)  # MixedContext.tail_terms: the windows as arrays, by
+    # whether the layers are consecutive
     ep_ok: dict = field(default_factory=dict)  # replicas.replica_ep_options: ep_error is None, by (ep, d, cp)
 
 
@@ -184,7 +188,10 @@ class MixedContext:
         key = (sm.form_cache, s == 0, s == sm.dims.pp - 1, paid, consecutive)
         profile = self.caches.tail_profile.get(key)
         if profile is None:
-            windows = moe_windows(self) if consecutive else any_layers(self.job.model)
+            windows = self.caches.window_arrays.get(consecutive)
+            if windows is None:
+                lists = moe_windows(self) if consecutive else any_layers(self.job.model)
+                windows = self.caches.window_arrays[consecutive] = tuple(np.asarray(x, dtype=float) for x in lists)
             profile = self.caches.tail_profile[key] = tail_profile(tail_lines(sm, s, paid), windows)
         return *least_tail(profile, cap), profile
 
@@ -457,32 +464,33 @@ class TailProfile(NamedTuple):
     reach: tuple[float, ...]
 
 
-def tail_profile(lines, windows: tuple[list[int], list[int]]) -> TailProfile:
+def tail_profile(lines, windows: tuple[np.ndarray, np.ndarray]) -> TailProfile:
     """The floor of a stage's exposed DP tail (tail_lines) when it holds n consecutive layers, for every n: those
     hold e MoE layers with fewest[n] <= e <= most[n] (moe_windows) and n - e dense ones, and each part is linear in
     e for e >= 1 (_kind_lines), so its least value over e lies at fewest[n], most[n] or 1; the parts' least values
     add up to at most the tail's. An MoE model whose few dense layers carry little traffic thus no longer has the
     tail of a stage of dense layers only."""
     fewest, most = windows
-    at = [float("inf")]
-    for n in range(1, len(fewest)):
-        f, top = fewest[n], most[n]
-        total = 0.0
-        for kinds in lines:
-            c_d, p_d = kinds.get("dense", (0.0, 0.0))
-            c_m, p_m = kinds.get("moe", (0.0, 0.0))
-            least = min((c_m if e else c_d) + (n - e) * p_d + e * p_m for e in {f, top, max(f, min(1, top))})
-            total += max(0.0, least)
-        at.append(total)
-    reach = list(at)
-    for n in range(len(at) - 2, -1, -1):
-        reach[n] = min(reach[n], reach[n + 1])
-    return TailProfile(tuple(at), tuple(reach))
+    n = np.arange(len(fewest), dtype=float)
+    total = np.zeros(len(fewest))
+    for kinds in lines:
+        c_d, p_d = kinds.get("dense", (0.0, 0.0))
+        c_m, p_m = kinds.get("moe", (0.0, 0.0))
+        least = None
+        for e in (fewest, most, np.maximum(fewest, np.minimum(1.0, most))):
+            value = np.where(e > 0, c_m, c_d) + (n - e) * p_d + e * p_m
+            least = value if least is None else np.minimum(least, value)
+        total += np.maximum(0.0, least)
+    total[0] = np.inf
+    reach = np.minimum.accumulate(total[::-1])[::-1]
+    return TailProfile(tuple(total.tolist()), tuple(reach.tolist()))
 
 
 def least_tail(profile: TailProfile, cap: int) -> tuple[float, int]:
-    """(least tail, the layer count 1..cap that has it) of a TailProfile."""
-    return min((profile.at[n], n) for n in range(1, max(1, cap) + 1))
+    """(least tail, the layer count 1..cap that has it; the fewest layers on ties) of a TailProfile."""
+    at = profile.at[1 : max(1, cap) + 1]
+    least = min(at)
+    return least, at.index(least) + 1
 
 
 def _sharded_line(sm: StageModel, s: int) -> tuple[float, float]:
