@@ -364,6 +364,33 @@ def test_the_tail_profile_holds_for_every_run_and_every_set_of_layers():
     assert set_below_run and run_above_mix and any_above_mix
 
 
+def test_tail_bottleneck_is_below_every_split_of_the_layers():
+    """mixed_pipeline_bounds.tail_bottleneck against every split of L layers over k_g <= hi_g stages per group
+    (each stage >= 1 layer, a stage of group g holding n layers with tail reaches[g][n - 1]): the least largest
+    tail of any split is at or above the bound, and equal to it somewhere (it is the split's relaxation)."""
+    from planner.search.mixed_pipeline_bounds import tail_bottleneck
+
+    rng = random.Random(3)
+    equal = 0
+    for _ in range(200):
+        L, groups = rng.randint(2, 7), rng.randint(1, 3)
+        reaches = [
+            tuple(itertools.accumulate(rng.choice((0.0, 0.0, 0.5, 1.0, 2.0)) for _ in range(L))) for _ in range(groups)
+        ]
+        his = [rng.randint(1, 3) for _ in range(groups)]
+        best = float("inf")
+        for ks in itertools.product(*(range(1, h + 1) for h in his)):
+            owners = [g for g, k in enumerate(ks) for _ in range(k)]
+            if len(owners) > L:
+                continue
+            for split in compositions(L, len(owners)):
+                best = min(best, max(reaches[g][n - 1] for g, n in zip(owners, split)))
+        bound = tail_bottleneck(reaches, his, L)
+        assert bound <= best + 1e-12, (reaches, his, L)
+        equal += bound == best
+    assert equal > 50
+
+
 def test_kind_bottleneck_is_below_every_assignment_of_the_two_kinds():
     """mixed_pipeline_bounds.kind_bottleneck against every way of placing D dense and E MoE layers on the stages
     (at most caps_s layers each): the slowest stage of each is at or above the bound; and the bound is above the

@@ -234,6 +234,8 @@ class ZeroTerms:
     paid_tail: float = 0.0  # the least DP tail with recompute paid for in the schedule's sum (MixedContext.tail_floor)
     any_tail: float = 0.0  # the same with every layer recomputed: valid at any vpp
     pays_up_to: float = float("inf")  # the largest vpp at which paid_tail holds (recompute_pays_up_to)
+    paid_reach: tuple[float, ...] = ()  # TailProfile.reach at n = 1..L, the least over the three stages
+    any_reach: tuple[float, ...] = ()  # the same with every layer recomputed
     memory: dict[float, tuple] = field(default_factory=dict)  # memory_terms by in-flight count
     capacity_gib: float = 0.0  # the group's usable GPU memory (MixedContext.capacity)
 
@@ -241,6 +243,11 @@ class ZeroTerms:
         """The least exposed DP tail of any of the group's stages in a pipeline of ``vpp`` model chunks per stage
         (MixedContext.tail_floor of the first, a middle and the last stage: at any depth >= 2)."""
         return self.paid_tail if vpp <= self.pays_up_to else self.any_tail
+
+    def reach(self, vpp: int = 1) -> tuple[float, ...]:
+        """Per layer count n = 1..L (index n - 1), the least DP tail a stage of this group holding n or more layers
+        has (TailProfile.reach of any layers, the least over the first, a middle and the last stage), as tail."""
+        return self.paid_reach if vpp <= self.pays_up_to else self.any_reach
 
     def room(self, after: int, count: int, vpp: int = 1) -> float:
         """Most layers ``count`` stages of this group can hold when at least ``after`` stages follow them, in a
@@ -305,10 +312,15 @@ def _zero_terms(
     room = quick.stage_memory_term(sm, ctx.capacity(g), 1)[0]
     cap = ctx.capacity(g)
     # the first, a middle and the last stage: at any depth >= 2
+    paid = [ctx.tail_terms(sm, s, L, 1) for s in range(3)]
+    every = [ctx.tail_terms(sm, s, L, math.inf) for s in range(3)]
     tails = {
-        "paid_tail": min(ctx.tail_floor(sm, s, L, 1) for s in range(3)),
-        "any_tail": min(ctx.tail_floor(sm, s, L, math.inf) for s in range(3)),
+        "paid_tail": min(least for least, _, _ in paid),
+        "any_tail": min(least for least, _, _ in every),
         "pays_up_to": min(ctx.recompute_pays(sm, s) for s in range(3)),
+        # per layer count n = 1..L, the least tail any of its stages has holding n or more layers
+        "paid_reach": tuple(map(min, *(p.reach[1:] for _, _, p in paid))),
+        "any_reach": tuple(map(min, *(p.reach[1:] for _, _, p in every))),
     }
     if lines[1][1] < 0:
         return ZeroTerms(0.0, 0.0, 0.0, sm, room, capacity_gib=cap, **tails)

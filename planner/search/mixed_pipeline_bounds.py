@@ -5,6 +5,7 @@ every plan of what it bounds, so the search may drop anything whose bound reache
 
 from __future__ import annotations
 
+import bisect
 import functools
 import math
 from dataclasses import dataclass
@@ -198,6 +199,27 @@ def whole_chunk_bottleneck(a, hi, ends: Ends, L: int, send, v: int, start: float
         if rate > 0 and T + (need - held) / rate <= step:
             return T + (need - held) / rate
         T = step
+
+
+def tail_bottleneck(reaches, his, L: int) -> float:
+    """The least DP tail the largest stage tail can have when at most his[g] stages of group g hold the L layers,
+    a stage of group g holding n layers with tail at least reaches[g][n - 1] (ZeroTerms.reach: grows with n): the
+    smallest tau at which sum_g his[g] * (the most layers a stage of g holds within tau) >= L. (A plan whose
+    largest tail is below it holds fewer than L layers.) 0 with no reaches."""
+    if not reaches or any(not r for r in reaches):
+        return 0.0
+
+    def held(tau: float) -> int:
+        return sum(k * bisect.bisect_right(r, tau) for r, k in zip(reaches, his))
+
+    values = sorted({x for r, k in zip(reaches, his) if k for x in r})
+    lo, hi = 0, len(values) - 1
+    if held(values[hi]) < L:
+        return values[hi]  # (the memory terms rule such a box out)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if held(values[mid]) >= L else (mid + 1, hi)
+    return values[lo]
 
 
 def memory_floor(rows, need: int) -> float:

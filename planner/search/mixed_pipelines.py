@@ -56,7 +56,7 @@ from planner.search.mixed_context import (
     vpp_options,
     zero_terms,
 )
-from planner.search.mixed_pipeline_bounds import Ends, KindMix, box_bound, memory_floor, refined_bound
+from planner.search.mixed_pipeline_bounds import Ends, KindMix, box_bound, memory_floor, refined_bound, tail_bottleneck
 from planner.search.partition import solve_partition
 from planner.search.quick import RESOLUTION
 from planner.search.replicas import search_replicas
@@ -422,7 +422,9 @@ class _Family:
             after += k_lo
         if room < L:
             return float("inf")
-        a, ends, tail = (self.a, self.bound_ends, 0.0) if sum(lo) < 2 else (*self.sharded, self.tail)
+        a, ends, tail = (
+            (self.a, self.bound_ends, 0.0) if sum(lo) < 2 else (*self.sharded, self._box_tail(self.zt, hi, L))
+        )
         mix = self.mixes[sum(lo) >= 2]
         # two or more stages: ZeRO-2/3 traffic, and the DP tail of the slowest group to sync
         plain = box_bound(a, lo, hi, ends, L, self.mb, self.send, v, mix=mix, whole=True) + tail
@@ -464,6 +466,8 @@ class _Family:
             if sum(z.room(0, k_hi, v) for z, k_hi in zip(zt, hi)) < L:
                 continue
             a, ends, tail, mix = (self.a, self.bound_ends, 0.0, plain_mix) if sum(lo) < 2 else terms
+            if sum(lo) >= 2:
+                tail = max(tail, self._box_tail(zt, hi, L))
             zbound = box_bound(a, lo, hi, ends, L, self.mb, self.send, v, mix=mix, whole=True) + tail
             if zbound < min(best, target):
                 floor = _memory_floor(zt, [0] * len(zt), hi, v)
@@ -490,6 +494,11 @@ class _Family:
     def _tail(self, zt: tuple[ZeroTerms, ...]) -> float:
         """The DP tail floor of the used groups at the family's vpp: the largest of their least tails."""
         return max(z.tail(self.vpp) for z in zt)
+
+    def _box_tail(self, zt: tuple[ZeroTerms, ...], hi, L: int) -> float:
+        """The DP tail floor of a box of two or more stages: _tail, and the least largest tail at which at most hi
+        stages per group hold the layers (mixed_pipeline_bounds.tail_bottleneck)."""
+        return max(self._tail(zt), tail_bottleneck([z.reach(self.vpp) for z in zt], hi, L))
 
     def expand(self, ctx: MixedContext, lo, hi) -> list[tuple[_Family, tuple]]:
         """Every pipeline order of the used groups and every ZeRO stage, each with its box (the groups' counts
