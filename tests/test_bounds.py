@@ -15,6 +15,7 @@ from strategies import SMALL_MOE
 
 from planner.cost.estimate import evaluate_plans, evaluate_stages, with_group_sends
 from planner.cost.forms import StagePlan
+from planner.cost.memory import GIB
 from planner.cost.provider import cost_source
 from planner.cost.stage import StageModel, split_kinds
 from planner.load import parse_job
@@ -324,12 +325,11 @@ def test_the_dp_tail_floor_holds_for_every_stage_of_any_layer_mix(zero):
     assert largest > 0
 
 
-def test_the_tail_profile_holds_for_every_run_and_every_set_of_layers():
+def test_the_tail_profile_holds_for_every_run_of_layers():
     """mixed_context.tail_profile of an MoE model with a dense first layer and an MoE layer every other layer: for
-    every stage position and every set of n layers the stage could hold, its floor at n is at most the stage's
-    exposed DP tail; the floor for consecutive layers (moe_windows, vpp = 1) holds for every run of layers but
-    not for every set (an interleaved stage's layers need not be consecutive: it is used only at vpp = 1), and
-    both are above the floor of one line for any mix (_any_mix_line) somewhere."""
+    every stage position and every run of n consecutive layers a stage could hold (the cost model counts a stage's
+    layer kinds as one run at any vpp: split_kinds), its floor at n is at most the stage's exposed DP tail, and it
+    is above the floor of one line for any mix of the kinds (_any_mix_line) somewhere."""
     from planner.search.mixed_context import _any_mix_line
 
     model = {**MOE6, "num_layers": 6, "moe": {**MOE6["moe"], "moe_layer_freq": 2}}
@@ -343,25 +343,61 @@ def test_the_tail_profile_holds_for_every_run_and_every_set_of_layers():
     ctx = MixedContext(j, SearchOptions(), None, cost_source(j), group_order(j.cluster))
     sm = StageModel(j, mixed_pipelines.pipeline_dims(j, (0, 0), (1, 1), 2, 1, 1, 1, "none").stage_dims(0), ctx.costs(0))
     L = j.model.num_layers
-    set_below_run = run_above_mix = any_above_mix = False
+    above_mix = False
     for s in range(2):
-        runs, sets = ctx.tail_terms(sm, s, L)[2], ctx.tail_terms(sm, s, L, 1)[2]
+        profile = ctx.tail_terms(sm, s, L)[2]
         first, last = s == 0, s == 1
         compute, forward = sm.compute_form(first, last), sm.forward_form(first, last)
         mix = [_any_mix_line(x, compute, forward, j.model, False) for x in sm.tail_forms(first, last).parts()]
         for n in range(1, L + 1):
-            old = sum(max(0.0, c + p * n) for c, p in mix)
-            run_above_mix |= runs.at[n] > old * SLACK + 1e-12
-            any_above_mix |= sets.at[n] > old * SLACK + 1e-12
-            for chosen in itertools.combinations(range(L), n):
-                moe = sum(j.model.is_moe_layer(i) for i in chosen)
+            above_mix |= profile.at[n] > sum(max(0.0, c + p * n) for c, p in mix) * SLACK + 1e-12
+            for start in range(L - n + 1):
+                moe = j.model.moe_layers_before(start + n) - j.model.moe_layers_before(start)  # (split_kinds)
                 exposed = sm.iteration_tail(s, StagePlan(n - moe, moe))[0]
-                assert sets.at[n] <= exposed * SLACK + 1e-12, (s, chosen)
-                if chosen[-1] - chosen[0] == n - 1:
-                    assert runs.at[n] <= exposed * SLACK + 1e-12, (s, chosen)
-                else:
-                    set_below_run |= exposed < runs.at[n] / SLACK - 1e-12
-    assert set_below_run and run_above_mix and any_above_mix
+                assert profile.at[n] <= exposed * SLACK + 1e-12, (s, start, n)
+    assert above_mix
+
+
+@pytest.mark.parametrize("memory_gib", [4.0, 16.0])
+def test_kind_memory_times_hold_for_every_run_and_recompute_count_that_fits(memory_gib):
+    """mixed_pipeline_bounds._kind_memory_times of an MoE model with an MoE layer every other layer, on a GPU so
+    tight that no layer fits (4 GiB) and on one where longer runs fit only by recomputing (16 GiB): for every
+    stage, run of n consecutive layers and recompute count that fits the GPU, the stage's seconds on its layers
+    (its time less that of no layers) are at least the bound at n; the bound is above the layer floors alone
+    where recompute is needed, and inf where nothing fits."""
+    from planner.search.mixed_pipeline_bounds import _kind_memory_times
+
+    model = {**MOE6, "num_layers": 6, "moe": {**MOE6["moe"], "moe_layer_freq": 2}}
+    j = parse_job(
+        {
+            "model": model,
+            "cluster": [{"gpu": {**TIGHT_GPU, "memory_gib": memory_gib}, "nodes": 4, "gpus_per_node": 1}],
+            "training": {"seq_length": 8192, "global_batch_size": 4, "attention": "eager"},
+        }
+    )
+    ctx = MixedContext(j, SearchOptions(), None, cost_source(j), group_order(j.cluster))
+    dims = mixed_pipelines.pipeline_dims(j, (0, 0), (1, 1), 1, 1, 1, 1, "none")
+    sm = StageModel(j, dims.stage_dims(0), ctx.costs(0))
+    L, cap = j.model.num_layers, ctx.capacity(0)
+    recomputing = infeasible = 0
+    for s in range(2):
+        times = _kind_memory_times(ctx, sm, 0, s, 0.0)
+        empty = sm.microbatch_time(s, StagePlan(0, 0))["total"]
+        floor = min(k.layer_floor() for k in sm.kinds.values())
+        for n in range(1, L + 1):
+            fitting = []
+            for start in range(L - n + 1):
+                moe = j.model.moe_layers_before(start + n) - j.model.moe_layers_before(start)  # (split_kinds)
+                for r in range(n + 1):
+                    plan = StagePlan(n - moe, moe).with_recompute(r)
+                    if sm.peak_memory(s, plan) / GIB <= cap:
+                        fitting.append(sm.microbatch_time(s, plan)["total"] - empty)
+            if fitting:
+                assert times[n - 1] <= min(fitting) * SLACK + 1e-12, (s, n)
+                recomputing += times[n - 1] > n * floor * SLACK
+            else:
+                infeasible += times[n - 1] == float("inf")
+    assert recomputing if memory_gib > 10 else infeasible
 
 
 def test_tail_bottleneck_is_below_every_split_of_the_layers():

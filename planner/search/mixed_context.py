@@ -137,8 +137,8 @@ class MixedCaches:
     replica_exact: dict = field(default_factory=dict)  # replicas._exact_once: (cut, best plan) where proven
     replica_shapes: dict = field(default_factory=dict)  # replicas.shapes: the enumeration below a bound, by bound
     moe_windows: dict = field(default_factory=dict)  # moe_windows (one entry)
-    window_arrays: dict = field(default_factory=dict)  # MixedContext.tail_terms: the windows as arrays, by
-    # whether the layers are consecutive
+    kind_memory: dict = field(default_factory=dict)  # mixed_pipeline_bounds._kind_memory_times
+    window_arrays: dict = field(default_factory=dict)  # MixedContext.tail_terms: moe_windows as arrays (one entry)
     ep_ok: dict = field(default_factory=dict)  # replicas.replica_ep_options: ep_error is None, by (ep, d, cp)
 
 
@@ -179,19 +179,16 @@ class MixedContext:
         return self.tail_terms(sm, s, cap, vpp)[0]
 
     def tail_terms(self, sm: StageModel, s: int, cap: int, vpp: float | None = None) -> tuple:
-        """(tail_floor, the layer count 1..cap at which it is least, the TailProfile it is read from). The layers
-        are consecutive ones (moe_windows) only where the stage model's vpp is 1 and ``vpp`` is not given (a stage
-        of an interleaved pipeline holds several runs of layers; the ZeRO terms stand for every vpp)."""
+        """(tail_floor, the layer count 1..cap at which it is least, the TailProfile it is read from)."""
         cap = min(cap, self.job.model.num_layers)
         paid = (sm.dims.vpp if vpp is None else vpp) <= self.recompute_pays(sm, s)
-        consecutive = vpp is None and sm.dims.vpp == 1
-        key = (sm.form_cache, s == 0, s == sm.dims.pp - 1, paid, consecutive)
+        key = (sm.form_cache, s == 0, s == sm.dims.pp - 1, paid)
         profile = self.caches.tail_profile.get(key)
         if profile is None:
-            windows = self.caches.window_arrays.get(consecutive)
+            windows = self.caches.window_arrays.get(None)
             if windows is None:
-                lists = moe_windows(self) if consecutive else any_layers(self.job.model)
-                windows = self.caches.window_arrays[consecutive] = tuple(np.asarray(x, dtype=float) for x in lists)
+                arrays = tuple(np.asarray(x, dtype=float) for x in moe_windows(self))
+                windows = self.caches.window_arrays[None] = arrays
             profile = self.caches.tail_profile[key] = tail_profile(tail_lines(sm, s, paid), windows)
         return *least_tail(profile, cap), profile
 
@@ -414,17 +411,10 @@ def _kind_lines(overlap, compute, forward, model, recomputed: bool) -> dict[str,
     return {k: overlap.recomputed_line(compute, forward, k, recomputed) for k in ("dense", "moe") if count[k]}
 
 
-def any_layers(model) -> tuple[list[int], list[int]]:
-    """(fewest, most) MoE layers in any n layers of the model, n = 0..num_layers: moe_windows for layers that need
-    not be consecutive."""
-    count = layer_counts(model)
-    D, E = count["dense"], count["moe"]
-    return [max(0, n - D) for n in range(D + E + 1)], [min(n, E) for n in range(D + E + 1)]
-
-
 def moe_windows(ctx: MixedContext) -> tuple[list[int], list[int]]:
-    """(fewest, most) MoE layers in any n consecutive layers of the model, for n = 0..num_layers (a stage holds
-    consecutive layers: planner.spec.ModelSpec.is_moe_layer)."""
+    """(fewest, most) MoE layers in any n consecutive layers of the model, for n = 0..num_layers: the layer kinds
+    of a stage's n layers as the cost model counts them (planner/cost/stage.split_kinds: a stage's layers are
+    consecutive ones at any vpp; planner.spec.ModelSpec.is_moe_layer)."""
     hit = ctx.caches.moe_windows.get(None)
     if hit is None:
         m = ctx.job.model

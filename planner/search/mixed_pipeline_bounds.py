@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from planner.cost.estimate import neighbour_links
 from planner.cost.stage import StageModel, heavy_kind
-from planner.search.mixed_context import MixedContext, TailProfile, any_layers, moe_windows
+from planner.search.mixed_context import MixedContext, TailProfile, moe_windows
 from planner.search.quick import relaxed_layers
 
 # Relative width at which the bottleneck bisections stop. Their lower end is a valid bound at every step, so a
@@ -389,7 +389,7 @@ def refined_bound(
     if quick >= target:
         return quick
     v = c.vpp
-    L = ctx.job.model.num_layers
+    L = layers = ctx.job.model.num_layers
     rows = _stage_bounds(ctx, c, sms)
     caps, a, const = [r.cap for r in rows], [r.a for r in rows], [r.const for r in rows]
     layer_caps = caps
@@ -408,15 +408,21 @@ def refined_bound(
         D, E = fam.kind_counts
         work = max(work, sum(cst) + D * min(xs) + E * min(ys))
         by_kind = kind_bottleneck(xs, ys, cst, layer_caps, D, E)  # (whole chunks of v relaxed)
-        if v == 1:  # a stage's layers are consecutive ones: blocks (with v > 1 it holds several runs)
-            blocks = (xs, ys, moe_windows(ctx))
+        blocks = (xs, ys, moe_windows(ctx))  # a stage's layers are consecutive ones (split_kinds), at any vpp
     tail = max(r.tail for r in rows)
     mb = sms[0].mb
     rest = work / v + tail  # schedule_bound at T = 0, plus the tail; each second of T adds mb - 1/v
     probe = (target - rest) / (mb - 1 / v) if mb - 1 / v > 0 and target < float("inf") else None
     if blocks is not None:
-        by_kind = max(by_kind, block_bottleneck(*blocks, cst, caps, L, probe))
+        by_kind = max(by_kind, block_bottleneck(*blocks, cst, layer_caps, layers, probe))
     T = max(_capped_bottleneck(a, cst, caps, L, probe), by_kind)
+    kind_memory = None
+    if fam.kinds is not None:  # the memory bottleneck with the dense layers counted too
+        kind_memory = [
+            _kind_memory_times(ctx, sm, g, s, z) for s, (sm, g, z) in enumerate(zip(sms, c.stage_groups, lift))
+        ]
+        if probe is None or T < probe:
+            T = max(T, _kind_memory_bottleneck(kind_memory, cst, layers, probe))
     if probe is None or T < probe:
         T = max(T, _memory_bottleneck(ctx, c, sms, cst, probe, v))
     if T == float("inf"):
@@ -425,23 +431,25 @@ def refined_bound(
         return max(target, (mb - 1 / v) * T + rest)  # the bound reaches target (float rounding aside)
     if probe is not None:  # not cut by the bottleneck alone: its exact value, for the DP tail's turn below
         if blocks is not None:
-            by_kind = max(by_kind, block_bottleneck(*blocks, cst, caps, L))
+            by_kind = max(by_kind, block_bottleneck(*blocks, cst, layer_caps, layers))
         T = max(_capped_bottleneck(a, cst, caps, L), by_kind, _memory_bottleneck(ctx, c, sms, cst, None, v))
+        if kind_memory is not None:
+            T = max(T, _kind_memory_bottleneck(kind_memory, cst, layers))
     bound = (mb - 1 / v) * T + rest  # schedule_bound(T, work, mb, v) + tail
     if target < float("inf"):
         if fam.kinds is None:
             times = [functools.partial(_layer_time, r.a, r.a, None, ci) for r, ci in zip(rows, cst)]
         else:
-            windows = blocks[2] if blocks is not None else any_layers(ctx.job.model)
+            windows = blocks[2]
             times = [functools.partial(_layer_time, x, y, windows, ci) for x, y, ci in zip(xs, ys, cst)]
-        if not _hold_within_tail(rows, layer_caps, ctx.job.model.num_layers, times, T, mb - 1 / v, target - work / v):
+        if not _hold_within_tail(rows, layer_caps, layers, times, T, mb - 1 / v, target - work / v):
             return target  # the stages cannot hold the layers with every stage's time and DP tail within target
     return bound
 
 
 def _layer_time(x: float, y: float, windows, const: float, n: int) -> float:
     """Least seconds a stage takes per micro-batch with n layers: ``const`` plus its dense layers at x and MoE
-    layers at y each, the MoE count within the fewest and most of ``windows`` (moe_windows or any_layers; None:
+    layers at y each, the MoE count within the fewest and most of ``windows`` (moe_windows; None:
     one kind, x = y)."""
     if windows is None:
         return const + n * x
@@ -564,6 +572,79 @@ def _memory_bottleneck(
     if held(hi) < need:
         return float("inf")
     return _least_holding(held, lo, hi, need, probe)
+
+
+def _kind_memory_times(ctx: MixedContext, sm: StageModel, g: int, s: int, lift: float) -> tuple:
+    """For a model with dense and MoE layers, the least seconds stage s spends on n of its layers (n = 1..L, index
+    n - 1) when it recomputes just enough to fit its GPU, made to grow with n (the least over n or more layers).
+    Its n layers hold e MoE layers, fewest[n] <= e <= most[n] (moe_windows), and need
+    d*alpha_d + e*alpha_e bytes (d = n - e; quick.memory_term per kind, at the stage's in-flight count) of its
+    room; recompute frees beta bytes per layer at rc seconds, at best rho = min rc/beta seconds per byte, so the
+    layers take at least d*x + e*y + rho * max(0, d*alpha_d + e*alpha_e - room), and nothing fits where even every
+    layer recomputed needs more than the room (x, y: each kind's least seconds per layer plus ``lift``). That is
+    convex in e: its least lies at an end of the feasible e or next to where the recompute starts. With the dense
+    layers counted, a model whose dense layers hold as much activation memory as its MoE ones (Llama 4: every
+    other layer) is no longer bounded by its MoE layers alone (_memory_bottleneck)."""
+    key = (sm.form_cache, sm.inflight(s), s == 0, s == sm.dims.pp - 1, g, lift)
+    hit = ctx.caches.kind_memory.get(key)
+    if hit is not None:
+        return hit
+    inflight = sm.inflight(s)
+    memory = sm.allocated_memory(s == 0, s == sm.dims.pp - 1)
+    room = sm.allocatable(ctx.capacity(g)) - memory.const(inflight)
+    ad, ae = memory.per_layer("dense", inflight), memory.per_layer("moe", inflight)
+    bd, be = -memory.per_recomputed("dense", inflight), -memory.per_recomputed("moe", inflight)
+    kd, ke = sm.kinds["dense"], sm.kinds["moe"]
+    x, y = kd.layer_floor() + lift, ke.layer_floor() + lift
+    rates = [k.recompute_floor() / b for k, b in ((kd, bd), (ke, be)) if b > 0]
+    rho = min(rates) if rates else float("inf")
+    fewest, most = moe_windows(ctx)
+    times = []
+    for n in range(1, len(fewest)):
+        lo, hi = fewest[n], most[n]
+        # every layer recomputed: (n - e)(ad - bd) + e(ae - be) <= room, linear in e
+        lean_d, lean_e = ad - bd, ae - be
+        if lean_e != lean_d:
+            edge = (room - n * lean_d) / (lean_e - lean_d)
+            if lean_e > lean_d:
+                hi = min(hi, math.floor(edge + 1e-9))
+            else:
+                lo = max(lo, math.ceil(edge - 1e-9))
+        elif n * lean_d > room:
+            lo, hi = 1, 0
+        if lo > hi:
+            times.append(float("inf"))
+            continue
+        points = {lo, hi}
+        if ae != ad:
+            kink = (room - n * ad) / (ae - ad)  # where the layers start to need recompute
+            points.update(e for e in (math.floor(kink), math.ceil(kink)) if lo <= e <= hi)
+        best = float("inf")
+        for e in points:
+            over = (n - e) * ad + e * ae - room
+            if over > 0 and rho == float("inf"):
+                continue
+            best = min(best, (n - e) * x + e * y + (rho * over if over > 0 else 0.0))
+        times.append(best)
+    for i in range(len(times) - 2, -1, -1):
+        times[i] = min(times[i], times[i + 1])
+    hit = ctx.caches.kind_memory[key] = tuple(times)
+    return hit
+
+
+def _kind_memory_bottleneck(stage_times, cst, L: int, probe: float | None = None) -> float:
+    """Smallest bottleneck T at which the stages hold the L layers, stage s holding n of them in at least
+    cst_s + stage_times[s][n - 1] seconds (_kind_memory_times, growing with n); inf where they cannot hold them."""
+    finite = [sum(1 for t in times if t < float("inf")) for times in stage_times]
+    if sum(finite) < L or min(finite) < 1:
+        return float("inf")
+
+    def holds(T: float) -> int:
+        return sum(bisect.bisect_right(times, T - c + 1e-12 * T) for times, c in zip(stage_times, cst))
+
+    lo = max(c + times[0] for times, c in zip(stage_times, cst))
+    hi = max(c + times[k - 1] for times, c, k in zip(stage_times, cst, finite))
+    return _least_holding(holds, lo, hi * (1 + 1e-9), L, probe)
 
 
 def _capped_bottleneck(a, c, caps, L, probe: float | None = None) -> float:
