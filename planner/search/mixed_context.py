@@ -234,6 +234,8 @@ class ZeroTerms:
     paid_reach: tuple[float, ...] = ()  # TailProfile.reach at n = 1..L, the least over the three stages
     any_reach: tuple[float, ...] = ()  # the same with every layer recomputed
     memory: dict[float, tuple] = field(default_factory=dict)  # memory_terms by in-flight count
+    kind_memory: dict[float, tuple] = field(default_factory=dict)  # kind_times by in-flight count
+    windows: tuple | None = None  # moe_windows of a model with dense and MoE layers
     capacity_gib: float = 0.0  # the group's usable GPU memory (MixedContext.capacity)
 
     def tail(self, vpp: int = 1) -> float:
@@ -283,6 +285,19 @@ class ZeroTerms:
             hit = self.memory[inflight] = (*room, kind.layer_floor(), kind.recompute_floor())
         return hit
 
+    def kind_times(self, after: int, vpp: int = 1) -> tuple[float, ...] | None:
+        """kind_memory_times of the roomiest stage of memory_terms (a middle stage at that in-flight count), for a
+        model with dense and MoE layers (``windows``); None below depth 3 or for a model with one kind."""
+        if self.sm is None or self.windows is None:
+            return None
+        inflight = self.least_inflight(after, vpp)
+        hit = self.kind_memory.get(inflight)
+        if hit is None:
+            room = self.memory_terms(after, vpp)[0]
+            windows = self.windows
+            hit = self.kind_memory[inflight] = kind_memory_times(self.sm, room, inflight, False, False, 0.0, windows)
+        return hit
+
 
 def zero_terms(
     ctx: MixedContext, g: int, tp: int, dp: int, cp: int, mbs: int, base: str, zero: int, ep: int = 1
@@ -319,10 +334,11 @@ def _zero_terms(
         "paid_reach": tuple(map(min, *(p.reach[1:] for _, _, p in paid))),
         "any_reach": tuple(map(min, *(p.reach[1:] for _, _, p in every))),
     }
+    windows = moe_windows(ctx) if all(layer_counts(job.model).values()) else None
     if lines[1][1] < 0:
-        return ZeroTerms(0.0, 0.0, 0.0, sm, room, capacity_gib=cap, **tails)
+        return ZeroTerms(0.0, 0.0, 0.0, sm, room, capacity_gib=cap, windows=windows, **tails)
     first, last = min(0.0, lines[0][1]), min(0.0, lines[2][1])
-    return ZeroTerms(min(z for z, _ in lines), first, last, sm, room, capacity_gib=cap, **tails)
+    return ZeroTerms(min(z for z, _ in lines), first, last, sm, room, capacity_gib=cap, windows=windows, **tails)
 
 
 def tp_options(ctx: MixedContext, g: int, cp: int) -> list[int]:
@@ -447,6 +463,60 @@ def recompute_pays_up_to(sm: StageModel, s: int) -> float:
             if h > 0:
                 most = min(most, c / h)
     return most
+
+
+def kind_memory_times(
+    sm: StageModel, room: float, inflight: float, first: bool, last: bool, lift: float, windows
+) -> tuple:
+    """For a model with dense and MoE layers, the least seconds a stage (at this position, keeping ``inflight``
+    micro-batches, with ``room`` allocatable bytes left for layers) spends on n of its layers (n = 1..L, index
+    n - 1) when it recomputes just enough to fit, made to grow with n (the least over n or more layers).
+    Its n layers hold e MoE layers, fewest[n] <= e <= most[n] (``windows``: moe_windows), and need
+    d*alpha_d + e*alpha_e bytes (d = n - e; quick.memory_term per kind, at the stage's in-flight count) of its
+    room; recompute frees beta bytes per layer at rc seconds, at best rho = min rc/beta seconds per byte, so the
+    layers take at least d*x + e*y + rho * max(0, d*alpha_d + e*alpha_e - room), and nothing fits where even every
+    layer recomputed needs more than the room (x, y: each kind's least seconds per layer plus ``lift``). That is
+    convex in e: its least lies at an end of the feasible e or next to where the recompute starts. With the dense
+    layers counted, a model whose dense layers hold as much activation memory as its MoE ones (Llama 4: every
+    other layer) is no longer bounded by its MoE layers alone (_memory_bottleneck)."""
+    memory = sm.allocated_memory(first, last)
+    ad, ae = memory.per_layer("dense", inflight), memory.per_layer("moe", inflight)
+    bd, be = -memory.per_recomputed("dense", inflight), -memory.per_recomputed("moe", inflight)
+    kd, ke = sm.kinds["dense"], sm.kinds["moe"]
+    x, y = kd.layer_floor() + lift, ke.layer_floor() + lift
+    rates = [k.recompute_floor() / b for k, b in ((kd, bd), (ke, be)) if b > 0]
+    rho = min(rates) if rates else float("inf")
+    fewest, most = windows
+    times = []
+    for n in range(1, len(fewest)):
+        lo, hi = fewest[n], most[n]
+        # every layer recomputed: (n - e)(ad - bd) + e(ae - be) <= room, linear in e
+        lean_d, lean_e = ad - bd, ae - be
+        if lean_e != lean_d:
+            edge = (room - n * lean_d) / (lean_e - lean_d)
+            if lean_e > lean_d:
+                hi = min(hi, math.floor(edge + 1e-9))
+            else:
+                lo = max(lo, math.ceil(edge - 1e-9))
+        elif n * lean_d > room:
+            lo, hi = 1, 0
+        if lo > hi:
+            times.append(float("inf"))
+            continue
+        points = {lo, hi}
+        if ae != ad:
+            kink = (room - n * ad) / (ae - ad)  # where the layers start to need recompute
+            points.update(e for e in (math.floor(kink), math.ceil(kink)) if lo <= e <= hi)
+        best = float("inf")
+        for e in points:
+            over = (n - e) * ad + e * ae - room
+            if over > 0 and rho == float("inf"):
+                continue
+            best = min(best, (n - e) * x + e * y + (rho * over if over > 0 else 0.0))
+        times.append(best)
+    for i in range(len(times) - 2, -1, -1):
+        times[i] = min(times[i], times[i + 1])
+    return tuple(times)
 
 
 def tail_lines(sm: StageModel, s: int, paid: bool) -> tuple[dict[str, tuple[float, float]], ...]:

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from planner.cost.estimate import neighbour_links
 from planner.cost.stage import StageModel, heavy_kind
-from planner.search.mixed_context import MixedContext, TailProfile, moe_windows
+from planner.search.mixed_context import MixedContext, TailProfile, kind_memory_times, moe_windows
 from planner.search.quick import relaxed_layers
 
 # Relative width at which the bottleneck bisections stop. Their lower end is a valid bound at every step, so a
@@ -575,66 +575,19 @@ def _memory_bottleneck(
 
 
 def _kind_memory_times(ctx: MixedContext, sm: StageModel, g: int, s: int, lift: float) -> tuple:
-    """For a model with dense and MoE layers, the least seconds stage s spends on n of its layers (n = 1..L, index
-    n - 1) when it recomputes just enough to fit its GPU, made to grow with n (the least over n or more layers).
-    Its n layers hold e MoE layers, fewest[n] <= e <= most[n] (moe_windows), and need
-    d*alpha_d + e*alpha_e bytes (d = n - e; quick.memory_term per kind, at the stage's in-flight count) of its
-    room; recompute frees beta bytes per layer at rc seconds, at best rho = min rc/beta seconds per byte, so the
-    layers take at least d*x + e*y + rho * max(0, d*alpha_d + e*alpha_e - room), and nothing fits where even every
-    layer recomputed needs more than the room (x, y: each kind's least seconds per layer plus ``lift``). That is
-    convex in e: its least lies at an end of the feasible e or next to where the recompute starts. With the dense
-    layers counted, a model whose dense layers hold as much activation memory as its MoE ones (Llama 4: every
-    other layer) is no longer bounded by its MoE layers alone (_memory_bottleneck)."""
-    key = (sm.form_cache, sm.inflight(s), s == 0, s == sm.dims.pp - 1, g, lift)
+    """mixed_context.kind_memory_times of stage s on group g's GPU, memoized."""
+    first, last, inflight = s == 0, s == sm.dims.pp - 1, sm.inflight(s)
+    key = (sm.form_cache, inflight, first, last, g, lift)
     hit = ctx.caches.kind_memory.get(key)
-    if hit is not None:
-        return hit
-    inflight = sm.inflight(s)
-    memory = sm.allocated_memory(s == 0, s == sm.dims.pp - 1)
-    room = sm.allocatable(ctx.capacity(g)) - memory.const(inflight)
-    ad, ae = memory.per_layer("dense", inflight), memory.per_layer("moe", inflight)
-    bd, be = -memory.per_recomputed("dense", inflight), -memory.per_recomputed("moe", inflight)
-    kd, ke = sm.kinds["dense"], sm.kinds["moe"]
-    x, y = kd.layer_floor() + lift, ke.layer_floor() + lift
-    rates = [k.recompute_floor() / b for k, b in ((kd, bd), (ke, be)) if b > 0]
-    rho = min(rates) if rates else float("inf")
-    fewest, most = moe_windows(ctx)
-    times = []
-    for n in range(1, len(fewest)):
-        lo, hi = fewest[n], most[n]
-        # every layer recomputed: (n - e)(ad - bd) + e(ae - be) <= room, linear in e
-        lean_d, lean_e = ad - bd, ae - be
-        if lean_e != lean_d:
-            edge = (room - n * lean_d) / (lean_e - lean_d)
-            if lean_e > lean_d:
-                hi = min(hi, math.floor(edge + 1e-9))
-            else:
-                lo = max(lo, math.ceil(edge - 1e-9))
-        elif n * lean_d > room:
-            lo, hi = 1, 0
-        if lo > hi:
-            times.append(float("inf"))
-            continue
-        points = {lo, hi}
-        if ae != ad:
-            kink = (room - n * ad) / (ae - ad)  # where the layers start to need recompute
-            points.update(e for e in (math.floor(kink), math.ceil(kink)) if lo <= e <= hi)
-        best = float("inf")
-        for e in points:
-            over = (n - e) * ad + e * ae - room
-            if over > 0 and rho == float("inf"):
-                continue
-            best = min(best, (n - e) * x + e * y + (rho * over if over > 0 else 0.0))
-        times.append(best)
-    for i in range(len(times) - 2, -1, -1):
-        times[i] = min(times[i], times[i + 1])
-    hit = ctx.caches.kind_memory[key] = tuple(times)
+    if hit is None:
+        room = sm.allocatable(ctx.capacity(g)) - sm.allocated_memory(first, last).const(inflight)
+        hit = ctx.caches.kind_memory[key] = kind_memory_times(sm, room, inflight, first, last, lift, moe_windows(ctx))
     return hit
 
 
 def _kind_memory_bottleneck(stage_times, cst, L: int, probe: float | None = None) -> float:
     """Smallest bottleneck T at which the stages hold the L layers, stage s holding n of them in at least
-    cst_s + stage_times[s][n - 1] seconds (_kind_memory_times, growing with n); inf where they cannot hold them."""
+    cst_s + stage_times[s][n - 1] seconds (kind_memory_times, growing with n); inf where they cannot hold them."""
     finite = [sum(1 for t in times if t < float("inf")) for times in stage_times]
     if sum(finite) < L or min(finite) < 1:
         return float("inf")
@@ -645,6 +598,25 @@ def _kind_memory_bottleneck(stage_times, cst, L: int, probe: float | None = None
     lo = max(c + times[0] for times, c in zip(stage_times, cst))
     hi = max(c + times[k - 1] for times, c, k in zip(stage_times, cst, finite))
     return _least_holding(holds, lo, hi * (1 + 1e-9), L, probe)
+
+
+def kind_memory_floor(rows, L: int) -> float:
+    """The box form of _kind_memory_bottleneck: ``rows`` (stages, times) per group, each of its at most ``stages``
+    stages holding n layers in at least times[n - 1] seconds (its roomiest stage's kind_memory_times; the stages'
+    constants left out): the smallest T at which they hold the L layers, inf where they cannot."""
+    rows = [(k, times) for k, times in rows if k > 0]
+
+    def holds(T: float) -> int:
+        return sum(k * bisect.bisect_right(times, T) for k, times in rows)
+
+    values = sorted({t for _, times in rows for t in times if t < float("inf")})
+    if not values or holds(values[-1]) < L:
+        return float("inf")
+    lo, hi = 0, len(values) - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if holds(values[mid]) >= L else (mid + 1, hi)
+    return values[lo]
 
 
 def _capped_bottleneck(a, c, caps, L, probe: float | None = None) -> float:

@@ -56,7 +56,15 @@ from planner.search.mixed_context import (
     vpp_options,
     zero_terms,
 )
-from planner.search.mixed_pipeline_bounds import Ends, KindMix, box_bound, memory_floor, refined_bound, tail_bottleneck
+from planner.search.mixed_pipeline_bounds import (
+    Ends,
+    KindMix,
+    box_bound,
+    kind_memory_floor,
+    memory_floor,
+    refined_bound,
+    tail_bottleneck,
+)
 from planner.search.partition import solve_partition
 from planner.search.quick import RESOLUTION
 from planner.search.replicas import search_replicas
@@ -571,16 +579,22 @@ def _memory_floor(zt: tuple[ZeroTerms, ...], afters, his, v: int) -> float:
     """mixed_pipeline_bounds.memory_floor over the used groups' stages: group j with at most his[j] stages, each
     with at least afters[j] stages after it (ZeroTerms.memory_terms: its roomiest stage's terms stand for all);
     0 (no floor) where a group has no depth-3 model. The heavy layers are the MoE layers of an MoE model, else
-    all."""
+    all; a model with dense and MoE layers also counts both (mixed_pipeline_bounds.kind_memory_floor over
+    ZeroTerms.kind_times: the dense layers' activations need room too)."""
     terms = [z.memory_terms(after, v) for z, after in zip(zt, afters)]
     if not zt or any(t is None for t in terms):
         return 0.0
     rows = tuple((k, *t) for k, t in zip(his, terms))
-    return _cached_memory_floor(rows, heavy_kind(zt[0].sm.job.model)[1])
+    floor = _cached_memory_floor(rows, heavy_kind(zt[0].sm.job.model)[1])
+    times = [z.kind_times(after, v) for z, after in zip(zt, afters)]
+    if floor < float("inf") and all(t is not None for t in times):  # a model with dense and MoE layers
+        floor = max(floor, _cached_kind_memory_floor(tuple(zip(his, times)), zt[0].sm.job.model.num_layers))
+    return floor
 
 
 # boxes halved from one family share most of their rows
 _cached_memory_floor = functools.lru_cache(maxsize=1 << 16)(memory_floor)
+_cached_kind_memory_floor = functools.lru_cache(maxsize=1 << 16)(kind_memory_floor)
 
 
 def _has_depth(fam: _Family, lo, hi) -> bool:
