@@ -1,7 +1,9 @@
 """Lower bounds of the mixed-pipeline search (planner/search/mixed_pipelines.py): box_bound for a box of stage
 counts per node group, and for one candidate a group-level bound (_group_bound, a few stages per group) and the refined
-bound (refined_bound: every stage's memory cap, sends, ZeRO-2/3 traffic and least DP tail). Each is valid for
-every plan of what it bounds, so the search may drop anything whose bound reaches the K-th best time."""
+bound (refined_bound: every stage's memory cap, sends, ZeRO-2/3 traffic, the layer kinds of its run of layers and
+its DP tail), with the bottlenecks they read (in whole chunks, by layer kind, by memory with recompute, by DP tail:
+tail_bottleneck, kind_memory_floor). Each is valid for every plan of what it bounds, so the search may drop anything
+whose bound reaches the K-th best time."""
 
 from __future__ import annotations
 
