@@ -99,8 +99,17 @@ class KindCoeffs:
 
 
 def layer_counts(model) -> dict[str, int]:
-    """How many layers of each kind ("dense", "moe") the model has."""
-    return {"dense": model.num_layers - model.num_moe_layers, "moe": model.num_moe_layers}
+    """How many layers of each kind ("dense", "moe") the model has (read-only: the last model's counts are kept,
+    the bounds ask for them in their inner loops)."""
+    global _LAST_COUNTS
+    last = _LAST_COUNTS
+    if last[0] is not model:
+        moe = model.num_moe_layers
+        last = _LAST_COUNTS = (model, {"dense": model.num_layers - moe, "moe": moe})
+    return last[1]
+
+
+_LAST_COUNTS: tuple = (None, None)  # (model, its layer_counts), replaced whole
 
 
 def heavy_kind(model) -> tuple[str, int]:
