@@ -15,8 +15,8 @@ replica. For a shape:
 With pipelines (pp > 1) steps 1-2 fix a layer split the model does not prove optimal, so those shapes stay open
 (their bound sets the reported gap); with one stage the evaluation is exact (_heuristic_shape) and closes the
 shape. Shapes are visited best-first by a throughput bound (the M micro-batches and each replica's pipeline fill
-over the groups' fastest possible micro-batch rates) and the search stops when the bound reaches the best plan
-already known.
+over the groups' fastest possible micro-batch rates; a shape's ZeRO stage goes back in line at its replicas'
+pipeline floor when it first comes out) and the search stops when the bound reaches the best plan already known.
 """
 
 from __future__ import annotations
@@ -580,12 +580,14 @@ def search_replicas(
     # Best-first over (bound, order, shape, ZeRO stage or None): a shape opens into its ZeRO stages, each back in
     # line at its own bound (the sharded traffic and the replicas' pipeline floor), so shapes are evaluated in
     # the order of those bounds and the first bound that reaches the best plan ends the search.
-    heap = [(bound, i, shape, work, None) for i, (bound, shape, work) in enumerate(found_shapes)]
+    # A (shape, ZeRO stage) enters the line at its cheap bound; its pipeline floor is worked out when it first comes
+    # out, and it goes back in line at that floor unless it still leads (``floored``).
+    heap = [(bound, i, shape, work, None, False) for i, (bound, shape, work) in enumerate(found_shapes)]
     heapq.heapify(heap)
     tie = itertools.count(len(heap))
     opened = 0
     while heap:
-        key, _, (tp, cp, pp, mbs, base, counts, ep), work, cand = heapq.heappop(heap)
+        key, _, (tp, cp, pp, mbs, base, counts, ep), work, cand, floored = heapq.heappop(heap)
         if key >= best:
             low = min(low, key)  # this one and all left in line cannot beat the best plan
             break
@@ -604,13 +606,19 @@ def search_replicas(
                     continue  # proven: the model states alone do not fit
                 zbound = key if zero < 2 else _sharded_bound(ctx, zero, tp, cp, pp, mbs, counts, work, grad_wire, ep)
                 z_cand = ReplicaCandidate(tp, cp, pp, mbs, zero, base, counts, key, ep)
-                if zbound < best:
-                    zbound = max(zbound, pipeline_floor(ctx, z_cand))
                 if zbound >= best:
                     low = min(low, zbound)
                     continue
-                heapq.heappush(heap, (zbound, next(tie), (tp, cp, pp, mbs, base, counts, ep), work, z_cand))
+                heapq.heappush(heap, (zbound, next(tie), (tp, cp, pp, mbs, base, counts, ep), work, z_cand, False))
             continue
+        if not floored:
+            key = max(key, pipeline_floor(ctx, cand))
+            if key >= best:
+                low = min(low, key)
+                continue
+            if heap and key > heap[0][0]:
+                heapq.heappush(heap, (key, next(tie), (tp, cp, pp, mbs, base, counts, ep), work, cand, True))
+                continue
         est, infeasible, exact = _heuristic_shape(ctx, cand, deadline - time.monotonic(), workers)
         if not infeasible and not exact:  # a pipelined shape: the exact pass below may close it
             pending.append((key, len(pending), cand, work, est, len(found) if est is not None else None))
