@@ -294,6 +294,28 @@ def test_candidates_take_vpp_exactly_where_check_accepts_it(every_candidate):
         assert vpps == accepted, (groups, dp, mbs)
 
 
+def check_candidate_bounds(job, ctx, sample, above: float | None = None) -> int:
+    """Every bound on the way to each sampled (bounds, family, candidate) and its refined bound are at most the
+    candidate's best plan (brute force); the refined bound probed at that best time (``above`` None: it must not
+    exceed it) or just above it (``above``: the factor; it must not reach it: an invalid prune would). Returns the
+    candidates that have a plan that fits."""
+    cache: dict = {}
+    fitting = 0
+    for bounds, fam, c in sample:
+        best = brute_candidate(job, c, ctx)
+        what = f"{c.groups} dp{c.dp} cp{c.cp} vpp{c.vpp} mbs{c.mbs} z{c.zero} {c.recompute}"
+        assert all(b <= best * SLACK for b in bounds), what
+        sms = mixed_pipelines._stage_models(ctx, c, cache)
+        assert refined_bound(ctx, fam, c, sms) <= best * SLACK, what
+        if best < float("inf"):
+            fitting += 1
+            if above is None:
+                assert refined_bound(ctx, fam, c, sms, best) <= best * SLACK, what
+            else:
+                assert refined_bound(ctx, fam, c, sms, best * above) < best * above, what
+    return fitting
+
+
 def test_mixed_pipeline_bounds_hold_for_vpp_plans(every_candidate):
     """Every bound on the way to a mixed-pipeline candidate with vpp > 1 (_TpChoiceNode, family boxes, the
     candidate's refined bound, also probed at its best time) is at most the best plan of that candidate."""
@@ -302,25 +324,15 @@ def test_mixed_pipeline_bounds_hold_for_vpp_plans(every_candidate):
     assert {c.vpp for _, _, c in found} >= {1, 2, 3}
     rng = random.Random(11)
     sample = rng.sample([x for x in found if x[2].vpp > 1], 30)
-    cache: dict = {}
-    fitting = 0
-    for bounds, fam, c in sample:
+    for _, _, c in sample:
         assert c.vpp in interleaving_degrees(L, c.pp, job.training.global_batch_size // (c.mbs * c.dp))
-        best = brute_candidate(job, c, ctx)
-        what = f"{c.groups} dp{c.dp} cp{c.cp} vpp{c.vpp} mbs{c.mbs} z{c.zero} {c.recompute}"
-        assert all(b <= best * SLACK for b in bounds), what
-        sms = mixed_pipelines._stage_models(ctx, c, cache)
-        assert refined_bound(ctx, fam, c, sms) <= best * SLACK, what
-        if best < float("inf"):
-            fitting += 1
-            assert refined_bound(ctx, fam, c, sms, best) <= best * SLACK, what
-    assert fitting
+    assert check_candidate_bounds(job, ctx, sample)
 
 
 def test_mixed_pipeline_bounds_hold_for_vpp_plans_of_a_model_with_dense_and_moe_layers():
     """An MoE model with a dense first layer and an MoE layer every other layer after it, interleaved: the refined
-    bound (its two layer kinds and its DP tail counted for a stage that holds several runs of layers) is at most
-    each candidate's best plan, and probed just above it does not reach it (an invalid prune would)."""
+    bound (its two layer kinds, its memory and its DP tail counted for a stage's layers as the cost model counts
+    them) is at most each candidate's best plan, and probed just above it does not reach it."""
     from test_bounds import MOE6, candidates_with_bounds
 
     model = {**MOE6, "num_layers": 6, "moe": {**MOE6["moe"], "moe_layer_freq": 2}}
@@ -328,19 +340,7 @@ def test_mixed_pipeline_bounds_hold_for_vpp_plans_of_a_model_with_dense_and_moe_
     ctx = MixedContext(job, OPTS, None, cost_source(job), group_order(job.cluster))
     found = [x for x in candidates_with_bounds(ctx) if x[2].vpp > 1]
     rng = random.Random(5)
-    cache: dict = {}
-    fitting = 0
-    for bounds, fam, c in rng.sample(found, min(30, len(found))):
-        best = brute_candidate(job, c, ctx)
-        what = f"{c.groups} dp{c.dp} cp{c.cp} vpp{c.vpp} mbs{c.mbs} z{c.zero} {c.recompute}"
-        assert all(b <= best * SLACK for b in bounds), what
-        sms = mixed_pipelines._stage_models(ctx, c, cache)
-        assert refined_bound(ctx, fam, c, sms) <= best * SLACK, what
-        if best < float("inf"):
-            fitting += 1
-            above = best * 1.001
-            assert refined_bound(ctx, fam, c, sms, above) < above, what
-    assert fitting
+    assert check_candidate_bounds(job, ctx, rng.sample(found, min(30, len(found))), above=1.001)
 
 
 # ----------------------------------------------------------------------------------------------- CLI and checker

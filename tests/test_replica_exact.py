@@ -25,10 +25,11 @@ from planner.search.replicas import (
 from planner.search.space import SearchOptions
 
 
-def replica_job(gbs: int = 8):
+def replica_job(gbs: int = 8, model=SMALL):
+    """A 4-layer ``model`` on 4 small GPUs and 2 A100-40GB."""
     return parse_job(
         {
-            "model": {**SMALL, "num_layers": 4},
+            "model": {**model, "num_layers": 4},
             "cluster": [
                 {"gpu": SMALL_GPU, "nodes": 1, "gpus_per_node": 4},
                 {"gpu": "a100-40gb", "nodes": 1, "gpus_per_node": 2},
@@ -123,17 +124,7 @@ def test_the_shape_bound_of_a_model_with_dense_and_moe_layers_counts_each_layer_
     import planner.cost.estimate as E
     from planner.search.mixed_context import end_costs, per_layer_bound
 
-    model = {**SMALL_MOE, "num_layers": 4}
-    job = parse_job(
-        {
-            "model": model,
-            "cluster": [
-                {"gpu": SMALL_GPU, "nodes": 1, "gpus_per_node": 4},
-                {"gpu": "a100-40gb", "nodes": 1, "gpus_per_node": 2},
-            ],
-            "training": {"seq_length": 4096, "global_batch_size": 8, "attention": "eager"},
-        }
-    )
+    job = replica_job(model=SMALL_MOE)
     shared = E.costs_by_group(job)
     monkeypatch.setattr(E, "costs_by_group", lambda job, cal=None: shared)
     ctx = MixedContext(job, SearchOptions(), None, cost_source(job), group_order(job.cluster))

@@ -739,9 +739,8 @@ class StageModel:
         unless overlapped, CP, EP), embedding, logits and pipeline sends, spread evenly over the stages, in the
         schedule m*max(t) + (sum(t) - max(t))/v >= sum(t)/p * (m + (p-1)/v); plus the smallest optimizer step."""
         d, m = self.dims, self.job.model
-        total = self.emb_time + self.logits_time + d.pp * self.pp_time
+        total = self.emb_time + self.logits_time + d.pp * self.pp_time + self.layers_floor()
         params = self.position_params(0) + (self.position_params(d.pp - 1) if d.pp > 1 else 0.0)
-        total += self.layers_floor()
         for kind, count in layer_counts(m).items():
             if count:
                 k = self.kinds[kind]

@@ -138,7 +138,7 @@ class MixedCaches:
     replica_shapes: dict = field(default_factory=dict)  # replicas.shapes: the enumeration below a bound, by bound
     moe_windows: dict = field(default_factory=dict)  # moe_windows (one entry)
     kind_memory: dict = field(default_factory=dict)  # mixed_pipeline_bounds._kind_memory_times
-    window_arrays: dict = field(default_factory=dict)  # MixedContext.tail_terms: moe_windows as arrays (one entry)
+    window_arrays: dict = field(default_factory=dict)  # moe_window_arrays (one entry)
     ep_ok: dict = field(default_factory=dict)  # replicas.replica_ep_options: ep_error is None, by (ep, d, cp)
 
 
@@ -173,9 +173,8 @@ class MixedContext:
         second term: planner/cost/schedule.py): the least exposed communication over every layer count 1..cap
         (the most the stage can hold), in any mix of the model's layer kinds, without recompute where a recomputed
         layer adds at least as much there as its longer backward hides (recompute_pays_up_to), else with every
-        layer recomputed (the longest backward hides the most). It is the sum of two max(0, affine in n) parts
-        (TailForms), so its least value over integers lies at an end or next to where a part reaches 0. ``vpp``:
-        the stage model's own unless given (math.inf: every layer recomputed, valid at any vpp)."""
+        layer recomputed (the longest backward hides the most); read off the stage's TailProfile. ``vpp``: the
+        stage model's own unless given (math.inf: every layer recomputed, valid at any vpp)."""
         return self.tail_terms(sm, s, cap, vpp)[0]
 
     def tail_terms(self, sm: StageModel, s: int, cap: int, vpp: float | None = None) -> tuple:
@@ -185,11 +184,7 @@ class MixedContext:
         key = (sm.form_cache, s == 0, s == sm.dims.pp - 1, paid)
         profile = self.caches.tail_profile.get(key)
         if profile is None:
-            windows = self.caches.window_arrays.get(None)
-            if windows is None:
-                arrays = tuple(np.asarray(x, dtype=float) for x in moe_windows(self))
-                windows = self.caches.window_arrays[None] = arrays
-            profile = self.caches.tail_profile[key] = tail_profile(tail_lines(sm, s, paid), windows)
+            profile = self.caches.tail_profile[key] = tail_profile(tail_lines(sm, s, paid), moe_window_arrays(self))
         return *least_tail(profile, cap), profile
 
     def recompute_pays(self, sm: StageModel, s: int) -> float:
@@ -228,11 +223,11 @@ class ZeroTerms:
     sm: StageModel | None  # the group's model at depth 3 (None: too few layers for one)
     middle_room: float
     caps: dict[int, list[int]] = field(default_factory=dict)  # by vpp: prefix sums over stages 1, 2, ... from the end
-    paid_tail: float = 0.0  # the least DP tail with recompute paid for in the schedule's sum (MixedContext.tail_floor)
-    any_tail: float = 0.0  # the same with every layer recomputed: valid at any vpp
-    pays_up_to: float = float("inf")  # the largest vpp at which paid_tail holds (recompute_pays_up_to)
-    paid_reach: tuple[float, ...] = ()  # TailProfile.reach at n = 1..L, the least over the three stages
-    any_reach: tuple[float, ...] = ()  # the same with every layer recomputed
+    # TailProfile.reach at n = 1..L, the least over the three stages, with recompute paid for in the schedule's sum
+    # (MixedContext.tail_floor), and with every layer recomputed (valid at any vpp)
+    paid_reach: tuple[float, ...] = ()
+    any_reach: tuple[float, ...] = ()
+    pays_up_to: float = float("inf")  # the largest vpp at which paid_reach holds (recompute_pays_up_to)
     memory: dict[float, tuple] = field(default_factory=dict)  # memory_terms by in-flight count
     kind_memory: dict[float, tuple] = field(default_factory=dict)  # kind_times by in-flight count
     windows: tuple | None = None  # moe_windows of a model with dense and MoE layers
@@ -240,12 +235,13 @@ class ZeroTerms:
 
     def tail(self, vpp: int = 1) -> float:
         """The least exposed DP tail of any of the group's stages in a pipeline of ``vpp`` model chunks per stage
-        (MixedContext.tail_floor of the first, a middle and the last stage: at any depth >= 2)."""
-        return self.paid_tail if vpp <= self.pays_up_to else self.any_tail
+        (MixedContext.tail_floor of the first, a middle and the last stage: at any depth >= 2): reach at one layer."""
+        reach = self.reach(vpp)
+        return reach[0] if reach else 0.0
 
     def reach(self, vpp: int = 1) -> tuple[float, ...]:
         """Per layer count n = 1..L (index n - 1), the least DP tail a stage of this group holding n or more layers
-        has (TailProfile.reach of any layers, the least over the first, a middle and the last stage), as tail."""
+        has (TailProfile.reach, the least over the first, a middle and the last stage), as tail."""
         return self.paid_reach if vpp <= self.pays_up_to else self.any_reach
 
     def room(self, after: int, count: int, vpp: int = 1) -> float:
@@ -294,8 +290,9 @@ class ZeroTerms:
         hit = self.kind_memory.get(inflight)
         if hit is None:
             room = self.memory_terms(after, vpp)[0]
-            windows = self.windows
-            hit = self.kind_memory[inflight] = kind_memory_times(self.sm, room, inflight, False, False, 0.0, windows)
+            hit = self.kind_memory[inflight] = kind_memory_times(
+                self.sm, room, inflight, False, False, 0.0, self.windows
+            )
         return hit
 
 
@@ -324,15 +321,12 @@ def _zero_terms(
     room = quick.stage_memory_term(sm, ctx.capacity(g), 1)[0]
     cap = ctx.capacity(g)
     # the first, a middle and the last stage: at any depth >= 2
-    paid = [ctx.tail_terms(sm, s, L, 1) for s in range(3)]
-    every = [ctx.tail_terms(sm, s, L, math.inf) for s in range(3)]
-    tails = {
-        "paid_tail": min(least for least, _, _ in paid),
-        "any_tail": min(least for least, _, _ in every),
+    paid = [ctx.tail_terms(sm, s, L, 1)[2] for s in range(3)]
+    every = [ctx.tail_terms(sm, s, L, math.inf)[2] for s in range(3)]
+    tails = {  # per layer count n = 1..L, the least tail any of its stages has holding n or more layers
+        "paid_reach": tuple(map(min, *(p.reach[1:] for p in paid))),
+        "any_reach": tuple(map(min, *(p.reach[1:] for p in every))),
         "pays_up_to": min(ctx.recompute_pays(sm, s) for s in range(3)),
-        # per layer count n = 1..L, the least tail any of its stages has holding n or more layers
-        "paid_reach": tuple(map(min, *(p.reach[1:] for _, _, p in paid))),
-        "any_reach": tuple(map(min, *(p.reach[1:] for _, _, p in every))),
     }
     windows = moe_windows(ctx) if all(layer_counts(job.model).values()) else None
     if lines[1][1] < 0:
@@ -425,6 +419,14 @@ def _kind_lines(overlap, compute, forward, model, recomputed: bool) -> dict[str,
     come with any MoE layer), one of dense layers only c_dense + d * p_dense."""
     count = layer_counts(model)
     return {k: overlap.recomputed_line(compute, forward, k, recomputed) for k in ("dense", "moe") if count[k]}
+
+
+def moe_window_arrays(ctx: MixedContext) -> tuple[np.ndarray, np.ndarray]:
+    """moe_windows as float arrays (tail_profile), memoized."""
+    hit = ctx.caches.window_arrays.get(None)
+    if hit is None:
+        hit = ctx.caches.window_arrays[None] = tuple(np.asarray(x, dtype=float) for x in moe_windows(ctx))
+    return hit
 
 
 def moe_windows(ctx: MixedContext) -> tuple[list[int], list[int]]:

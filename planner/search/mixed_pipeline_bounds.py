@@ -210,18 +210,27 @@ def tail_bottleneck(reaches, his, L: int) -> float:
     largest tail is below it holds fewer than L layers.) 0 with no reaches."""
     if not reaches or any(not r for r in reaches):
         return 0.0
+    return least_level(tuple(zip(his, reaches)), L)
 
-    def held(tau: float) -> int:
-        return sum(k * bisect.bisect_right(r, tau) for r, k in zip(reaches, his))
 
-    values = sorted({x for r, k in zip(reaches, his) if k for x in r})
-    lo, hi = 0, len(values) - 1
-    if held(values[hi]) < L:
-        return values[hi]  # (the memory terms rule such a box out)
+def least_level(rows, L: int) -> float:
+    """The smallest level x at which the stages hold L layers, ``rows`` (stages, values) per group: each of its at
+    most ``stages`` stages holds n layers only where values[n - 1] <= x (values grow with n). It is one of the
+    values (where the layers held step up), found by bisection over them; inf where even the largest does not
+    reach L."""
+    rows = [(k, values) for k, values in rows if k > 0]
+
+    def held(x: float) -> int:
+        return sum(k * bisect.bisect_right(values, x) for k, values in rows)
+
+    levels = sorted({x for _, values in rows for x in values if x < float("inf")})
+    if not levels or held(levels[-1]) < L:
+        return float("inf")
+    lo, hi = 0, len(levels) - 1
     while lo < hi:
         mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if held(values[mid]) >= L else (mid + 1, hi)
-    return values[lo]
+        lo, hi = (lo, mid) if held(levels[mid]) >= L else (mid + 1, hi)
+    return levels[lo]
 
 
 def memory_floor(rows, need: int) -> float:
@@ -402,7 +411,8 @@ def refined_bound(
     cst = [x + send for x, send in zip(const, _sends(ctx, c, sms))]
     work = sum(cst) + min_work(a, L, caps)  # <= sum_s t_s
     by_kind = 0.0
-    blocks = None
+    xs = ys = [r.a for r in rows]  # per layer, by kind (one kind: windows None)
+    windows = kind_memory = None
     if fam.kinds is not None:  # dense and MoE layers counted apart (KindMix), stage by stage, in layers
         lift = [r.a - sm.layer_floor() for r, sm in zip(rows, sms)]  # what the stage adds per layer (ZeRO-2/3 line)
         xs = [z + sm.kinds["dense"].layer_floor() for z, sm in zip(lift, sms)]
@@ -410,21 +420,20 @@ def refined_bound(
         D, E = fam.kind_counts
         work = max(work, sum(cst) + D * min(xs) + E * min(ys))
         by_kind = kind_bottleneck(xs, ys, cst, layer_caps, D, E)  # (whole chunks of v relaxed)
-        blocks = (xs, ys, moe_windows(ctx))  # a stage's layers are consecutive ones (split_kinds), at any vpp
+        windows = moe_windows(ctx)  # a stage's layers are consecutive ones (split_kinds), at any vpp
+        # the memory bottleneck with the dense layers counted too
+        kind_memory = [
+            _kind_memory_times(ctx, sm, g, s, z) for s, (sm, g, z) in enumerate(zip(sms, c.stage_groups, lift))
+        ]
     tail = max(r.tail for r in rows)
     mb = sms[0].mb
     rest = work / v + tail  # schedule_bound at T = 0, plus the tail; each second of T adds mb - 1/v
     probe = (target - rest) / (mb - 1 / v) if mb - 1 / v > 0 and target < float("inf") else None
-    if blocks is not None:
-        by_kind = max(by_kind, block_bottleneck(*blocks, cst, layer_caps, layers, probe))
+    if windows is not None:
+        by_kind = max(by_kind, block_bottleneck(xs, ys, windows, cst, layer_caps, layers, probe))
     T = max(_capped_bottleneck(a, cst, caps, L, probe), by_kind)
-    kind_memory = None
-    if fam.kinds is not None:  # the memory bottleneck with the dense layers counted too
-        kind_memory = [
-            _kind_memory_times(ctx, sm, g, s, z) for s, (sm, g, z) in enumerate(zip(sms, c.stage_groups, lift))
-        ]
-        if probe is None or T < probe:
-            T = max(T, _kind_memory_bottleneck(kind_memory, cst, layers, probe))
+    if kind_memory is not None and (probe is None or T < probe):
+        T = max(T, _kind_memory_bottleneck(kind_memory, cst, layers, probe))
     if probe is None or T < probe:
         T = max(T, _memory_bottleneck(ctx, c, sms, cst, probe, v))
     if T == float("inf"):
@@ -432,30 +441,27 @@ def refined_bound(
     if probe is not None and T >= probe:
         return max(target, (mb - 1 / v) * T + rest)  # the bound reaches target (float rounding aside)
     if probe is not None:  # not cut by the bottleneck alone: its exact value, for the DP tail's turn below
-        if blocks is not None:
-            by_kind = max(by_kind, block_bottleneck(*blocks, cst, layer_caps, layers))
+        if windows is not None:
+            by_kind = max(by_kind, block_bottleneck(xs, ys, windows, cst, layer_caps, layers))
         T = max(_capped_bottleneck(a, cst, caps, L), by_kind, _memory_bottleneck(ctx, c, sms, cst, None, v))
         if kind_memory is not None:
             T = max(T, _kind_memory_bottleneck(kind_memory, cst, layers))
     bound = (mb - 1 / v) * T + rest  # schedule_bound(T, work, mb, v) + tail
     if target < float("inf"):
-        if fam.kinds is None:
-            times = [functools.partial(_layer_time, r.a, r.a, None, ci) for r, ci in zip(rows, cst)]
-        else:
-            windows = blocks[2]
-            times = [functools.partial(_layer_time, x, y, windows, ci) for x, y, ci in zip(xs, ys, cst)]
+        times = [functools.partial(_layer_time, x, y, windows, ci) for x, y, ci in zip(xs, ys, cst)]
         if not _hold_within_tail(rows, layer_caps, layers, times, T, mb - 1 / v, target - work / v):
             return target  # the stages cannot hold the layers with every stage's time and DP tail within target
     return bound
 
 
 def _layer_time(x: float, y: float, windows, const: float, n: int) -> float:
-    """Least seconds a stage takes per micro-batch with n layers: ``const`` plus its dense layers at x and MoE
-    layers at y each, the MoE count within the fewest and most of ``windows`` (moe_windows; None:
-    one kind, x = y)."""
+    """Least seconds a stage takes per micro-batch with n consecutive layers: ``const`` plus its dense layers at x
+    and MoE layers at y each, its MoE count the fewest any n consecutive layers have (the most, where an MoE layer
+    is the cheaper one: ``windows``, moe_windows; None: one kind, x = y)."""
     if windows is None:
         return const + n * x
-    return const + min((n - e) * x + e * y for e in (windows[0][n], windows[1][n]))
+    e = (windows[0] if y >= x else windows[1])[n]
+    return const + (n - e) * x + e * y
 
 
 def block_bottleneck(xs, ys, windows, c, caps, L: int, probe: float | None = None) -> float:
@@ -465,19 +471,14 @@ def block_bottleneck(xs, ys, windows, c, caps, L: int, probe: float | None = Non
     n, so a stage holds at most the largest n (<= caps_s) within T. kind_bottleneck lets a stage take any mix of
     the kinds; with the kinds interleaved (an MoE layer every other one) blocks of a few layers cannot skip them.
     With ``probe``: ``probe`` when T is above it, else a weaker valid bound (bisection otherwise)."""
-    fewest, most = windows
-    stages = [(x, y, ci, min(k, L), fewest if y >= x else most) for x, y, ci, k in zip(xs, ys, c, caps)]
-
-    def time(stage, n: int) -> float:
-        x, y, ci, _, e = stage
-        return (n - e[n]) * x + e[n] * y + ci
+    stages = [(functools.partial(_layer_time, x, y, windows, ci), min(k, L)) for x, y, ci, k in zip(xs, ys, c, caps)]
 
     def held(T: float) -> int:
         limit = T * (1 + 1e-12)
-        return sum(_largest_within(functools.partial(time, st), 0, st[3], limit) for st in stages)
+        return sum(_largest_within(time, 0, k, limit) for time, k in stages)
 
-    lo = max(time(st, 1) for st in stages)  # every stage holds a layer
-    hi = max(time(st, st[3]) for st in stages)
+    lo = max(time(1) for time, _ in stages)  # every stage holds a layer
+    hi = max(time(k) for time, k in stages)
     if held(hi) < L:
         return lo  # (not enough room at all: the caller's capped bottleneck says so)
     return _least_holding(held, lo, hi, L, probe)
@@ -606,19 +607,7 @@ def kind_memory_floor(rows, L: int) -> float:
     """The box form of _kind_memory_bottleneck: ``rows`` (stages, times) per group, each of its at most ``stages``
     stages holding n layers in at least times[n - 1] seconds (its roomiest stage's kind_memory_times; the stages'
     constants left out): the smallest T at which they hold the L layers, inf where they cannot."""
-    rows = [(k, times) for k, times in rows if k > 0]
-
-    def holds(T: float) -> int:
-        return sum(k * bisect.bisect_right(times, T) for k, times in rows)
-
-    values = sorted({t for _, times in rows for t in times if t < float("inf")})
-    if not values or holds(values[-1]) < L:
-        return float("inf")
-    lo, hi = 0, len(values) - 1
-    while lo < hi:
-        mid = (lo + hi) // 2
-        lo, hi = (lo, mid) if holds(values[mid]) >= L else (mid + 1, hi)
-    return values[lo]
+    return least_level(rows, L)
 
 
 def _capped_bottleneck(a, c, caps, L, probe: float | None = None) -> float:

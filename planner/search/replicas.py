@@ -578,16 +578,15 @@ def search_replicas(
     # pipelined shapes the heuristic evaluation leaves open: (bound, order, candidate, work, plan, its index in found)
     pending = []
     # Best-first over (bound, order, shape, ZeRO stage or None): a shape opens into its ZeRO stages, each back in
-    # line at its own bound (the sharded traffic and the replicas' pipeline floor), so shapes are evaluated in
-    # the order of those bounds and the first bound that reaches the best plan ends the search.
-    # A (shape, ZeRO stage) enters the line at its cheap bound; its pipeline floor is worked out when it first comes
-    # out, and it goes back in line at that floor unless it still leads (``floored``).
-    heap = [(bound, i, shape, work, None, False) for i, (bound, shape, work) in enumerate(found_shapes)]
+    # line at its own bound (the sharded traffic), and a ZeRO stage back in line at the replicas' pipeline floor
+    # (memoized) when it first comes out below it, so shapes are evaluated in the order of those bounds and the
+    # first bound that reaches the best plan ends the search.
+    heap = [(bound, i, shape, work, None) for i, (bound, shape, work) in enumerate(found_shapes)]
     heapq.heapify(heap)
     tie = itertools.count(len(heap))
     opened = 0
     while heap:
-        key, _, (tp, cp, pp, mbs, base, counts, ep), work, cand, floored = heapq.heappop(heap)
+        key, _, (tp, cp, pp, mbs, base, counts, ep), work, cand = heapq.heappop(heap)
         if key >= best:
             low = min(low, key)  # this one and all left in line cannot beat the best plan
             break
@@ -609,15 +608,16 @@ def search_replicas(
                 if zbound >= best:
                     low = min(low, zbound)
                     continue
-                heapq.heappush(heap, (zbound, next(tie), (tp, cp, pp, mbs, base, counts, ep), work, z_cand, False))
+                heapq.heappush(heap, (zbound, next(tie), (tp, cp, pp, mbs, base, counts, ep), work, z_cand))
             continue
-        if not floored:
-            key = max(key, pipeline_floor(ctx, cand))
+        floor = pipeline_floor(ctx, cand)
+        if floor > key:
+            key = floor
             if key >= best:
                 low = min(low, key)
                 continue
             if heap and key > heap[0][0]:
-                heapq.heappush(heap, (key, next(tie), (tp, cp, pp, mbs, base, counts, ep), work, cand, True))
+                heapq.heappush(heap, (key, next(tie), (tp, cp, pp, mbs, base, counts, ep), work, cand))
                 continue
         est, infeasible, exact = _heuristic_shape(ctx, cand, deadline - time.monotonic(), workers)
         if not infeasible and not exact:  # a pipelined shape: the exact pass below may close it
