@@ -36,6 +36,8 @@ class Framework:
     op_recompute: bool = False  # per-op selective checkpointing (torchtitan's SAC "op" policy: recompute: op)
     tp_backward_overlap: bool = True  # Training.tp_backward_overlap: its TP backward collectives run under wgrad GEMMs
     fp8_saved_inputs: bool = True  # Training.fp8_saved_inputs: its FP8 linears keep FP8 inputs (Transformer Engine)
+    fp8_recipe: str = "delayed"  # Training.fp8_recipe its FP8 runs take unless the job says (Transformer Engine)
+    fp8_recipes: frozenset = frozenset({"delayed", "tensorwise"})  # the FP8 recipes it has a setting for
     precisions: frozenset = frozenset({"bf16", "fp16", "fp8"})
 
     def zero_stages(self, pp: int) -> frozenset:
@@ -146,6 +148,10 @@ FRAMEWORKS = {
         cp_needs_fsdp=True,  # parallel_dims.fsdp_enabled: dp_shard * cp > 1
         tp_backward_overlap=False,  # DTensor ColwiseParallel/RowwiseParallel: every TP collective on the critical path
         fp8_saved_inputs=False,  # torchao Float8Linear saves the 16-bit input
+        # torchao Float8Linear, dynamic scaling only: torchtitan 0.3's Float8LinearConverter runs rowwise (its
+        # recipe_name: rowwise, the default, or rowwise_with_gw_hp); 0.2's [quantize.linear.float8] also tensorwise
+        fp8_recipe="rowwise",
+        fp8_recipes=frozenset({"tensorwise", "rowwise"}),
         precisions=frozenset({"bf16", "fp8"}),
     ),
 }
@@ -189,6 +195,11 @@ def check_runnable(framework: str, plan, target: str | None = None) -> None:
         raise Inexpressible(f"{field}.{found[0]}", f"{name} {found[1]}; {redo}")
     if plan.training.precision not in fw.precisions:
         raise Inexpressible("job.training.precision", f"{name} has no {plan.training.precision} training")
+    if plan.training.precision == "fp8" and plan.training.fp8_recipe not in fw.fp8_recipes:
+        ok = ", ".join(sorted(fw.fp8_recipes))
+        raise Inexpressible(
+            "job.training.fp8_recipe", f"{name} has no {plan.training.fp8_recipe} FP8 recipe ({ok}); {redo}"
+        )
     if not plan.even_split and not fw.uneven_layers:
         raise Inexpressible(f"{field}.stages", f"{name} splits layers evenly over stages; {redo}")
     partial = plan.recompute != "full" and 0 < plan.recompute_layers < max(plan.stage_layers)
@@ -213,18 +224,24 @@ def check_runnable(framework: str, plan, target: str | None = None) -> None:
         )
 
 
-def check_precision(fw: Framework | None, precision: str) -> None:
-    """Bad input for `plan --framework`: a precision the framework cannot train in (no layout changes that)."""
-    if fw is not None and precision not in fw.precisions:
+def check_precision(fw: Framework | None, precision: str, fp8_recipe: str | None = None) -> None:
+    """Bad input for `plan --framework`: a precision, or an FP8 recipe of fp8 training, the framework cannot train
+    with (no layout changes that)."""
+    if fw is None:
+        return
+    if precision not in fw.precisions:
         ok = ", ".join(sorted(fw.precisions))
         raise SpecError("training.precision", f"{fw.name} has no {precision} training ({ok}); change the job")
+    if precision == "fp8" and fp8_recipe is not None and fp8_recipe not in fw.fp8_recipes:
+        ok = ", ".join(sorted(fw.fp8_recipes))
+        raise SpecError("training.fp8_recipe", f"{fw.name} has no {fp8_recipe} FP8 recipe ({ok}); change the job")
 
 
 # Training settings that are properties of a framework's implementation (Framework fields of the same names).
-IMPLEMENTATION_SETTINGS = ("tp_backward_overlap", "fp8_saved_inputs")
+IMPLEMENTATION_SETTINGS = ("tp_backward_overlap", "fp8_saved_inputs", "fp8_recipe")
 
 
-def implementation_settings(fw: Framework) -> dict[str, bool]:
+def implementation_settings(fw: Framework) -> dict[str, bool | str]:
     """The Training settings (IMPLEMENTATION_SETTINGS) as ``fw`` runs them."""
     return {k: getattr(fw, k) for k in IMPLEMENTATION_SETTINGS}
 

@@ -290,6 +290,14 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
     if fw is not None and not fw.fp8_saved_inputs and precision == "fp8":
         training["fp8_saved_inputs"] = False
         assumed.append(f"fp8_saved_inputs=false (torchao Float8Linear, {stack})")
+    if precision == "fp8":
+        stated = next((r for r in ("rowwise", "tensorwise", "delayed") if r in prec_text), None)
+        if stated is not None:
+            training["fp8_recipe"] = stated
+        else:
+            recipe, why = RUN_FP8_RECIPES.get(stack or "", ("delayed", f"{stack or 'Transformer Engine'} default"))
+            training["fp8_recipe"] = recipe
+            assumed.append(f"fp8_recipe={recipe} ({why})")
 
     # ---- layout
     tp = par.int("tp")
@@ -431,6 +439,10 @@ BF16_GRADIENT_STACKS = frozenset({"nemo"})
 # torchtitan's loss is torch cross_entropy over the upcast logits (components/loss.py cross_entropy_loss, 0.2):
 # no fused vocab-parallel kernel.
 UNFUSED_LOSS_STACKS = frozenset({"torchtitan"})
+# The FP8 recipe of a run whose precision names none, when its stack's default is not Transformer Engine's delayed
+# scaling: the published torchtitan runs (2024-12 to 2025-06) predate 0.3, whose converter is rowwise-only; their
+# Float8 linears ran torchao's default Float8LinearConfig(), tensorwise (0.2 components/quantization/float8.py).
+RUN_FP8_RECIPES = {"torchtitan": ("tensorwise", "torchtitan default before 0.3")}
 # Activation recomputation where a run leaves it unstated: NeMo's and Megatron-Bridge's recipes leave it off
 # (Megatron-Core TransformerConfig recompute_granularity = None; NeMo 1.x configs
 # activations_checkpoint_granularity: null) unless the recipe sets it, which the run would then state.

@@ -269,6 +269,14 @@ class Training(StrictModel):
         description="fp8 training: the linear layers keep their FP8-cast inputs for the backward (Transformer "
         "Engine: Megatron, NeMo); false: they keep the 16-bit inputs (torchao Float8Linear: torchtitan)",
     )
+    fp8_recipe: Literal["delayed", "tensorwise", "rowwise"] = Field(
+        "delayed",
+        description="fp8 training: how the FP8 scales are taken, which sets the cast kernels' HBM traffic: delayed "
+        "(Transformer Engine delayed scaling: Megatron, NeMo; the casts fuse into the kernels that produce the "
+        "tensors), tensorwise (dynamic per-tensor scaling: torchao's Float8 default in torchtitan 0.2, Megatron "
+        "--fp8-recipe tensorwise) or rowwise (torchao per-row scaling, more cast traffic: torchtitan 0.3's Float8 "
+        "converter)",
+    )
     grad_dtype: Literal["fp32", "bf16", "bf16+fp32"] = Field(
         "fp32",
         description="gradient buffers: fp32 (Megatron main_grad), bf16, or bf16+fp32 (16-bit .grad plus an "

@@ -187,16 +187,17 @@ def test_custom_ffn_width_is_exact_in_0_2():
 def test_full_recompute_and_fp8():
     doc = copy.deepcopy(load("llama3-8b-h100-torchtitan"))
     doc["plans"][2]["layout"]["recompute"] = "full"
-    doc["job"]["training"]["precision"] = "fp8"
+    doc["job"]["training"].update(precision="fp8", fp8_recipe="rowwise")  # 0.3.0's Float8 recipes are rowwise
     files03 = emit(doc, "torchtitan", 3)
     source = files03["plan_config.py"]
     assert "cfg.activation_checkpoint = FullAC.Config()" in source
-    assert 'Float8LinearConverter.Config(filter_fqns=["lm_head"]' in source
+    assert 'Float8LinearConverter.Config(recipe_name="rowwise", filter_fqns=["lm_head"]' in source
     assert 'cfg.compile = CompileConfig(enable=True, components=["model", "loss"])' in source
+    doc["job"]["training"]["fp8_recipe"] = "tensorwise"  # 0.2.2's default Float8 recipe: no recipe_name
     toml = tomllib.loads(emit(doc, "torchtitan", 3, EmitOptions(framework_version="0.2"))["plan.toml"])
     assert toml["activation_checkpoint"] == {"mode": "full"}
     assert toml["model"]["converters"] == ["quantize.linear.float8"]
-    assert toml["quantize"]["linear"]["float8"]["filter_fqns"] == ["output"]
+    assert toml["quantize"]["linear"]["float8"] == {"filter_fqns": ["output"]}
 
 
 @pytest.mark.parametrize("version", VERSIONS)
@@ -302,11 +303,12 @@ def test_round_trip(stem, rank, version, tmp_path):
 def test_round_trip_of_full_recompute_and_fp8(version, tmp_path):
     doc = copy.deepcopy(load("llama3-70b-h100-torchtitan"))
     doc["plans"][0]["layout"]["recompute"] = "full"
-    doc["job"]["training"]["precision"] = "fp8"
+    doc["job"]["training"].update(precision="fp8", fp8_recipe="rowwise")
     plan = LaunchPlan.of(doc, 1, "torchtitan")
     write_folder(tmp_path, render(plan, version))
     raw = read_back(plan, tmp_path, version)
     assert raw["training"]["precision"] == "fp8" and raw["model"] == "llama3-70b"
+    assert raw["training"]["fp8_recipe"] == "rowwise"
     assert job_shape(raw, tmp_path) == plan_shape(plan)
 
 
@@ -321,6 +323,7 @@ def test_import_of_a_0_2_toml_like_the_llama3_train_configs():
         "cross_entropy": "unfused",  # torchtitan's loss and DTensor TP: its own kernels, not Megatron's
         "tp_backward_overlap": False,
         "fp8_saved_inputs": False,
+        "fp8_recipe": "rowwise",  # torchtitan's own implementation settings (planner/frameworks.py)
     }
     lay = raw["layout"]
     assert (lay["tp"], lay["pp"], lay["dp"], lay["zero_stage"], lay["micro_batch_size"]) == (1, 1, 64, 3, 1)

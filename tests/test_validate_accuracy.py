@@ -81,8 +81,8 @@ def test_modern_runs_read_their_frameworks_defaults():
     assert titan_tp and all("tp_backward_overlap=false (DTensor TP, torchtitan)" in r["assumed"] for r in titan_tp)
     s = doc["summary"]
     assert s["coverage"] >= 0.95  # presets by name, the H100 96 GB variant, the flagged B200 rows
-    assert s["time"]["median_abs_error_pct"] <= 6.0
-    assert s["time"]["p90_abs_error_pct"] <= 18.0
+    assert s["time"]["median_abs_error_pct"] <= 6.5
+    assert s["time"]["p90_abs_error_pct"] <= 15.0  # the FP8 recipes' casts: was 17.1 without them
     assert s["oom"]["measured"] == 0
     # NeMo (FP8, long-sequence CP up to 1M tokens): cuDNN fused attention, bf16 gradients, the ring per step
     g = doc["groups"]["nemo-perf"]
@@ -92,14 +92,20 @@ def test_modern_runs_read_their_frameworks_defaults():
     # torchtitan's memory readings: per-op checkpointing and the unfused loss
     assert doc["groups"]["torchtitan"]["memory"]["median_abs_error_pct"] <= 5.0
     # the async-TP study (8B, TP 8 on 64 H100): vanilla TP with every DTensor collective exposed, async TP with each
-    # collective pipelined with its GEMM. The rowwise-Float8 pair, which the authors flag as abnormal, is left out.
+    # collective pipelined with its GEMM, Float8 with torchao's casts. The rowwise-Float8 pair, which the authors
+    # flag as abnormal, is checked for its order only.
     study = {
         r["id"].removeprefix("torchtitan-2506-asynctp-8b-"): r["error"]["iteration_time"]
         for r in doc["runs"]
         if "asynctp" in r["id"] and "rowwise" not in r["id"]
     }
     assert len(study) == 4
-    assert all(abs(e) <= 0.19 for e in study.values()), study
+    assert all(abs(e) <= 0.17 for e in study.values()), study
+    assert abs(study["float8-tensorwise-vanilla-tp"]) <= 0.05  # was -10.6% before the casts were priced
+    time = {r["id"]: r["predicted"]["iteration_time_s"] for r in doc["runs"] if "asynctp" in r["id"]}
+    for tp in ("vanilla-tp", "async-tp"):  # rowwise moves more bytes per cast than tensorwise (Fp8Casts)
+        stem = "torchtitan-2506-asynctp-8b-float8-"
+        assert time[f"{stem}rowwise-{tp}"] > time[f"{stem}tensorwise-{tp}"]
 
 
 def test_the_training_stack_comes_from_the_stated_framework_else_the_source():

@@ -71,21 +71,78 @@ def hbm_rate(gpu: GpuSpec, cal: Calibration) -> float:
     return gpu.hbm_tbps * 1e12 * cal.hbm_efficiency
 
 
+# Achieved fraction of HBM bandwidth of the FP8 cast kernels: compiled (Triton) pointwise kernels over large
+# tensors, as measured on H100 by torchao (torchao/testing/training/roofline_utils.py, "pct_achievable_mem_bw": 0.92).
+# Not the calibrated hbm_efficiency, which covers every element-wise kernel of a layer, small and unfused ones too.
+FP8_CAST_HBM_EFFICIENCY = 0.92
+
+
+@dataclass(frozen=True)
+class Fp8Casts:
+    """HBM bytes per element that an FP8 recipe's casts move for one linear layer, forward and backward.
+
+    torchao's float8 roofline (torchao/testing/training/roofline_utils.py, ``get_tensor_memory_traffic_ovhd_s``,
+    with torch.compile fusing the amax of an activation into the op before it), per element of a 16-bit tensor:
+    - tensorwise (dynamic per-tensor scale): an activation (the input forward, the output gradient backward) is read
+      once and written as FP8 in both layouts, 2 + 1 + 1 = 4 bytes; a weight is read for its amax and cast once for
+      the forward and once for the backward, 2 + 3 = 5 forward and 3 backward.
+    - rowwise (per-row scales, so each layout needs its own pass): an activation is read and written as FP8 plus a
+      16-bit transposed copy, then the copy is read and cast, (2 + 1 + 2) + (2 + 1) = 8 bytes, less the first read,
+      fused into the producer: 6; a weight is cast forward (2 + 1 = 3), transposed (2 + 2) and cast (2 + 1)
+      backward: 7.
+    - delayed (Transformer Engine delayed scaling: the scale comes from the amax history, so no amax pass): the
+      casts fuse into the kernels that produce the tensors (LayerNorm, activation, dgelu/dbias with cast-transpose)
+      except where no producer kernel is TE's: the attention output before the output projection, and the output
+      gradients of the two projections that close a layer (they arrive from the residual stream). Those take a
+      stand-alone cast-transpose, read 2 + write 1 + 1 = 4 bytes. Weights are cast once per iteration
+      (``is_first_microbatch``), not priced per micro-batch.
+    """
+
+    activation: float  # bytes per element of each cast activation (input forward, output gradient backward)
+    weight_forward: float
+    weight_backward: float
+    closing_only: bool  # only the attention output and the closing projections' output gradients are cast (delayed)
+
+
+FP8_CASTS = {
+    "tensorwise": Fp8Casts(4.0, 5.0, 3.0, False),
+    "rowwise": Fp8Casts(6.0, 3.0, 7.0, False),
+    "delayed": Fp8Casts(4.0, 0.0, 0.0, True),
+}
+
+
 @dataclass(frozen=True)
 class Roofline:
     """Achieved rates of one GPU type at one precision, as the cost provider (planner/cost/provider.py) gives
-    them: GEMM and attention FLOP/s, HBM bytes/s, and the fixed seconds of one layer pass (kernel launches)."""
+    them: GEMM and attention FLOP/s, HBM bytes/s, the fixed seconds of one layer pass (kernel launches), and
+    with FP8 GEMMs the recipe's casts and the HBM bytes/s they reach."""
 
     gemm_rate: float
     attn_rate: float
     hbm: float
     overhead: float
+    casts: Fp8Casts | None = None
+    cast_hbm: float = 0.0
 
     def gemms(self, ops: list[F.Gemm]) -> float:
         return sum(max(op.flops / self.gemm_rate, op.bytes / self.hbm) for op in ops)
 
     def traffic(self, nbytes: float) -> float:
         return nbytes / self.hbm
+
+    def fp8_casts(self, ops: list[F.Gemm], attn_out: F.Gemm, mlp_out: F.Gemm) -> tuple[float, float]:
+        """(forward, backward) seconds of the FP8 casts of the linear layers ``ops`` (Fp8Casts), of which
+        ``attn_out`` and ``mlp_out`` close the attention and the MLP; (0, 0) without FP8 GEMMs."""
+        c = self.casts
+        if c is None:
+            return 0.0, 0.0
+        cast_in, cast_grad = ([attn_out], [attn_out, mlp_out]) if c.closing_only else (ops, ops)
+        inputs = sum(op.m * op.k * op.count for op in cast_in)
+        grads = sum(op.m * op.n * op.count for op in cast_grad)
+        weights = sum(op.k * op.n * op.count for op in ops)
+        forward = c.activation * inputs + c.weight_forward * weights
+        backward = c.activation * grads + c.weight_backward * weights
+        return forward / self.cast_hbm, backward / self.cast_hbm
 
 
 def elementwise_bytes(model: ModelSpec, tokens: int, tp: int, sp: bool, moe: bool) -> float:
@@ -129,7 +186,9 @@ def layer_time(
     recompute: str,
 ) -> PassTime:
     """Forward, backward and recompute seconds of one layer for one micro-batch of ``tokens`` tokens."""
-    gemm_f = roof.gemms(F.attention_gemms(model, tokens, tp, sp) + F.mlp_gemms(model, tokens, tp, moe, ep))
+    attn_ops, mlp_ops = F.attention_gemms(model, tokens, tp, sp), F.mlp_gemms(model, tokens, tp, moe, ep)
+    gemm_f = roof.gemms(attn_ops + mlp_ops)
+    cast_f, cast_b = roof.fp8_casts(attn_ops + mlp_ops, attn_ops[-1], mlp_ops[F.mlp_closing_index(moe)])
     elem_f = roof.traffic(elementwise_bytes(model, tokens, tp, sp, moe))
     if flash:
         # Causal flash kernels skip the masked half; with CP the ring still sees every key block.
@@ -142,14 +201,16 @@ def layer_time(
         scores = tokens * seq * model.num_attention_heads / tp
         attn_f = core / roof.gemm_rate + roof.traffic(11.0 * scores)
         attn_b = 2 * core / roof.gemm_rate + roof.traffic(2 * 11.0 * scores)
-    forward = gemm_f + elem_f + attn_f + roof.overhead
-    backward = 2 * gemm_f + 2 * elem_f + attn_b + 2 * roof.overhead
+    forward = gemm_f + cast_f + elem_f + attn_f + roof.overhead
+    backward = 2 * gemm_f + cast_b + 2 * elem_f + attn_b + 2 * roof.overhead
     if recompute == "full":
         extra = forward
     elif recompute == "op":
         # per-op selective checkpointing re-runs the element-wise kernels and the matmuls whose outputs it did not
-        # keep (F.op_checkpoint_recomputed_gemms); the attention output is kept, so the attention is not re-run
-        extra = roof.gemms(F.op_checkpoint_recomputed_gemms(model, tokens, tp, moe, ep)) + elem_f + roof.overhead
+        # keep (F.op_checkpoint_recomputed_gemms), with their FP8 casts; the attention output is kept, so the
+        # attention is not re-run
+        redo = F.op_checkpoint_recomputed_gemms(model, tokens, tp, moe, ep)
+        extra = roof.gemms(redo) + roof.fp8_casts(redo, attn_ops[-1], mlp_ops[-1])[0] + elem_f + roof.overhead
     elif recompute == "selective" and not flash:
         extra = attn_f  # Korthikanti et al. 2022: recompute only the attention core
     else:
@@ -165,7 +226,7 @@ def tp_paired_gemms(model: ModelSpec, roof: Roofline, tokens: int, tp: int, sp: 
     attn = F.attention_gemms(model, tokens, tp, sp)
     mlp = F.mlp_gemms(model, tokens, tp, moe, ep)
     # dense: [in, out]; MoE: [router, expert in, expert out] + [shared in, shared out]
-    closing = {1} if not moe else {2, 4}
+    closing = {F.mlp_closing_index(moe)} if not moe else {F.mlp_closing_index(moe), 4}
     mlp_in = [g for i, g in enumerate(mlp) if i not in closing]
     mlp_out = [g for i, g in enumerate(mlp) if i in closing]
     return (roof.gemms(attn[:-1]), roof.gemms(attn[-1:]), roof.gemms(mlp_in), roof.gemms(mlp_out))

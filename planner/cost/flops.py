@@ -82,6 +82,11 @@ def attention_gemms(model: ModelSpec, tokens: int, tp: int, sp: bool = False) ->
     return [Gemm(tokens, h, (q + kv) // tp), Gemm(tokens, q // tp, h)]
 
 
+def mlp_closing_index(moe: bool) -> int:
+    """The index in ``mlp_gemms`` of the projection that closes the MLP (the routed experts' down projection)."""
+    return 2 if moe else 1
+
+
 def mlp_gemms(model: ModelSpec, tokens: int, tp: int, moe: bool, ep: int) -> list[Gemm]:
     """Dense MLP, or router + routed experts + shared experts of an MoE layer, on one rank (forward)."""
     h = model.hidden_size

@@ -42,10 +42,12 @@ class AnalyticCosts:
         cal: Calibration | None = None,
         attention_kernel: str = "flash",
         cross_entropy: str = "fused",
+        fp8_recipe: str = "delayed",
     ):
         self.group = group
         self.cal = cal or default_calibration()
         self.precision = precision
+        self.fp8_recipe = fp8_recipe  # Training.fp8_recipe: the FP8 casts priced when the GEMMs run in FP8
         self.attention_kernel = attention_kernel  # Training.attention: which fused kernel prices the attention core
         self.cross_entropy = cross_entropy  # Training.cross_entropy: the loss kernel of the logits
         self._layers: dict = {}
@@ -99,7 +101,13 @@ class AnalyticCosts:
 
     @functools.cached_property
     def _roof(self) -> compute.Roofline:
-        return compute.Roofline(self.gemm_rate(), self.attention_rate(), self.hbm_rate(), self.layer_overhead())
+        casts = None
+        if compute.runs_fp8(self.group.gpu, self.precision):
+            casts = compute.FP8_CASTS[self.fp8_recipe]
+        cast_hbm = self.group.gpu.hbm_tbps * 1e12 * compute.FP8_CAST_HBM_EFFICIENCY
+        return compute.Roofline(
+            self.gemm_rate(), self.attention_rate(), self.hbm_rate(), self.layer_overhead(), casts, cast_hbm
+        )
 
     def layer(
         self,
@@ -210,7 +218,9 @@ class CostSource:
 
                 provider = MeasuredCosts
             t = self.job.training
-            hit = self._groups[group] = provider(node_group, t.precision, self.cal, t.attention, t.cross_entropy)
+            hit = self._groups[group] = provider(
+                node_group, t.precision, self.cal, t.attention, t.cross_entropy, t.fp8_recipe
+            )
             hit.source = self
         return hit
 

@@ -243,6 +243,21 @@ def pipeline_module_class(num_before: int = 1, num_after: int = 2):
 '''
 
 
+# Training.fp8_recipe -> the Transformer Engine recipe the model's fp8_autocast takes (transformer_engine/common/
+# recipe/__init__.py: DelayedScaling, Float8CurrentScaling; transformer_engine/pytorch fp8_autocast(enabled, ...,
+# fp8_recipe), renamed autocast(enabled, recipe) in newer releases). check_runnable refuses the others
+# (Framework.fp8_recipes).
+TE_RECIPES = {
+    "delayed": "transformer_engine.common.recipe.DelayedScaling()",
+    "tensorwise": "transformer_engine.common.recipe.Float8CurrentScaling()",
+}
+TE_RECIPE_TEXT = {
+    "delayed": "Transformer Engine's delayed scaling (also its default when no recipe is given)",
+    "tensorwise": "per-tensor current scaling (Transformer Engine's default is delayed scaling: pass it explicitly; "
+    "newer releases spell it `autocast(enabled=True, recipe=...)`)",
+}
+
+
 def notes(plan: LaunchPlan) -> list[str]:
     out = [
         "`train.py` stands for your DeepSpeed training script: it must call `deepspeed.initialize(..., "
@@ -284,9 +299,12 @@ def notes(plan: LaunchPlan) -> list[str]:
             )
         )
     if plan.training.precision == "fp8":
+        recipe = plan.training.fp8_recipe
         out.append(
             "fp8: DeepSpeed has no fp8 setting; ds_config.json runs bf16 and the model's Transformer Engine layers "
-            "(fp8_autocast) must do the fp8 GEMMs the plan assumes."
+            "(fp8_autocast) must do the fp8 GEMMs the plan assumes, with the plan's recipe (training.fp8_recipe "
+            f"{recipe}): `fp8_autocast(enabled=True, fp8_recipe={TE_RECIPES[recipe]})`, "
+            f"{TE_RECIPE_TEXT[recipe]}."
         )
     return out
 

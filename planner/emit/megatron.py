@@ -88,6 +88,19 @@ def gpu_arch(name: str) -> tuple[int, int] | None:
 # flash (FlashAttention-2 class) keeps the default "auto".
 ATTENTION_BACKENDS = {"eager": "unfused", "flash3": "fused"}
 
+# Training.fp8_recipe -> Megatron-Core's --fp8-recipe (arguments.py _add_transformer_engine_args: choices tensorwise,
+# delayed, mxfp8, blockwise, custom; megatron-core TransformerConfig.fp8_recipe, enums.py Fp8Recipe). delayed is
+# Transformer Engine DelayedScaling, tensorwise its Float8CurrentScaling (megatron/core/fp8_utils.py); the planner's
+# rowwise (torchao per-row scaling) has no Megatron recipe (check_runnable refuses it: Framework.fp8_recipes).
+FP8_RECIPES = {"delayed": "delayed", "tensorwise": "tensorwise"}
+# what each recipe is, for README notes (Transformer Engine transformer_engine/common/recipe/__init__.py)
+FP8_RECIPE_TEXT = {
+    "delayed": "delayed scaling (Transformer Engine DelayedScaling: each tensor's scale comes from the amax history "
+    "of earlier steps)",
+    "tensorwise": "per-tensor current scaling (Transformer Engine Float8CurrentScaling: each tensor is scaled by its "
+    "own amax when it is cast)",
+}
+
 
 @dataclass(frozen=True)
 class MoESettings:
@@ -154,6 +167,7 @@ class Settings:
     # precision and kernels
     precision: str  # bf16 | fp16 (the parameter dtype)
     fp8: bool
+    fp8_recipe: str | None  # --fp8-recipe (FP8_RECIPES[training.fp8_recipe]) when fp8, else None
     grad_reduce_in_bf16: bool
     accumulate_grads_in_fp32: bool  # fp16 parameters with fp32 gradient accumulation and all-reduce
     tp_comm_overlap: bool
@@ -278,6 +292,7 @@ def settings(plan: LaunchPlan, target: str = TARGET) -> Settings:
     arches = tuple(
         (name, gpu_arch(name)) for name in dict.fromkeys(plan.job.cluster[s.group].gpu.name for s in plan.stages)
     )
+    fp8_recipe = None
     if t.precision == "fp8":
         old = [name for name, arch in arches if arch is not None and arch < (8, 9)]
         if old:
@@ -285,6 +300,12 @@ def settings(plan: LaunchPlan, target: str = TARGET) -> Settings:
                 "job.training.precision",
                 f"FP8 (Transformer Engine) needs compute capability 8.9 or newer; {', '.join(old)} has less: train in "
                 f"bf16, then {redo}",
+            )
+        fp8_recipe = FP8_RECIPES.get(t.fp8_recipe)
+        if fp8_recipe is None:  # check_runnable refuses it first (Framework.fp8_recipes); kept for other callers
+            raise Inexpressible(
+                "job.training.fp8_recipe",
+                f"{target} has no {t.fp8_recipe} FP8 recipe (--fp8-recipe {' | '.join(FP8_RECIPES.values())}); {redo}",
             )
     if t.grad_dtype == "bf16+fp32":
         raise Inexpressible(
@@ -355,6 +376,7 @@ def settings(plan: LaunchPlan, target: str = TARGET) -> Settings:
         megatron_fsdp=megatron_fsdp,
         precision=precision,
         fp8=t.precision == "fp8",
+        fp8_recipe=fp8_recipe,
         grad_reduce_in_bf16=grad_bf16,
         accumulate_grads_in_fp32=accumulate_fp32,
         tp_comm_overlap=tp_comm_overlap,
@@ -583,7 +605,7 @@ def flags(s: Settings) -> list[tuple[str, list[str]]]:
     add(f"--{s.precision}")
     if s.fp8:
         add("--fp8-format", "hybrid")
-        add("--fp8-recipe", "delayed")
+        add("--fp8-recipe", s.fp8_recipe)
     if s.grad_reduce_in_bf16:
         add("--grad-reduce-in-bf16")
     if s.accumulate_grads_in_fp32:
@@ -733,8 +755,9 @@ def notes(s: Settings) -> list[str]:
         )
     if s.fp8:
         lines.append(
-            "- `--fp8-format hybrid --fp8-recipe delayed`: FP8 GEMMs through Transformer Engine (E4M3 "
-            "forward, E5M2 backward); on Blackwell `--fp8-recipe mxfp8` is the usual choice."
+            f"- `--fp8-format hybrid --fp8-recipe {s.fp8_recipe}`: FP8 GEMMs through Transformer Engine (E4M3 "
+            f"forward, E5M2 backward) with {FP8_RECIPE_TEXT[s.fp8_recipe]}, the plan's training.fp8_recipe; on "
+            "Blackwell `--fp8-recipe mxfp8` is the usual choice (not modelled by the planner)."
         )
     if s.tp_comm_overlap:
         lines.append("- `--tp-comm-overlap` overlaps TP communication with GEMMs (Transformer Engine userbuffers).")

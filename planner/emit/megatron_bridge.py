@@ -42,12 +42,31 @@ def _value(value: Any) -> str:
     return text
 
 
+# --fp8-recipe -> the registered preset with that recipe (Megatron-Bridge training/mixed_precision.py, read at
+# 05097809 and d9f7643 and in the version with MIXED_PRECISION_MODIFIERS): bf16_with_fp8_delayed_scaling_mixed sets
+# fp8="hybrid", fp8_recipe="delayed"; bf16_with_fp8_current_scaling_mixed sets fp8="hybrid", fp8_recipe="tensorwise"
+# (and keeps the first and last transformer layer in BF16: first_last_layers_bf16, one layer each).
+FP8_PRESETS = {
+    "delayed": "bf16_with_fp8_delayed_scaling_mixed",
+    "tensorwise": "bf16_with_fp8_current_scaling_mixed",
+}
+
+
 def mixed_precision(s: megatron.Settings) -> str:
-    """The mixed_precision preset: bf16_mixed, fp16_mixed or bf16_with_fp8_delayed_scaling_mixed (the recipe of
-    Megatron-LM's --fp8-format hybrid --fp8-recipe delayed), with the _bf16_grad_reduce modifier for bf16
-    gradients. Source: Megatron-Bridge training/mixed_precision.py (registered presets, MIXED_PRECISION_MODIFIERS)."""
+    """The mixed_precision preset: bf16_mixed, fp16_mixed, or for fp8 the preset of the plan's recipe (FP8_PRESETS:
+    bf16_with_fp8_delayed_scaling_mixed for Megatron-LM's --fp8-format hybrid --fp8-recipe delayed,
+    bf16_with_fp8_current_scaling_mixed for --fp8-recipe tensorwise), with the _bf16_grad_reduce modifier for bf16
+    gradients. Source: Megatron-Bridge training/mixed_precision.py (registered presets, MIXED_PRECISION_MODIFIERS).
+    An FP8 recipe without a preset is refused (Inexpressible, exit 4)."""
     if s.fp8:
-        name = "bf16_with_fp8_delayed_scaling_mixed"
+        name = FP8_PRESETS.get(s.fp8_recipe)
+        if name is None:  # megatron.settings refuses it first; kept for recipes Megatron-LM has and Bridge has not
+            raise Inexpressible(
+                "job.training.fp8_recipe",
+                f"Megatron-Bridge has no mixed_precision preset for the {s.fp8_recipe} FP8 recipe (presets: "
+                f"{', '.join(f'{r}: {p}' for r, p in FP8_PRESETS.items())}); change training.fp8_recipe, then "
+                f"{megatron._redo(TARGET)}",
+            )
     else:
         name = "fp16_mixed" if s.precision == "fp16" else "bf16_mixed"
     if s.grad_reduce_in_bf16:
@@ -230,6 +249,18 @@ def notes(s: megatron.Settings) -> list[str]:
         lines.append(
             "- The plan had sequence parallelism off; Megatron-Core wants it with expert parallelism and TP > 1 "
             "(emitters.md 5.2), so `model.sequence_parallel=true` is set (it only lowers activation memory)."
+        )
+    if s.fp8:
+        lines.append(
+            f"- `mixed_precision={mixed_precision(s)}`: FP8 GEMMs through Transformer Engine (`fp8=hybrid`) with "
+            f"{megatron.FP8_RECIPE_TEXT[s.fp8_recipe]}, the plan's training.fp8_recipe (Megatron-LM `--fp8-recipe "
+            f"{s.fp8_recipe}`); the preset also gathers parameters in FP8 (`fp8_param_gather`)."
+        )
+    if s.fp8 and s.fp8_recipe == "tensorwise":
+        lines.append(
+            "- The current-scaling preset keeps the first and the last transformer layer in BF16 "
+            "(`first_last_layers_bf16`, one layer each); the plan prices every layer's GEMMs in FP8. Set "
+            "`first_last_layers_bf16=False` on the MixedPrecisionConfig in a custom recipe to match it."
         )
     if s.grad_reduce_in_bf16:
         lines.append(

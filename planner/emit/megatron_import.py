@@ -14,7 +14,7 @@ import difflib
 from pathlib import Path
 from typing import Any
 
-from planner.emit.megatron import PROGRAM, eval_pattern, parse_layout
+from planner.emit.megatron import FP8_RECIPES, PROGRAM, eval_pattern, parse_layout
 from planner.emit.shell_script import Script, launch_world, read_script
 from planner.errors import SpecError
 
@@ -62,6 +62,7 @@ _CHOICE_FLAGS = {
     "--recompute-granularity": ("full", "selective"),
     "--recompute-method": ("uniform", "block"),
     "--fp8-format": ("e4m3", "hybrid"),
+    "--fp8-recipe": ("tensorwise", "delayed", "mxfp8", "blockwise", "custom"),
     "--optimizer": ("adam", "sgd"),
     "--data-parallel-sharding-strategy": ("no_shard", "optim", "optim_grads", "optim_grads_params"),
     "--attention-backend": ("flash", "fused", "unfused", "local", "auto"),
@@ -87,6 +88,9 @@ _BOOL_FLAGS = {
     "--account-for-loss-in-pipeline-split",
     "--use-flash-attn",
 }
+# --fp8-recipe value -> training.fp8_recipe, for the recipes the planner models (the emitter's FP8_RECIPES turned
+# around); the others (mxfp8, blockwise, custom) are refused
+FP8_RECIPE_OF_FLAG = {flag: recipe for recipe, flag in FP8_RECIPES.items()}
 # Flags that change what the plan would be but that the planner does not model: refused, naming the flag.
 _UNMODELLED = {
     "--heterogeneous-layers-config-path": "per-layer heterogeneous architectures",
@@ -147,7 +151,7 @@ KNOWN_OTHER = frozenset(
     --no-overlap-p2p-communication --overlap-p2p-communication-warmup-flush --pipeline-model-parallel-comm-backend
     --overlap-grad-reduce --overlap-param-gather --overlap-param-gather-with-optimizer-step --no-align-grad-reduce
     --no-align-param-gather --ddp-bucket-size --ddp-num-buckets --ddp-average-in-collective
-    --defer-embedding-wgrad-compute --distribute-saved-activations --moe-layer-recompute --fp8-recipe --fp8-margin
+    --defer-embedding-wgrad-compute --distribute-saved-activations --moe-layer-recompute --fp8-margin
     --fp8-interval --fp8-amax-history-len --fp8-amax-compute-algo --fp8-param-gather --no-fp8-wgrad
     --first-last-layers-bf16 --num-layers-at-start-in-bf16 --num-layers-at-end-in-bf16 --fp16-lm-cross-entropy
     --attention-softmax-in-fp32 --apply-query-key-layer-scaling --fp32-residual-connection --loss-scale
@@ -420,6 +424,15 @@ def _job(
         raise SpecError("--bf16", "no --bf16 or --fp16: the config trains in fp32, which the planner does not model")
     fp8 = o.choice("--fp8-format") is not None
     precision = "fp8" if fp8 else "bf16" if bf16 else "fp16"
+    fp8_recipe = None
+    if fp8:  # without --fp8-format Megatron takes no FP8 recipe (arguments.py: --fp8-recipe, default delayed)
+        recipe = o.choice("--fp8-recipe", "delayed")
+        if recipe not in FP8_RECIPE_OF_FLAG:
+            raise SpecError(
+                "--fp8-recipe",
+                f"{recipe}: not modelled by the planner (its FP8 recipes: {', '.join(FP8_RECIPE_OF_FLAG)})",
+            )
+        fp8_recipe = FP8_RECIPE_OF_FLAG[recipe]
     if fp16:
         grad_dtype = "fp32" if o.flag("--accumulate-allreduce-grads-in-fp32") else "bf16"
     else:
@@ -489,6 +502,7 @@ def _job(
             "seq_length": seq,
             "global_batch_size": gbs,
             "precision": precision,
+            **({"fp8_recipe": fp8_recipe} if fp8_recipe else {}),
             "optimizer": optimizer,
             "attention": attention,
             "grad_dtype": grad_dtype,

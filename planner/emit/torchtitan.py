@@ -11,13 +11,15 @@ the 0.3 release):
   its ``__post_init__`` (local batch divisible by the PP micro-batch; PP needs ``training.disable_cuda_graphs``);
   ``torchtitan/config/manager.py``: ``--module M --config F`` imports ``M.config_registry`` else ``M`` and calls F;
   ``torchtitan/distributed/activation_checkpoint.py``: ``FullAC.Config``, ``SelectiveAC.Config``, ``None``;
-  ``torchtitan/components/quantization/float8.py``: ``Float8LinearConverter.Config``, given to ``model_registry``;
+  ``torchtitan/components/quantization/float8.py``: ``Float8LinearConverter.Config``, given to ``model_registry``
+  (``recipe_name``: "rowwise" (the default) or "rowwise_with_gw_hp": 0.3.0 has no tensorwise Float8 recipe);
   ``torchtitan/models/<llama3|qwen3|deepseek_v3>/config_registry.py`` and ``__init__.py``: the registry functions
   and flavors (llama3_8b/70b/405b: "8B"/"70B"/"405B"; qwen3_30b_a3b: "30B-A3B"; deepseek_v3_671b: "671B") and how
   a llama3 model config is built (``Llama3Model.Config``, ``_build_llama3_layers``, ``llama3_configs``).
 - 0.2.2 ``torchtitan/config/job_config.py``: the TOML sections ``[model]`` (name, flavor, converters),
   ``[training]``, ``[parallelism]`` (no enable_sequence_parallel: TP always shards norms along the sequence),
-  ``[activation_checkpoint]`` (mode, selective_ac_option), ``[quantize.linear.float8]``, ``[compile]``,
+  ``[activation_checkpoint]`` (mode, selective_ac_option), ``[quantize.linear.float8]`` (recipe_name: None, the
+  default, is torchao's tensorwise Float8LinearConfig(); or tensorwise, rowwise, rowwise_with_gw_hp), ``[compile]``,
   ``[experimental]`` custom_import (imported by ``torchtitan/train.py`` before the model is looked up);
   ``torchtitan/models/llama3/__init__.py`` ``llama3_args`` (``TransformerModelArgs``);
   ``torchtitan/distributed/activation_checkpoint.py``: selective_ac_option N checkpoints every N-th layer of a rank.
@@ -47,6 +49,13 @@ TOML_FILE = "plan.toml"
 CUSTOM_FLAVOR = "planner"
 REDO = "re-plan with `planner plan JOB --framework torchtitan`"
 OUTPUT_FQN = {"0.3": "lm_head", "0.2": "output"}
+# Training.fp8_recipe -> the Float8 linear converter's recipe_name, by version; None: write none (the default).
+# 0.3.0 torchtitan/components/quantization/float8.py Float8LinearConverter.Config.recipe_name:
+#   Literal["rowwise", "rowwise_with_gw_hp"] = "rowwise" (no tensorwise: a tensorwise plan is refused for 0.3);
+# 0.2.2 torchtitan/config/job_config.py Float8Linear ([quantize.linear.float8]) recipe_name:
+#   Literal["tensorwise", "rowwise", "rowwise_with_gw_hp"] | None = None, and None runs torchao's default
+#   Float8LinearConfig(), tensorwise (0.2.2 components/quantization/float8.py: "Float8 tensorwise scaled training").
+FLOAT8_RECIPE_NAMES = {"0.3": {"rowwise": "rowwise"}, "0.2": {"tensorwise": None, "rowwise": "rowwise"}}
 
 
 @dataclass(frozen=True)
@@ -97,6 +106,7 @@ def render(plan: LaunchPlan, options: EmitOptions) -> Bundle:
             "torchtitan 0.2.2 always runs sequence parallelism with TP (no switch), which this plan has off; emit "
             "for torchtitan 0.3 (the default --framework-version)",
         )
+    float8_recipe(plan, version)  # Inexpressible (exit 4) for an FP8 recipe this version has no recipe_name for
     model = model_source(plan, version)
     if version == "0.3":
         files = {f"{CONFIG_MODULE}.py": config_module(plan, model)}
@@ -139,10 +149,31 @@ def check_torchtitan(plan: LaunchPlan) -> None:
             )
 
 
+def float8_recipe(plan: LaunchPlan, version: str) -> str | None:
+    """The plan's FP8 recipe (training.fp8_recipe) when it trains in fp8, else None. A recipe ``version`` has no
+    recipe_name for is refused (Inexpressible, exit 4): tensorwise under 0.3 (FLOAT8_RECIPE_NAMES)."""
+    t = plan.training
+    if t.precision != "fp8":
+        return None
+    names = FLOAT8_RECIPE_NAMES[version]
+    if t.fp8_recipe not in names:
+        if version == "0.3" and t.fp8_recipe == "tensorwise":
+            why = (
+                "torchtitan 0.3.0's Float8LinearConverter has no tensorwise recipe (recipe_name: rowwise, the "
+                "default, or rowwise_with_gw_hp): set training.fp8_recipe to rowwise and " + REDO + ", or emit for "
+                "torchtitan 0.2 (--framework-version 0.2), whose [quantize.linear.float8] runs tensorwise"
+            )
+        else:
+            why = f"torchtitan {version} has no {t.fp8_recipe} Float8 recipe ({', '.join(sorted(names))}); {REDO}"
+        raise Inexpressible("job.training.fp8_recipe", why)
+    return t.fp8_recipe
+
+
 @dataclass(frozen=True)
 class ModelSource:
     registry: Registry | None  # None: a llama3-architecture model built from the plan's dimensions
     fp8: bool
+    fp8_recipe: str | None = None  # training.fp8_recipe when fp8 (float8_recipe)
 
 
 def model_source(plan: LaunchPlan, version: str) -> ModelSource:
@@ -158,7 +189,7 @@ def model_source(plan: LaunchPlan, version: str) -> ModelSource:
         except SpecError:
             preset = None
         if preset is not None and _shape(preset) == _shape(m):
-            return ModelSource(entry, plan.training.precision == "fp8")
+            return ModelSource(entry, plan.training.precision == "fp8", float8_recipe(plan, version))
     why = None
     if m.moe is not None:
         why = "an MoE model outside torchtitan's registry (llama3, qwen3 30B-A3B, deepseek_v3 671B here)"
@@ -173,7 +204,7 @@ def model_source(plan: LaunchPlan, version: str) -> ModelSource:
             "job.model",
             f"torchtitan has no model for {m.name}: {why}; emit it for megatron or deepspeed instead",
         )
-    return ModelSource(None, plan.training.precision == "fp8")
+    return ModelSource(None, plan.training.precision == "fp8", float8_recipe(plan, version))
 
 
 def _shape(model) -> dict:
@@ -265,7 +296,10 @@ def config_module(plan: LaunchPlan, model: ModelSource) -> str:
     if model.fp8:
         imports.append("from torchtitan.components.quantization import Float8LinearConverter")
         imports.append("from torchtitan.config import CompileConfig")
-        converters = ', converters=[Float8LinearConverter.Config(filter_fqns=["lm_head"], model_compile_enabled=True)]'
+        name = FLOAT8_RECIPE_NAMES["0.3"][model.fp8_recipe]
+        recipe = f"recipe_name={_py(name)}, " if name is not None else ""
+        float8 = f'Float8LinearConverter.Config({recipe}filter_fqns=["lm_head"], model_compile_enabled=True)'
+        converters = f", converters=[{float8}]"
     if model.registry is not None:
         reg = model.registry
         imports.append(f"from torchtitan.models.{reg.module} import model_registry")
@@ -396,9 +430,11 @@ def config_toml(plan: LaunchPlan, model: ModelSource) -> str:
     if ac == "op":
         lines.append('selective_ac_option = "op"')
     if model.fp8:
+        name = FLOAT8_RECIPE_NAMES["0.2"][model.fp8_recipe]
         lines += [
             "",
             "[quantize.linear.float8]",
+            *([f"recipe_name = {_toml(name)}"] if name is not None else []),
             'filter_fqns = ["output"]',
             "",
             "[compile]",
@@ -525,7 +561,13 @@ def notes(plan: LaunchPlan, version: str, model: ModelSource) -> list[str]:
             )
         )
     if model.fp8:
-        out.append("fp8: Float8 linear layers (torchao) with torch.compile; they need an SM89+ GPU (H100 or newer).")
+        name = FLOAT8_RECIPE_NAMES[version][model.fp8_recipe]
+        where = "Float8LinearConverter.Config" if version == "0.3" else "[quantize.linear.float8]"
+        how = f'{where} recipe_name "{name}"' if name is not None else f"{where} without recipe_name, torchao's default"
+        out.append(
+            f"fp8: Float8 linear layers (torchao) with torch.compile, {model.fp8_recipe} scaling as the plan's "
+            f"training.fp8_recipe ({how}); they need an SM89+ GPU (H100 or newer)."
+        )
     return out
 
 

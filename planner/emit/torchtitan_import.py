@@ -8,7 +8,11 @@ Read in the PyPI wheels torchtitan 0.3.0 and 0.2.2 (repo pytorch/torchtitan):
   ``torchtitan/models/<llama3|qwen3|deepseek_v3>/config_registry.py``: what each registry function sets;
   ``torchtitan/distributed/activation_checkpoint.py``: ``FullAC``, ``SelectiveAC`` (per-op), ``MemoryBudgetAC``.
 - 0.2.2 ``torchtitan/config/job_config.py``: the TOML sections and their defaults (unknown keys fail in
-  ``_dict_to_dataclass``); selective_ac_option N checkpoints every N-th layer of a rank.
+  ``_dict_to_dataclass``); selective_ac_option N checkpoints every N-th layer of a rank; ``[quantize.linear.float8]``
+  recipe_name (tensorwise, rowwise, rowwise_with_gw_hp; unset: torchao's default, tensorwise), as the older
+  ``[float8]`` section (converter "float8") has it.
+- 0.3.0 ``torchtitan/components/quantization/float8.py``: ``Float8LinearConverter.Config`` recipe_name (rowwise,
+  the default, or rowwise_with_gw_hp; later torchtitan also takes tensorwise).
 - Both: ``torchtitan/distributed/parallel_dims.py`` (dp_replicate * dp_shard * cp * tp * pp == world; FSDP over
   dp_shard * cp; efsdp = dp_shard * cp * tp / ep); ``torchtitan/distributed/pipeline_parallel.py`` (schedule
   names, module_fqns_per_model_part, the default split); ``torchtitan/trainer.py`` (global batch a multiple of
@@ -160,6 +164,10 @@ SCHEDULES = {
     "dualpipev": False,
 }
 PLANNER_SCHEDULES = ("1f1b", "interleaved1f1b")  # what the planner's pipeline model is
+# Float8 recipe_name values torchtitan takes, and the planner's training.fp8_recipe of those it models
+FLOAT8_RECIPE_NAMES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
+FLOAT8_RECIPES = {"tensorwise": "tensorwise", "rowwise": "rowwise"}
+FLOAT8_DEFAULT = {"0.2": "tensorwise", "0.3": "rowwise"}  # recipe_name unset (0.2.2 None; 0.3.0 "rowwise")
 
 
 def read(
@@ -197,6 +205,7 @@ class _Found:
     ac: str  # none | full | selective:op | selective:<N>
     model: Any  # preset name, inline model dict, or None
     fp8: bool
+    fp8_recipe: str | None = None  # training.fp8_recipe when fp8 (the Float8 converter's recipe_name)
 
 
 def _read_toml(path: Path) -> _Found:
@@ -224,6 +233,7 @@ def _read_toml(path: Path) -> _Found:
     if isinstance(converters, str):
         converters = [c.strip() for c in converters.split(",") if c.strip()]
     fp8 = any(c in ("float8", "quantize.linear.float8") for c in converters)
+    recipe = _toml_float8_recipe(doc, "quantize.linear.float8" in converters) if fp8 else None
     name, flavor = mod["name"], mod["flavor"]
     found_model: Any = None
     for preset, reg in REGISTRY.items():
@@ -234,7 +244,34 @@ def _read_toml(path: Path) -> _Found:
         side = path.parent / (str(custom).replace(".", "/") + ".py")
         if side.is_file():
             found_model = _custom_model(_module_consts(side).get("MODEL"), side.name)
-    return _Found("0.2", par, train, mode, found_model, fp8)
+    return _Found("0.2", par, train, mode, found_model, fp8, recipe)
+
+
+def _toml_float8_recipe(doc: dict[str, Any], nested: bool) -> str:
+    """The FP8 recipe of a 0.2 TOML: recipe_name of [quantize.linear.float8] (converter quantize.linear.float8), or
+    of the older [float8] section (converter float8); unset is torchao's default, tensorwise."""
+    path = "quantize.linear.float8" if nested else "float8"
+    section: Any = doc
+    for i, key in enumerate(path.split(".")):
+        section = section.get(key)
+        if section is None:
+            return _float8_recipe(None, f"{path}.recipe_name", "0.2")
+        if not isinstance(section, dict):
+            raise SpecError(".".join(path.split(".")[: i + 1]), f"expected a table, got {type(section).__name__}")
+    return _float8_recipe(section.get("recipe_name"), f"{path}.recipe_name", "0.2")
+
+
+def _float8_recipe(name: Any, field: str, version: str) -> str:
+    """training.fp8_recipe of a Float8 recipe_name (None: the version's default); bad input names ``field``."""
+    if name is None:
+        return FLOAT8_DEFAULT[version]
+    if name not in FLOAT8_RECIPE_NAMES:
+        raise SpecError(field, f"expected {', '.join(FLOAT8_RECIPE_NAMES)}, got {name!r}")
+    if name not in FLOAT8_RECIPES:
+        raise SpecError(
+            field, f"{name!r}: the planner models the tensorwise and rowwise Float8 recipes (training.fp8_recipe)"
+        )
+    return FLOAT8_RECIPES[name]
 
 
 def _known(section: Any, fields: dict[str, Any], name: str) -> dict[str, Any]:
@@ -311,6 +348,7 @@ def _read_module(path: Path) -> _Found:
     aliases = {"cfg.parallelism": "parallelism", "cfg.training": "training"}
     sets: dict[str, Any] = {}
     model_spec = None  # the expression plan() gives cfg.model_spec, if any
+    model_spec_node: ast.AST | None = None
     for stmt in fn.body:
         if isinstance(stmt, ast.Return):
             continue
@@ -339,7 +377,7 @@ def _read_module(path: Path) -> _Found:
             elif name == "cfg.activation_checkpoint":
                 sets["ac"] = _ac_value(val)
             elif name == "cfg.model_spec":
-                model_spec = ast.unparse(val)
+                model_spec, model_spec_node = ast.unparse(val), val
             elif name in ("cfg.loss", "cfg.compile") or owner == "cfg":
                 continue
             else:
@@ -366,7 +404,21 @@ def _read_module(path: Path) -> _Found:
     if "MODEL" in consts:
         found_model = _custom_model(consts["MODEL"], path.name)
     fp8 = "Float8LinearConverter" in model_spec if model_spec is not None else bool(defaults.get("fp8"))
-    return _Found("0.3", par, train, ac, found_model, fp8)
+    recipe = _module_float8_recipe(model_spec_node, consts) if fp8 else None
+    return _Found("0.3", par, train, ac, found_model, fp8, recipe)
+
+
+def _module_float8_recipe(node: ast.AST | None, consts: dict[str, Any]) -> str:
+    """The FP8 recipe of the Float8LinearConverter.Config(...) in a model_spec expression: its recipe_name keyword,
+    else 0.3.0's default (rowwise), as for a registry function's own converter (llama3_405b: node None)."""
+    field = "Float8LinearConverter.Config.recipe_name"
+    for call in ast.walk(node) if node is not None else ():
+        if isinstance(call, ast.Call) and ast.unparse(call.func).endswith("Float8LinearConverter.Config"):
+            for kw in call.keywords:
+                if kw.arg == "recipe_name":
+                    return _float8_recipe(_value(kw.value, consts, field), field, "0.3")
+            return _float8_recipe(None, field, "0.3")
+    return _float8_recipe(None, field, "0.3")
 
 
 def _value(node: ast.AST, consts: dict[str, Any], field: str) -> Any:
@@ -539,6 +591,7 @@ def _job(f: _Found, *, world_size, gpu, gpus_per_node, model) -> dict:
             "precision": "fp8" if f.fp8 else "bf16",
             "cross_entropy": "unfused",  # torchtitan's loss: torch cross_entropy over upcast logits
             **implementation_settings(FRAMEWORKS["torchtitan"]),  # DTensor TP, torchao Float8Linear
+            **({"fp8_recipe": f.fp8_recipe} if f.fp8 else {}),  # the config's own Float8 recipe
         },
         "layout": layout,
     }

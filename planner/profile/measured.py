@@ -114,8 +114,10 @@ class MeasuredLink(comm.Link):
 class MeasuredCosts(AnalyticCosts):
     """AnalyticCosts with the group's profile read first (module docstring)."""
 
-    def __init__(self, group, precision, cal=None, attention_kernel="flash", cross_entropy="fused"):
-        super().__init__(group, precision, cal, attention_kernel, cross_entropy)
+    def __init__(
+        self, group, precision, cal=None, attention_kernel="flash", cross_entropy="fused", fp8_recipe="delayed"
+    ):
+        super().__init__(group, precision, cal, attention_kernel, cross_entropy, fp8_recipe)
         self.profile: Profile = group.profile
         self.sources: dict[str, set[str]] = {}  # component -> {"measured", "scaled", "analytic"}
         self._ratios: dict = {}

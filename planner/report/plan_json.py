@@ -435,6 +435,10 @@ class TrainingOut(_Out):
         "fp8 training: linear layers keep FP8-cast inputs for the backward (Transformer Engine); false: 16-bit "
         "inputs (torchao Float8Linear, torchtitan)"
     )
+    fp8_recipe: Literal["delayed", "tensorwise", "rowwise"] = _d(
+        "fp8 training: FP8 scaling recipe, delayed (Transformer Engine), tensorwise (dynamic per-tensor: torchao, "
+        "Megatron --fp8-recipe tensorwise) or rowwise (torchao per-row); sets the cast traffic priced"
+    )
     grad_dtype: Literal["fp32", "bf16", "bf16+fp32"] = _d(
         "gradient buffers: fp32 (Megatron main_grad), bf16, or bf16+fp32 (16-bit grads plus an unsharded fp32 "
         "accumulation buffer, DeepSpeed BF16_Optimizer)"
