@@ -88,6 +88,23 @@ def test_a_megatron_log_is_a_measured_run():
     assert case.measured.memory_gib == 61100.0 / 1024  # the largest max reserved over ranks
 
 
+def test_a_megatron_fp8_log_reads_its_format_and_recipe(tmp_path):
+    """Megatron prints --fp8-format under its dest ``fp8`` (``fp8 ... hybrid``) and --fp8-recipe as ``fp8_recipe``."""
+    from planner.profile.megatron_log import read_log
+
+    text = LOG.read_text()
+    head, sep, tail = text.partition("  fp16 ")
+    assert sep, "the fixture prints its fp16 argument"
+    fp8_log = tmp_path / "fp8.log"
+    fp8_log.write_text(
+        head + "  fp8 ............................................. hybrid\n"
+        "  fp8_recipe ...................................... tensorwise\n" + sep + tail
+    )
+    t = read_log(fp8_log, gpu="h100-sxm").job.training
+    assert (t.precision, t.fp8_recipe) == ("fp8", "tensorwise")
+    assert read_log(LOG, gpu="h100-sxm").job.training.precision != "fp8"
+
+
 def test_calibrate_reads_megatron_logs(tmp_path):
     out = cli("calibrate", str(LOG), "--gpu", "h100-sxm", "-o", str(tmp_path / "c.yaml"))
     assert out.returncode == 0, out.stderr

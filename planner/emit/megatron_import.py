@@ -193,6 +193,11 @@ def read(
     return _job(opts, script, world_size=world_size, gpu=gpu, gpus_per_node=gpus_per_node, model=model)
 
 
+# Printed argument names (argparse dests) that are not their flag's name: Megatron-Core's TransformerConfig field
+# ``fp8`` is the --fp8-format flag (its argparse metadata), printed as ``fp8 ... hybrid``.
+DEST_FLAGS = {"fp8": "--fp8-format"}
+
+
 def read_arguments(arguments: dict[str, str], where: str, **given) -> dict:
     """A job dict from the argument values a Megatron-LM run prints at start (``arguments`` block of its log:
     dest -> printed value), through the same rules as ``read``. Only the arguments the importer reads are taken:
@@ -206,7 +211,7 @@ def read_arguments(arguments: dict[str, str], where: str, **given) -> dict:
     if vpp not in ("None", "1") and dests.get("pipeline_model_parallel_layout", "None") == "None":
         dests.setdefault("num_virtual_stages_per_pipeline_rank", vpp)
     for dest, value in dests.items():
-        flag = "--" + dest.replace("_", "-")
+        flag = DEST_FLAGS.get(dest) or "--" + dest.replace("_", "-")
         if flag not in _RELEVANT or value in ("None", "False", ""):
             continue
         if value == "True":
