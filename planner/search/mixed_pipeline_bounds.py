@@ -223,7 +223,9 @@ def least_level(rows, L: int) -> float:
     def held(x: float) -> int:
         return sum(k * bisect.bisect_right(values, x) for k, values in rows)
 
-    levels = sorted({x for _, values in rows for x in values if x < float("inf")})
+    levels = sorted(set().union(*(values for _, values in rows)))  # (one C-level pass: called very often)
+    while levels and levels[-1] == float("inf"):
+        levels.pop()
     if not levels or held(levels[-1]) < L:
         return float("inf")
     lo, hi = 0, len(levels) - 1
