@@ -560,3 +560,83 @@ def test_block_bottleneck_is_below_every_split_into_consecutive_layers():
             E = sum(moe)
             tighter += bound > kind_bottleneck(xs, ys, c, caps, L - E, E) * (1 + 1e-6)
     assert tighter
+
+
+def _splits(L: int, caps):
+    """Every split of L into len(caps) parts with 1 <= n_s <= caps_s."""
+    if len(caps) == 1:
+        if 1 <= L <= caps[0]:
+            yield (L,)
+        return
+    for n in range(1, min(caps[0], L - len(caps) + 1) + 1):
+        for rest in _splits(L - n, caps[1:]):
+            yield (n, *rest)
+
+
+def test_least_schedule_time_is_the_least_schedule_over_every_split(monkeypatch):
+    """least_schedule_time against every split of the layers over the stages: never above the best split's
+    k max t + sum t / v, equal to it when the steps are not cut short, and never below the bottleneck and the
+    least work bounded apart (schedule_bound at T)."""
+    from planner.search import mixed_pipeline_bounds as B
+
+    rng = random.Random(7)
+    for _ in range(300):
+        P, L = rng.randint(1, 4), rng.randint(4, 12)
+        a = [rng.uniform(0.5, 3.0) for _ in range(P)]
+        c = [rng.uniform(0.0, 2.0) for _ in range(P)]
+        caps = [rng.randint(1, L) for _ in range(P)]
+        k, v = rng.choice([0.0, 1.0, 3.0, 15.0]), rng.choice([1, 2])
+        values = [
+            (max(ci + n * x for ci, n, x in zip(c, split, a)), sum(ci + n * x for ci, n, x in zip(c, split, a)))
+            for split in _splits(L, caps)
+        ]
+        if not values:
+            continue
+        T = min(top for top, _ in values) * rng.choice([1.0, 0.9, 0.5])  # a valid bound on the bottleneck
+        best = min(k * top + total / v for top, total in values)
+        got = B.least_schedule_time(a, c, caps, L, T, k, v)
+        assert got <= best * (1 + 1e-9)
+        assert got >= k * T + (sum(c) + B.min_work(a, L, caps)) / v - 1e-9
+        monkeypatch.setattr(B, "SCHEDULE_STEPS", 10**6)
+        assert B.least_schedule_time(a, c, caps, L, T, k, v) == pytest.approx(best, rel=1e-9)
+        monkeypatch.setattr(B, "SCHEDULE_STEPS", 64)
+
+
+def test_box_schedule_time_is_below_every_candidate_of_the_box(monkeypatch):
+    """box_schedule_time against every stage-count vector of a box and every split of the chunks over its stages
+    (a stage of group g takes y_g + chunks * v * a_g, the first also the embedding and the last the logits, in
+    group order): never above the best candidate, equal to it without end terms and sends (which the box's extra
+    stages would add) when the steps are not cut short, and never below schedule_bound at its bottleneck."""
+    from planner.search import mixed_pipeline_bounds as B
+
+    rng = random.Random(11)
+    for trial in range(200):
+        G, v = rng.randint(1, 3), rng.choice([1, 2])
+        L = v * rng.randint(3, 8)
+        a = [rng.uniform(0.5, 3.0) for _ in range(G)]
+        ys = [rng.choice([0.0, rng.uniform(0.0, 1.0)]) for _ in range(G)]
+        lo = [rng.randint(1, 2) for _ in range(G)]
+        hi = [k + rng.randint(0, 2) for k in lo]
+        emb, logits = (0.0, 0.0) if trial % 2 else (rng.uniform(0, 1), rng.uniform(0, 1))
+        k = rng.choice([0.0, 1.0, 7.0])
+        best, least_top = float("inf"), float("inf")
+        for counts in itertools.product(*(range(x, y + 1) for x, y in zip(lo, hi))):
+            groups = [g for g, n in enumerate(counts) for _ in range(n)]
+            for split in _splits(L // v, [L // v] * len(groups)):
+                t = [ys[g] + n * v * a[g] for g, n in zip(groups, split)]
+                t[0] += emb
+                t[-1] += logits
+                least_top = min(least_top, max(t))
+                best = min(best, k * max(t) + sum(t) / v)
+        if best == float("inf"):
+            continue
+        T = least_top * rng.choice([1.0, 0.8])
+        fixed = emb + logits + sum(n * y for n, y in zip(lo, ys))
+        floor = fixed + v * sum(n * x for n, x in zip(lo, a)) + (L - v * sum(lo)) * min(a)  # box_bound's least work
+        got = B.box_schedule_time(a, lo, hi, ys, L, T, k, v, fixed, floor)
+        assert got <= best * (1 + 1e-9)
+        assert got >= k * T + floor / v - 1e-9
+        if not emb and not logits and not any(ys):
+            monkeypatch.setattr(B, "SCHEDULE_STEPS", 10**6)
+            assert B.box_schedule_time(a, lo, hi, ys, L, T, k, v, fixed, floor) == pytest.approx(best, rel=1e-9)
+            monkeypatch.setattr(B, "SCHEDULE_STEPS", 64)

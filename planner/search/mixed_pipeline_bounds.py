@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+import heapq
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
@@ -150,7 +151,61 @@ def box_bound(
         return box_bound(a, lo, hi, ends, L, m, None, v, floor, mix, whole, relaxed)
     if whole:
         T = whole_chunk_bottleneck(a, hi, ends, L, send if sends else None, v, T, relaxed)
-    return schedule_bound(T, ends.emb + ends.logits + work, m, v)
+    total = ends.emb + ends.logits + work
+    if whole and not any(relaxed):
+        ys = send if sends else (0.0,) * len(a)
+        fixed = ends.emb + ends.logits + sum(k * y for k, y in zip(lo, ys))
+        return box_schedule_time(a, lo, hi, ys, L, T, m - 1 / v, v, fixed, total)
+    return schedule_bound(T, total, m, v)
+
+
+def box_schedule_time(a, lo, hi, ys, L: int, T: float, k: float, v: int, fixed: float, work_floor: float) -> float:
+    """least_schedule_time for a box of stage counts: at bottleneck M a stage of group g holds at most
+    floor((M - y_g) / (v a_g)) chunks of v layers (its sends y_g; the ends only take room), there are at most hi_g
+    of them and lo_g at least, each holding a chunk, so the least work W(M) is one chunk on each of the lo_g
+    stages and the rest on the fastest groups first, up to their stages' room. The schedule takes at least
+    k M + max(work_floor, fixed + W(M)) / v (``fixed``: the ends and the lo stages' sends); its least over M >= T,
+    walked over the steps where a group's room grows as least_schedule_time does. At least schedule_bound(T,
+    work_floor)."""
+    rows = sorted(zip(a, lo, hi, ys))
+    base = fixed + v * sum(x * kl for x, kl, _, _ in rows)
+    rest = L - v * sum(lo)
+    if rest < 0:
+        return float("inf")  # more stages than chunks: no candidate
+
+    def at(M: float) -> float:
+        left, work = rest, base
+        for x, k_lo, k_hi, y in rows:
+            q = math.floor((M - y) / (v * x) + 1e-9)
+            if q < 1:
+                if k_lo:
+                    return float("inf")
+                continue
+            take = min(left, v * (k_hi * q - k_lo))
+            work += take * x
+            left -= take
+        if left > 0:
+            return float("inf")
+        return k * M + max(work_floor, work) / v
+
+    best = min(at(T), float("inf"))
+    floor = k * T + work_floor / v  # schedule_bound(T, work_floor, m, v)
+    steps = sorted(
+        (y + q * v * x, q, x, y)
+        for x, _, k_hi, y in rows
+        for q in [max(1, math.floor((T - y) / (v * x) + 1e-9) + 1)]
+        if q * v <= L
+    )
+    for _ in range(SCHEDULE_STEPS):
+        if not steps or k * steps[0][0] + work_floor / v >= best:
+            return max(floor, best)
+        M = steps[0][0]
+        while steps and steps[0][0] <= M:
+            _, q, x, y = heapq.heappop(steps)
+            if (q + 1) * v <= L:
+                heapq.heappush(steps, (y + (q + 1) * v * x, q + 1, x, y))
+        best = min(best, at(M))
+    return max(floor, min(best, k * steps[0][0] + work_floor / v) if steps else best)
 
 
 def whole_chunk_bottleneck(a, hi, ends: Ends, L: int, send, v: int, start: float, relaxed=()) -> float:
@@ -286,6 +341,55 @@ def min_work(a: list[float], L: int, caps: list[int] | None = None) -> float:
         if left <= 0:
             break
     return work if left <= 0 else float("inf")
+
+
+# Most bottleneck values least_schedule_time tries above the bottleneck bound before it settles for the valid floor
+# of what it has not tried (each try is one min_work): with many micro-batches it stops after a few.
+SCHEDULE_STEPS = 64
+
+
+def least_schedule_time(a, c, caps, L: int, T: float, k: float, v: int, work_floor: float = 0.0) -> float:
+    """A lower bound on k * max_s t_s + sum_s t_s / v (the schedule: schedule_bound's k = m - 1/v) over the splits
+    of L layers (chunks) with 1 <= n_s <= caps_s and t_s >= c_s + n_s a_s, given T <= max_s t_s: the bottleneck
+    and the work bounded together. With max_s t_s <= M, stage s holds at most floor((M - c_s) / a_s) layers, so
+    sum_s t_s >= sum c + W(M), W the least work (min_work) under those caps, and the schedule takes at least
+    f(M) = k M + max(work_floor, sum c + W(M)) / v. Bounded apart, the two terms give only k T + (sum c +
+    W(inf)) / v, as if the split that puts the most layers on the fastest stages (least work) were also the one
+    with the least bottleneck; on a mix of fast and slow GPUs with many micro-batches that misses a good part of
+    the pipeline bubble. W only falls where a cap steps up (M = c_s + q a_s), and f grows between those steps, so
+    its least over M >= T lies at T or at a step: the steps are walked upwards while k M plus the least work
+    (f's floor at M) is below the least f found, at most SCHEDULE_STEPS of them (then that floor at the next step
+    stands for the rest). ``work_floor``: a bound on sum_s t_s known otherwise (the layer kinds')."""
+    base = sum(c)
+    floor = max(work_floor, base + min_work(a, L, caps))
+
+    def at(M: float) -> float:
+        held = [min(kk, math.floor((M - ci) / x + 1e-9)) for x, ci, kk in zip(a, c, caps)]
+        if min(held) < 1 or sum(held) < L:
+            return float("inf")
+        return k * M + max(work_floor, base + min_work(a, L, held)) / v
+
+    best = at(T)
+    # the next step of each stage's cap above T: c_s + q a_s with q = held + 1
+    steps = []
+    for x, ci, kk in zip(a, c, caps):
+        q = max(1, math.floor((T - ci) / x + 1e-9) + 1)
+        if q <= kk:
+            steps.append((ci + q * x, q, x, ci, kk))
+    heapq_push, heapq_pop = heapq.heappush, heapq.heappop
+    steps.sort()
+    for _ in range(SCHEDULE_STEPS):
+        if not steps:
+            return best
+        M = steps[0][0]
+        if k * M + floor / v >= best:
+            return best
+        while steps and steps[0][0] <= M:
+            _, q, x, ci, kk = heapq_pop(steps)
+            if q < kk:
+                heapq_push(steps, (ci + (q + 1) * x, q + 1, x, ci, kk))
+        best = min(best, at(M))
+    return min(best, k * steps[0][0] + floor / v) if steps else best
 
 
 def kind_bottleneck(xs, ys, c, caps, D: int, E: int) -> float:
@@ -448,7 +552,10 @@ def refined_bound(
         T = max(_capped_bottleneck(a, cst, caps, L), by_kind, _memory_bottleneck(ctx, c, sms, cst, None, v))
         if kind_memory is not None:
             T = max(T, _kind_memory_bottleneck(kind_memory, cst, layers))
-    bound = (mb - 1 / v) * T + rest  # schedule_bound(T, work, mb, v) + tail
+    # schedule_bound(T, work, mb, v) + tail, with the bottleneck and the work bounded together
+    bound = max((mb - 1 / v) * T + rest, least_schedule_time(a, cst, caps, L, T, mb - 1 / v, v, work) + tail)
+    if bound >= target:
+        return bound
     if target < float("inf"):
         times = [functools.partial(_layer_time, x, y, windows, ci) for x, y, ci in zip(xs, ys, cst)]
         if not _hold_within_tail(rows, layer_caps, layers, times, T, mb - 1 / v, target - work / v):
