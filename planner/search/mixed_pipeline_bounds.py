@@ -258,29 +258,38 @@ def whole_chunk_bottleneck(a, hi, ends: Ends, L: int, send, v: int, start: float
         T = step
 
 
-def tail_bottleneck(reaches, his, L: int) -> float:
+def tail_bottleneck(reaches, his, L: int, levels: list[float] | None = None) -> float:
     """The least DP tail the largest stage tail can have when at most his[g] stages of group g hold the L layers,
     a stage of group g holding n layers with tail at least reaches[g][n - 1] (ZeroTerms.reach: grows with n): the
     smallest tau at which sum_g his[g] * (the most layers a stage of g holds within tau) >= L. (A plan whose
-    largest tail is below it holds fewer than L layers.) 0 with no reaches."""
+    largest tail is below it holds fewer than L layers.) 0 with no reaches. ``levels``: merged_levels(reaches),
+    where the caller keeps it."""
     if not reaches or any(not r for r in reaches):
         return 0.0
-    return least_level(tuple(zip(his, reaches)), L)
+    return least_level(tuple(zip(his, reaches)), L, levels)
 
 
-def least_level(rows, L: int) -> float:
+def merged_levels(value_lists) -> list[float]:
+    """The finite values of several lists, sorted without repeats: the levels least_level searches."""
+    levels = sorted(set().union(*value_lists))  # (one C-level pass: called very often)
+    while levels and levels[-1] == float("inf"):
+        levels.pop()
+    return levels
+
+
+def least_level(rows, L: int, levels: list[float] | None = None) -> float:
     """The smallest level x at which the stages hold L layers, ``rows`` (stages, values) per group: each of its at
     most ``stages`` stages holds n layers only where values[n - 1] <= x (values grow with n). It is one of the
     values (where the layers held step up), found by bisection over them; inf where even the largest does not
-    reach L."""
+    reach L. ``levels``: merged_levels of the values of these rows (or of more rows: the least level holding L
+    layers is still the first of them that does), else worked out here."""
     rows = [(k, values) for k, values in rows if k > 0]
 
     def held(x: float) -> int:
         return sum(k * bisect.bisect_right(values, x) for k, values in rows)
 
-    levels = sorted(set().union(*(values for _, values in rows)))  # (one C-level pass: called very often)
-    while levels and levels[-1] == float("inf"):
-        levels.pop()
+    if levels is None:
+        levels = merged_levels(values for _, values in rows)
     if not levels or held(levels[-1]) < L:
         return float("inf")
     lo, hi = 0, len(levels) - 1

@@ -62,6 +62,7 @@ from planner.search.mixed_pipeline_bounds import (
     box_bound,
     kind_memory_floor,
     memory_floor,
+    merged_levels,
     refined_bound,
     tail_bottleneck,
 )
@@ -506,7 +507,16 @@ class _Family:
     def _box_tail(self, zt: tuple[ZeroTerms, ...], hi, L: int) -> float:
         """The DP tail floor of a box of two or more stages: _tail, and the least largest tail at which at most hi
         stages per group hold the layers (mixed_pipeline_bounds.tail_bottleneck)."""
-        return max(self._tail(zt), tail_bottleneck([z.reach(self.vpp) for z in zt], hi, L))
+        reaches = [z.reach(self.vpp) for z in zt]
+        levels = self._tail_levels.get(id(zt))  # the same for every box of the family (its zt are its own)
+        if levels is None:
+            levels = self._tail_levels[id(zt)] = merged_levels(reaches)
+        return max(self._tail(zt), tail_bottleneck(reaches, hi, L, levels))
+
+    @functools.cached_property
+    def _tail_levels(self) -> dict[int, list[float]]:
+        """merged_levels of the DP tail reaches of each of the family's zt (_box_tail), by the zt's identity."""
+        return {}
 
     def expand(self, ctx: MixedContext, lo, hi) -> list[tuple[_Family, tuple]]:
         """Every pipeline order of the used groups and every ZeRO stage, each with its box (the groups' counts
