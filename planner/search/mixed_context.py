@@ -5,7 +5,9 @@ embedding and logits)."""
 
 from __future__ import annotations
 
+import functools
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
@@ -223,15 +225,32 @@ class ZeroTerms:
     sm: StageModel | None  # the group's model at depth 3 (None: too few layers for one)
     middle_room: float
     caps: dict[int, list[int]] = field(default_factory=dict)  # by vpp: prefix sums over stages 1, 2, ... from the end
-    # TailProfile.reach at n = 1..L, the least over the three stages, with recompute paid for in the schedule's sum
-    # (MixedContext.tail_floor), and with every layer recomputed (valid at any vpp)
-    paid_reach: tuple[float, ...] = ()
-    any_reach: tuple[float, ...] = ()
-    pays_up_to: float = float("inf")  # the largest vpp at which paid_reach holds (recompute_pays_up_to)
     memory: dict[float, tuple] = field(default_factory=dict)  # memory_terms by in-flight count
     kind_memory: dict[float, tuple] = field(default_factory=dict)  # kind_times by in-flight count
     windows: tuple | None = None  # moe_windows of a model with dense and MoE layers
     capacity_gib: float = 0.0  # the group's usable GPU memory (MixedContext.capacity)
+    # works out DP tail terms (_tail_terms) when a bound first reads them: many families are cut before
+    tail_terms: Callable[[], tuple] | None = field(default=None, repr=False, compare=False)
+
+    @functools.cached_property
+    def _tails(self) -> tuple[tuple[float, ...], tuple[float, ...], float]:
+        return self.tail_terms() if self.tail_terms is not None else ((), (), float("inf"))
+
+    @property
+    def paid_reach(self) -> tuple[float, ...]:
+        """TailProfile.reach at n = 1..L, the least over the three stages, with recompute paid for in the schedule's
+        sum (MixedContext.tail_floor)."""
+        return self._tails[0]
+
+    @property
+    def any_reach(self) -> tuple[float, ...]:
+        """As paid_reach, with every layer recomputed (valid at any vpp)."""
+        return self._tails[1]
+
+    @property
+    def pays_up_to(self) -> float:
+        """The largest vpp at which paid_reach holds (recompute_pays_up_to)."""
+        return self._tails[2]
 
     def tail(self, vpp: int = 1) -> float:
         """The least exposed DP tail of any of the group's stages in a pipeline of ``vpp`` model chunks per stage
@@ -320,19 +339,25 @@ def _zero_terms(
     lines = [ctx.sharded_line(sm, s) for s in range(3)]
     room = quick.stage_memory_term(sm, ctx.capacity(g), 1)[0]
     cap = ctx.capacity(g)
-    # the first, a middle and the last stage: at any depth >= 2
-    paid = [ctx.tail_terms(sm, s, L, 1)[2] for s in range(3)]
-    every = [ctx.tail_terms(sm, s, L, math.inf)[2] for s in range(3)]
-    tails = {  # per layer count n = 1..L, the least tail any of its stages has holding n or more layers
-        "paid_reach": tuple(map(min, *(p.reach[1:] for p in paid))),
-        "any_reach": tuple(map(min, *(p.reach[1:] for p in every))),
-        "pays_up_to": min(ctx.recompute_pays(sm, s) for s in range(3)),
-    }
+    tails = {"tail_terms": functools.partial(_tail_terms, ctx, sm, L)}
     windows = moe_windows(ctx) if all(layer_counts(job.model).values()) else None
     if lines[1][1] < 0:
         return ZeroTerms(0.0, 0.0, 0.0, sm, room, capacity_gib=cap, windows=windows, **tails)
     first, last = min(0.0, lines[0][1]), min(0.0, lines[2][1])
     return ZeroTerms(min(z for z, _ in lines), first, last, sm, room, capacity_gib=cap, windows=windows, **tails)
+
+
+def _tail_terms(ctx: MixedContext, sm: StageModel, L: int) -> tuple[tuple[float, ...], tuple[float, ...], float]:
+    """ZeroTerms' (paid_reach, any_reach, pays_up_to): per layer count n = 1..L, the least tail any of the first, a
+    middle and the last stage (at any depth >= 2) has holding n or more layers, with recompute paid for in the
+    schedule's sum and with every layer recomputed, and the largest vpp at which the first holds."""
+    paid = [ctx.tail_terms(sm, s, L, 1)[2] for s in range(3)]
+    every = [ctx.tail_terms(sm, s, L, math.inf)[2] for s in range(3)]
+    return (
+        tuple(map(min, *(p.reach[1:] for p in paid))),
+        tuple(map(min, *(p.reach[1:] for p in every))),
+        min(ctx.recompute_pays(sm, s) for s in range(3)),
+    )
 
 
 def tp_options(ctx: MixedContext, g: int, cp: int) -> list[int]:

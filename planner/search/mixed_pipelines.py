@@ -303,8 +303,11 @@ class _TpChoiceNode:
         L = ctx.job.model.num_layers
         return box_bound(a, lo, hi, Ends.any_order(a, ends), L, self.mb, send, self.vpp, whole=True, relaxed=free)
 
-    def families(self, ctx: MixedContext) -> list[tuple[float, _TpChoiceNode | _Family, tuple | None]]:
-        """The next group's choices (each a _TpChoiceNode); with every choice fixed, the family itself."""
+    def families(
+        self, ctx: MixedContext, target: float = float("inf")
+    ) -> list[tuple[float, _TpChoiceNode | _Family, tuple | None]]:
+        """The next group's choices (each a _TpChoiceNode); with every choice fixed, the family itself, its bound
+        worked out in full only where it is below ``target`` (_Family.bound)."""
         L = ctx.job.model.num_layers
         if len(self.fixed) == len(ctx.order):
             used = tuple((g, tp) for g, tp in zip(ctx.order, self.fixed) if tp)
@@ -332,7 +335,7 @@ class _TpChoiceNode:
                 **_kinds(ctx, used, self),
             )
             box = (1,) * len(used), tuple(self.kmax_of[g][tp] for g, tp in used)
-            return [(fam.bound(L, *box), fam, box)]
+            return [(fam.bound(L, *box, target), fam, box)]
         out = []
         last = len(self.fixed) + 1 == len(ctx.order)
         for tp in self.tp_opts[len(self.fixed)]:
@@ -431,12 +434,15 @@ class _Family:
             after += k_lo
         if room < L:
             return float("inf")
-        a, ends, tail = (
-            (self.a, self.bound_ends, 0.0) if sum(lo) < 2 else (*self.sharded, self._box_tail(self.zt, hi, L))
-        )
+        a, ends = (self.a, self.bound_ends) if sum(lo) < 2 else self.sharded
         mix = self.mixes[sum(lo) >= 2]
-        # two or more stages: ZeRO-2/3 traffic, and the DP tail of the slowest group to sync
-        plain = box_bound(a, lo, hi, ends, L, self.mb, self.send, v, mix=mix, whole=True) + tail
+        # two or more stages: ZeRO-2/3 traffic, and the DP tail of the slowest group to sync (read only where the
+        # bound without it is below target: the tail terms are worked out when first read)
+        plain = box_bound(a, lo, hi, ends, L, self.mb, self.send, v, mix=mix, whole=True)
+        if plain >= target:
+            return plain
+        tail = 0.0 if sum(lo) < 2 else self._box_tail(self.zt, hi, L)
+        plain += tail
         if plain >= target:
             return plain
         floor = _memory_floor(self.zt, afters[::-1], hi, v)
@@ -474,10 +480,12 @@ class _Family:
         for zt, terms in zip(self.zts, lined):
             if sum(z.room(0, k_hi, v) for z, k_hi in zip(zt, hi)) < L:
                 continue
-            a, ends, tail, mix = (self.a, self.bound_ends, 0.0, plain_mix) if sum(lo) < 2 else terms
-            if sum(lo) >= 2:
-                tail = max(tail, self._box_tail(zt, hi, L))
-            zbound = box_bound(a, lo, hi, ends, L, self.mb, self.send, v, mix=mix, whole=True) + tail
+            a, ends, mix = (self.a, self.bound_ends, plain_mix) if sum(lo) < 2 else terms
+            zbound = box_bound(a, lo, hi, ends, L, self.mb, self.send, v, mix=mix, whole=True)
+            tail = 0.0
+            if sum(lo) >= 2 and zbound < min(best, target):  # (the tail terms are worked out when first read)
+                tail = self._box_tail(zt, hi, L)
+                zbound += tail
             if zbound < min(best, target):
                 floor = _memory_floor(zt, [0] * len(zt), hi, v)
                 if floor == float("inf"):
@@ -489,11 +497,11 @@ class _Family:
     @functools.cached_property
     def open_terms(self) -> tuple[KindMix | None, list[tuple]]:
         """What _open_bound reads that does not depend on the box: the KindMix of one stage, and per ZeRO stage
-        (zts) the per-layer seconds, ends at their least over the groups, DP tail and KindMix of two or more."""
+        (zts) the per-layer seconds, ends at their least over the groups and KindMix of two or more."""
         lined = []
         for zt in self.zts:
             a, ends = self._lined(zt)
-            lined.append((a, Ends.any_order(a, ends), self._tail(zt), self.kind_mix(zt, ordered=False)))
+            lined.append((a, Ends.any_order(a, ends), self.kind_mix(zt, ordered=False)))
         return self.kind_mix(ordered=False), lined
 
     @functools.cached_property
@@ -831,7 +839,7 @@ def search_hetero(
         put back in line at their refined bounds)."""
         nonlocal settled
         if isinstance(fam, _TpChoiceNode):
-            for flb, family, fbox in fam.families(ctx):
+            for flb, family, fbox in fam.families(ctx, cut()):
                 push(flb, family, fbox)
             return
         if isinstance(fam, HeteroCandidate):  # a candidate back with its refined bound: solve it
