@@ -71,7 +71,7 @@ def test_full_recompute_recasts_and_op_recompute_recasts_what_it_reruns():
     assert full.recompute == pytest.approx(plain.forward)  # the forward again, casts included
     redo = F.op_checkpoint_recomputed_gemms(MODEL, 8192, 1, False, 1)
     attn, mlp = F.attention_gemms(MODEL, 8192, 1), F.mlp_gemms(MODEL, 8192, 1, False, 1)
-    recast = c._roof.fp8_casts(redo, attn[-1], mlp[-1])[0]
+    recast = c._roof.fp8_casts(redo, [attn[-1], mlp[1]])[0]
     assert recast > 0
     bare = costs("tensorwise")
     bare.__dict__["_roof"] = C.Roofline(c.gemm_rate(), c.attention_rate(), c.hbm_rate(), c.layer_overhead())

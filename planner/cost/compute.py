@@ -93,9 +93,9 @@ class Fp8Casts:
     - delayed (Transformer Engine delayed scaling: the scale comes from the amax history, so no amax pass): the
       casts fuse into the kernels that produce the tensors (LayerNorm, activation, dgelu/dbias with cast-transpose)
       except where no producer kernel is TE's: the attention output before the output projection, and the output
-      gradients of the two projections that close a layer (they arrive from the residual stream). Those take a
-      stand-alone cast-transpose, read 2 + write 1 + 1 = 4 bytes. Weights are cast once per iteration
-      (``is_first_microbatch``), not priced per micro-batch.
+      gradients of the projections that close the attention and the MLP (they arrive from the residual stream,
+      flops.mlp_closing). Those take a stand-alone cast-transpose, read 2 + write 1 + 1 = 4 bytes. Weights are
+      cast once per iteration (``is_first_microbatch``), not priced per micro-batch.
     """
 
     activation: float  # bytes per element of each cast activation (input forward, output gradient backward)
@@ -130,13 +130,13 @@ class Roofline:
     def traffic(self, nbytes: float) -> float:
         return nbytes / self.hbm
 
-    def fp8_casts(self, ops: list[F.Gemm], attn_out: F.Gemm, mlp_out: F.Gemm) -> tuple[float, float]:
+    def fp8_casts(self, ops: list[F.Gemm], closing: list[F.Gemm]) -> tuple[float, float]:
         """(forward, backward) seconds of the FP8 casts of the linear layers ``ops`` (Fp8Casts), of which
-        ``attn_out`` and ``mlp_out`` close the attention and the MLP; (0, 0) without FP8 GEMMs."""
+        ``closing`` close the attention (the first) and the MLP; (0, 0) without FP8 GEMMs."""
         c = self.casts
         if c is None:
             return 0.0, 0.0
-        cast_in, cast_grad = ([attn_out], [attn_out, mlp_out]) if c.closing_only else (ops, ops)
+        cast_in, cast_grad = (closing[:1], closing) if c.closing_only else (ops, ops)
         inputs = sum(op.m * op.k * op.count for op in cast_in)
         grads = sum(op.m * op.n * op.count for op in cast_grad)
         weights = sum(op.k * op.n * op.count for op in ops)
@@ -187,8 +187,9 @@ def layer_time(
 ) -> PassTime:
     """Forward, backward and recompute seconds of one layer for one micro-batch of ``tokens`` tokens."""
     attn_ops, mlp_ops = F.attention_gemms(model, tokens, tp, sp), F.mlp_gemms(model, tokens, tp, moe, ep)
+    closing = attn_ops[-1:] + [mlp_ops[i] for i in F.mlp_closing(moe) if i < len(mlp_ops)]
     gemm_f = roof.gemms(attn_ops + mlp_ops)
-    cast_f, cast_b = roof.fp8_casts(attn_ops + mlp_ops, attn_ops[-1], mlp_ops[F.mlp_closing_index(moe)])
+    cast_f, cast_b = roof.fp8_casts(attn_ops + mlp_ops, closing)
     elem_f = roof.traffic(elementwise_bytes(model, tokens, tp, sp, moe))
     if flash:
         # Causal flash kernels skip the masked half; with CP the ring still sees every key block.
@@ -210,7 +211,7 @@ def layer_time(
         # keep (F.op_checkpoint_recomputed_gemms), with their FP8 casts; the attention output is kept, so the
         # attention is not re-run
         redo = F.op_checkpoint_recomputed_gemms(model, tokens, tp, moe, ep)
-        extra = roof.gemms(redo) + roof.fp8_casts(redo, attn_ops[-1], mlp_ops[-1])[0] + elem_f + roof.overhead
+        extra = roof.gemms(redo) + roof.fp8_casts(redo, closing)[0] + elem_f + roof.overhead
     elif recompute == "selective" and not flash:
         extra = attn_f  # Korthikanti et al. 2022: recompute only the attention core
     else:
@@ -226,7 +227,7 @@ def tp_paired_gemms(model: ModelSpec, roof: Roofline, tokens: int, tp: int, sp: 
     attn = F.attention_gemms(model, tokens, tp, sp)
     mlp = F.mlp_gemms(model, tokens, tp, moe, ep)
     # dense: [in, out]; MoE: [router, expert in, expert out] + [shared in, shared out]
-    closing = {F.mlp_closing_index(moe)} if not moe else {F.mlp_closing_index(moe), 4}
+    closing = set(F.mlp_closing(moe))
     mlp_in = [g for i, g in enumerate(mlp) if i not in closing]
     mlp_out = [g for i, g in enumerate(mlp) if i in closing]
     return (roof.gemms(attn[:-1]), roof.gemms(attn[-1:]), roof.gemms(mlp_in), roof.gemms(mlp_out))

@@ -82,9 +82,10 @@ def attention_gemms(model: ModelSpec, tokens: int, tp: int, sp: bool = False) ->
     return [Gemm(tokens, h, (q + kv) // tp), Gemm(tokens, q // tp, h)]
 
 
-def mlp_closing_index(moe: bool) -> int:
-    """The index in ``mlp_gemms`` of the projection that closes the MLP (the routed experts' down projection)."""
-    return 2 if moe else 1
+def mlp_closing(moe: bool) -> tuple[int, ...]:
+    """The indices in ``mlp_gemms`` of the projections that close the MLP, whose outputs join the residual stream:
+    the down projection; of an MoE layer the routed experts' and the shared experts' (when it has them)."""
+    return (2, 4) if moe else (1,)
 
 
 def mlp_gemms(model: ModelSpec, tokens: int, tp: int, moe: bool, ep: int) -> list[Gemm]:

@@ -229,12 +229,12 @@ class ZeroTerms:
     kind_memory: dict[float, tuple] = field(default_factory=dict)  # kind_times by in-flight count
     windows: tuple | None = None  # moe_windows of a model with dense and MoE layers
     capacity_gib: float = 0.0  # the group's usable GPU memory (MixedContext.capacity)
-    # works out DP tail terms (_tail_terms) when a bound first reads them: many families are cut before
-    tail_terms: Callable[[], tuple] | None = field(default=None, repr=False, compare=False)
+    # works out the DP tail terms below (_zero_tails) when a bound first reads them: many families are cut before
+    make_tails: Callable[[], tuple] | None = field(default=None, repr=False, compare=False)
 
     @functools.cached_property
     def _tails(self) -> tuple[tuple[float, ...], tuple[float, ...], float]:
-        return self.tail_terms() if self.tail_terms is not None else ((), (), float("inf"))
+        return self.make_tails() if self.make_tails is not None else ((), (), float("inf"))
 
     @property
     def paid_reach(self) -> tuple[float, ...]:
@@ -339,7 +339,7 @@ def _zero_terms(
     lines = [ctx.sharded_line(sm, s) for s in range(3)]
     room = quick.stage_memory_term(sm, ctx.capacity(g), 1)[0]
     cap = ctx.capacity(g)
-    tails = {"tail_terms": functools.partial(_tail_terms, ctx, sm, L)}
+    tails = {"make_tails": functools.partial(_zero_tails, ctx, sm, L)}
     windows = moe_windows(ctx) if all(layer_counts(job.model).values()) else None
     if lines[1][1] < 0:
         return ZeroTerms(0.0, 0.0, 0.0, sm, room, capacity_gib=cap, windows=windows, **tails)
@@ -347,7 +347,7 @@ def _zero_terms(
     return ZeroTerms(min(z for z, _ in lines), first, last, sm, room, capacity_gib=cap, windows=windows, **tails)
 
 
-def _tail_terms(ctx: MixedContext, sm: StageModel, L: int) -> tuple[tuple[float, ...], tuple[float, ...], float]:
+def _zero_tails(ctx: MixedContext, sm: StageModel, L: int) -> tuple[tuple[float, ...], tuple[float, ...], float]:
     """ZeroTerms' (paid_reach, any_reach, pays_up_to): per layer count n = 1..L, the least tail any of the first, a
     middle and the last stage (at any depth >= 2) has holding n or more layers, with recompute paid for in the
     schedule's sum and with every layer recomputed, and the largest vpp at which the first holds."""
