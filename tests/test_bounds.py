@@ -293,8 +293,10 @@ def test_the_dp_tail_floor_holds_for_every_stage_of_any_layer_mix(zero):
     """MixedContext.tail_floor (and the ZeRO-2/3 line) of an MoE model with a dense first layer: at most the exposed
     DP tail plus the stage's recompute seconds over vpp (what the bound also counts in sum_s t_s / vpp), and the
     ZeRO line at most the per-micro-batch ZeRO traffic, of every stage at every layer split and recompute count,
-    whatever mix of dense and MoE layers the stage holds; the floors are not zero everywhere, so the check bites,
-    and where recompute pays for what it hides the floor is above the one with every layer recomputed."""
+    whatever mix of dense and MoE layers the stage holds, and so is the line with each kind's own slope
+    (MixedContext.sharded_kinds, ZeRO-3: its MoE slope above the any-mix one, so the check bites); the floors are
+    not zero everywhere, and where recompute pays for what it hides the floor is above the one with every layer
+    recomputed."""
     j = parse_job(
         {
             "model": {**MOE6, "num_layers": 5},
@@ -306,7 +308,7 @@ def test_the_dp_tail_floor_holds_for_every_stage_of_any_layer_mix(zero):
     dims = mixed_pipelines.pipeline_dims(j, (0, 0), (1, 1), 2, 1, 1, zero, "none")
     sm = StageModel(j, dims.stage_dims(0), ctx.costs(0))
     L = j.model.num_layers
-    largest = 0.0
+    largest = by_kind = 0.0
     never = 10**6  # an interleaving degree at which recompute never pays: every layer recomputed
     if zero == 1:  # (ZeRO-3: the floor is 0 either way here)
         assert any(ctx.tail_floor(sm, s, L, 1) > ctx.tail_floor(sm, s, L, never) for s in range(2))
@@ -322,7 +324,12 @@ def test_the_dp_tail_floor_holds_for_every_stage_of_any_layer_mix(zero):
                 zero_time = sm.microbatch_time(s, plan)["zero_comm"]
                 largest = max(largest, min(exposed, ctx.tail_floor(sm, s, L)) + slope * plan.layers + const)
                 assert slope * plan.layers + const <= zero_time * SLACK + 1e-12, (split, rec, s)
+                kinds = ctx.sharded_kinds(sm, s)
+                if kinds is not None:
+                    by_kind = max(by_kind, kinds[1] - slope)
+                    assert kinds[0] * plan.dense + kinds[1] * plan.moe <= zero_time * SLACK + 1e-12, (split, rec, s)
     assert largest > 0
+    assert (by_kind > 0) == (zero == 3)
 
 
 def test_the_tail_profile_holds_for_every_run_of_layers():

@@ -126,6 +126,7 @@ class MixedCaches:
     tail_profile: dict = field(default_factory=dict)  # MixedContext.tail_terms: a stage's TailProfile
     recompute_pays: dict = field(default_factory=dict)  # recompute_pays_up_to, by stage position
     sharded_line: dict = field(default_factory=dict)  # MixedContext.sharded_line: ZeRO-2/3 traffic line
+    sharded_kinds: dict = field(default_factory=dict)  # MixedContext.sharded_kinds: its slope per layer kind
     zero_terms: dict = field(default_factory=dict)  # zero_terms: a group's ZeRO slope and memory room
     send: dict = field(default_factory=dict)  # send_bound: pipeline send seconds per micro-batch
     end_costs: dict = field(default_factory=dict)  # end_costs: embedding and logits stages
@@ -207,6 +208,18 @@ class MixedContext:
             hit = self.caches.sharded_line[key] = _sharded_line(sm, s)
         return hit
 
+    def sharded_kinds(self, sm: StageModel, s: int) -> tuple[float, float] | None:
+        """(dense, MoE) seconds per layer of each kind in a line under stage s's exposed ZeRO-2/3 traffic, for a
+        model with both kinds: a stage of d dense and e MoE layers exposes at least d * dense + e * moe (the MoE
+        layers' expert parameters are gathered too: far above sharded_line's any-mix slope). The dense slope may be
+        below 0 (its layers' compute hides more than they gather). None for a model with one kind, below ZeRO-2,
+        where a kind's constant is below 0 (the line then needs it, which its callers do not add) or where a kind's
+        least seconds per layer with its slope would not stay above 0; sharded_line stands for both kinds then."""
+        key = (sm.form_cache, s == 0, s == sm.dims.pp - 1)
+        if key not in self.caches.sharded_kinds:
+            self.caches.sharded_kinds[key] = _sharded_kinds(sm, s)
+        return self.caches.sharded_kinds[key]
+
     def capacity(self, g: int) -> float:
         return self.job.cluster[g].gpu.memory_gib * (1 - self.opts.memory_margin)
 
@@ -229,6 +242,9 @@ class ZeroTerms:
     kind_memory: dict[float, tuple] = field(default_factory=dict)  # kind_times by in-flight count
     windows: tuple | None = None  # moe_windows of a model with dense and MoE layers
     capacity_gib: float = 0.0  # the group's usable GPU memory (MixedContext.capacity)
+    # (dense, MoE) slopes where each kind has its own (MixedContext.sharded_kinds at all three stages: the least of
+    # each; the dense one may be below 0 and ``slope``), else None and ``slope`` stands for both kinds
+    kind_slopes: tuple[float, float] | None = None
     # works out the DP tail terms below (_zero_tails) when a bound first reads them: many families are cut before
     make_tails: Callable[[], tuple] | None = field(default=None, repr=False, compare=False)
 
@@ -344,7 +360,11 @@ def _zero_terms(
     if lines[1][1] < 0:
         return ZeroTerms(0.0, 0.0, 0.0, sm, room, capacity_gib=cap, windows=windows, **tails)
     first, last = min(0.0, lines[0][1]), min(0.0, lines[2][1])
-    return ZeroTerms(min(z for z, _ in lines), first, last, sm, room, capacity_gib=cap, windows=windows, **tails)
+    kinds = [ctx.sharded_kinds(sm, s) for s in range(3)]
+    slopes = None if None in kinds else (min(d for d, _ in kinds), min(e for _, e in kinds))
+    return ZeroTerms(
+        min(z for z, _ in lines), first, last, sm, room, capacity_gib=cap, windows=windows, kind_slopes=slopes, **tails
+    )
 
 
 def _zero_tails(ctx: MixedContext, sm: StageModel, L: int) -> tuple[tuple[float, ...], tuple[float, ...], float]:
@@ -590,6 +610,20 @@ def least_tail(profile: TailProfile, cap: int) -> tuple[float, int]:
     at = profile.at[1 : max(1, cap) + 1]
     least = min(at)
     return least, at.index(least) + 1
+
+
+def _sharded_kinds(sm: StageModel, s: int) -> tuple[float, float] | None:
+    """MixedContext.sharded_kinds: the slopes of _kind_lines of the exposed ZeRO-2/3 traffic, every layer
+    recomputed (the longest window), as _sharded_line reads them: a stage of d dense and e MoE layers exposes
+    max(0, c_k + d * p_dense + e * p_moe) >= c_k + d * p_dense + e * p_moe (c_k: the MoE line's constant when
+    e >= 1, else the dense one's), which is >= d * p_dense + e * p_moe where both constants are >= 0."""
+    if sm.dims.zero_stage < 2 or not all(layer_counts(sm.job.model).values()):
+        return None
+    time = sm.time_forms(s == 0, s == sm.dims.pp - 1)
+    lines = _kind_lines(time.zero, time.compute, time.forward, sm.job.model, True)
+    (c_d, dense), (c_m, moe) = lines["dense"], lines["moe"]
+    floors = sm.kinds["dense"].layer_floor() + dense, sm.kinds["moe"].layer_floor() + moe
+    return (dense, moe) if min(c_d, c_m) >= 0 and min(floors) > 0 else None
 
 
 def _sharded_line(sm: StageModel, s: int) -> tuple[float, float]:

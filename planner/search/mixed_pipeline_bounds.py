@@ -75,12 +75,13 @@ class KindMix:
     work: float
 
     @classmethod
-    def of(cls, kinds, lift, ends, counts: tuple[int, int], ordered: bool) -> KindMix:
+    def of(cls, kinds, lift, ends, counts: tuple[int, int], ordered: bool, moe_lift=None) -> KindMix:
         """``kinds``: (dense, MoE) least seconds per layer of each used group, ``lift`` what the caller adds to
-        every layer there (ZeRO-2/3 traffic); ``ends``: (embedding, logits) seconds per group; ``counts``: (D, E);
-        ``ordered``: the groups are in pipeline order (else each end term at its least over the groups)."""
+        every layer there (ZeRO-2/3 traffic), ``moe_lift`` to every MoE layer instead where given; ``ends``:
+        (embedding, logits) seconds per group; ``counts``: (D, E); ``ordered``: the groups are in pipeline order
+        (else each end term at its least over the groups)."""
         dense = tuple(x + z for (x, _), z in zip(kinds, lift))
-        moe = tuple(y + z for (_, y), z in zip(kinds, lift))
+        moe = tuple(y + z for (_, y), z in zip(kinds, moe_lift if moe_lift is not None else lift))
         D, E = counts
         rho = min(y / x for x, y in zip(dense, moe))
         at_ends = Ends.of(dense, ends, 0, len(dense) - 1) if ordered else Ends.any_order(dense, ends)
@@ -480,7 +481,7 @@ def _group_bound(ctx: MixedContext, fam: _Family, c: HeteroCandidate, sms: list[
     cover every kind of position (first, middle, last) it has."""
     L = ctx.job.model.num_layers
     P = c.pp
-    a, slopes, room, tail = [], [], 0, 0.0
+    a, slopes, moe_slopes, room, tail = [], [], [], 0, 0.0
     s = 0
     for j, (g, _, k) in enumerate(c.groups):
         end = s + k - 1
@@ -489,14 +490,16 @@ def _group_bound(ctx: MixedContext, fam: _Family, c: HeteroCandidate, sms: list[
         room += k * max(r.cap for r in rows)
         lines = [ctx.sharded_line(sms[i], i) for i in seen]
         slope = min(z for z, _ in lines) if min(z0 for _, z0 in lines) >= 0 else 0.0
+        kinds = [ctx.sharded_kinds(sms[i], i) for i in seen]
         a.append(fam.a[j] + slope)
-        slopes.append(slope)
+        slopes.append(slope if None in kinds else min(d for d, _ in kinds))
+        moe_slopes.append(slope if None in kinds else min(e for _, e in kinds))
         tail = max(tail, max(r.tail for r in rows))
         s = end + 1
     if room < L:
         return float("inf")
     ks = tuple(k for _, _, k in c.groups)
-    mix = None if fam.kinds is None else KindMix.of(fam.kinds, slopes, fam.ends, fam.kind_counts, True)
+    mix = None if fam.kinds is None else KindMix.of(fam.kinds, slopes, fam.ends, fam.kind_counts, True, moe_slopes)
     ends = Ends.of(a, fam.ends, 0, len(a) - 1)
     return box_bound(a, ks, ks, ends, L, fam.mb, fam.send, fam.vpp, mix=mix, whole=True) + tail
 
@@ -530,8 +533,10 @@ def refined_bound(
     windows = kind_memory = None
     if fam.kinds is not None:  # dense and MoE layers counted apart (KindMix), stage by stage, in layers
         lift = [r.a - sm.layer_floor() for r, sm in zip(rows, sms)]  # what the stage adds per layer (ZeRO-2/3 line)
-        xs = [z + sm.kinds["dense"].layer_floor() for z, sm in zip(lift, sms)]
-        ys = [z + sm.kinds["moe"].layer_floor() for z, sm in zip(lift, sms)]
+        # each kind its own ZeRO-2/3 slope where the stage has one (MixedContext.sharded_kinds)
+        kind_lift = [ctx.sharded_kinds(sm, s) for s, sm in enumerate(sms)]
+        xs = [(k[0] if k else z) + sm.kinds["dense"].layer_floor() for k, z, sm in zip(kind_lift, lift, sms)]
+        ys = [(k[1] if k else z) + sm.kinds["moe"].layer_floor() for k, z, sm in zip(kind_lift, lift, sms)]
         D, E = fam.kind_counts
         work = max(work, sum(cst) + D * min(xs) + E * min(ys))
         by_kind = kind_bottleneck(xs, ys, cst, layer_caps, D, E)  # (whole chunks of v relaxed)

@@ -403,7 +403,10 @@ class _Family:
             return None
         if not zt:
             return KindMix.of(self.kinds, (0.0,) * len(self.kinds), self.ends, self.kind_counts, ordered)
-        return KindMix.of(self.kinds, [z.slope for z in zt], self._lined(zt)[1], self.kind_counts, ordered)
+        # each kind its own slope where the group has them (ZeroTerms.kind_slopes)
+        dense = [z.kind_slopes[0] if z.kind_slopes else z.slope for z in zt]
+        moe = [z.kind_slopes[1] if z.kind_slopes else z.slope for z in zt]
+        return KindMix.of(self.kinds, dense, self._lined(zt)[1], self.kind_counts, ordered, moe)
 
     @functools.cached_property
     def mixes(self) -> tuple[KindMix | None, KindMix | None]:
