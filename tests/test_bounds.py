@@ -407,16 +407,18 @@ def test_kind_memory_times_hold_for_every_run_and_recompute_count_that_fits(memo
     assert recomputing if memory_gib > 10 else infeasible
 
 
-def test_tail_bottleneck_is_below_every_split_of_the_layers():
-    """mixed_pipeline_bounds.tail_bottleneck against every split of L layers over k_g <= hi_g stages per group
-    (each stage >= 1 layer, a stage of group g holding n layers with tail reaches[g][n - 1]): the least largest
-    tail of any split is at or above the bound, and equal to it somewhere (it is the split's relaxation)."""
+@pytest.mark.parametrize("v", [1, 2])
+def test_tail_bottleneck_is_below_every_split_of_the_layers(v):
+    """mixed_pipeline_bounds.tail_bottleneck against every split of L layers in whole chunks of v over k_g <= hi_g
+    stages per group (each stage >= 1 chunk, a stage of group g holding n layers with tail reaches[g][n - 1]): the
+    least largest tail of any split is at or above the bound, and equal to it somewhere (it is the split's
+    relaxation); with v = 2 it is above the bound that lets stages hold any number of layers somewhere."""
     from planner.search.mixed_pipeline_bounds import tail_bottleneck
 
     rng = random.Random(3)
-    equal = 0
+    equal = above = 0
     for _ in range(200):
-        L, groups = rng.randint(2, 7), rng.randint(1, 3)
+        L, groups = v * rng.randint(2, 7 // v + 1), rng.randint(1, 3)
         reaches = [
             tuple(itertools.accumulate(rng.choice((0.0, 0.0, 0.5, 1.0, 2.0)) for _ in range(L))) for _ in range(groups)
         ]
@@ -424,14 +426,34 @@ def test_tail_bottleneck_is_below_every_split_of_the_layers():
         best = float("inf")
         for ks in itertools.product(*(range(1, h + 1) for h in his)):
             owners = [g for g, k in enumerate(ks) for _ in range(k)]
-            if len(owners) > L:
+            if len(owners) > L // v:
                 continue
-            for split in compositions(L, len(owners)):
-                best = min(best, max(reaches[g][n - 1] for g, n in zip(owners, split)))
-        bound = tail_bottleneck(reaches, his, L)
+            for split in compositions(L // v, len(owners)):
+                best = min(best, max(reaches[g][v * n - 1] for g, n in zip(owners, split)))
+        bound = tail_bottleneck(reaches, his, L, v=v)
         assert bound <= best + 1e-12, (reaches, his, L)
         equal += bound == best
-    assert equal > 50
+        above += bound > tail_bottleneck(reaches, his, L)
+    assert equal > 50 and (above > 10) == (v > 1)
+
+
+def test_stages_tail_bottleneck_is_below_every_split_into_whole_chunks():
+    """mixed_pipeline_bounds.stages_tail_bottleneck (the refined bound's: one reach per stage, TailProfile.reach
+    from n = 0) against every split of L layers in whole chunks of v over the stages: never above the least
+    largest tail of a split, and equal to it somewhere."""
+    from planner.search.mixed_pipeline_bounds import stages_tail_bottleneck
+
+    rng = random.Random(5)
+    equal = {1: 0, 2: 0}
+    for _ in range(200):
+        v, P = rng.choice([1, 2]), rng.randint(1, 4)
+        L = v * rng.randint(P, P + 3)
+        reaches = [(0.0, *itertools.accumulate(rng.choice((0.0, 0.5, 1.0, 2.0)) for _ in range(L))) for _ in range(P)]
+        best = min(max(reach[v * n] for reach, n in zip(reaches, split)) for split in compositions(L // v, P))
+        bound = stages_tail_bottleneck(reaches, L, v)
+        assert bound <= best + 1e-12, (reaches, L, v)
+        equal[v] += bound == best
+    assert min(equal.values()) > 30, equal
 
 
 def test_kind_memory_floor_is_below_every_split_of_the_layers():

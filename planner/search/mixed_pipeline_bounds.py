@@ -259,15 +259,24 @@ def whole_chunk_bottleneck(a, hi, ends: Ends, L: int, send, v: int, start: float
         T = step
 
 
-def tail_bottleneck(reaches, his, L: int, levels: list[float] | None = None) -> float:
+def tail_bottleneck(reaches, his, L: int, levels: list[float] | None = None, v: int = 1) -> float:
     """The least DP tail the largest stage tail can have when at most his[g] stages of group g hold the L layers,
     a stage of group g holding n layers with tail at least reaches[g][n - 1] (ZeroTerms.reach: grows with n): the
     smallest tau at which sum_g his[g] * (the most layers a stage of g holds within tau) >= L. (A plan whose
     largest tail is below it holds fewer than L layers.) 0 with no reaches. ``levels``: merged_levels(reaches),
-    where the caller keeps it."""
+    where the caller keeps it; ``v``: a stage holds whole chunks of v layers."""
     if not reaches or any(not r for r in reaches):
         return 0.0
-    return least_level(tuple(zip(his, reaches)), L, levels)
+    return least_level(tuple(zip(his, reaches)), L, levels, v)
+
+
+def stages_tail_bottleneck(reaches, L: int, v: int = 1) -> float:
+    """The least largest DP tail of a candidate's stages: stage s holding n layers has a tail of at least
+    reaches[s][n] (TailProfile.reach, growing with n), and the stages hold the L layers in whole chunks of v, so
+    below the smallest tau at which sum_s (the most layers stage s holds in whole chunks within tau) >= L some
+    stage holds more than it can within tau (tail_bottleneck, one stage per row)."""
+    rows = tuple((1, reach[1:]) for reach in reaches)
+    return least_level(rows, L, chunk=v)
 
 
 def merged_levels(value_lists) -> list[float]:
@@ -278,15 +287,18 @@ def merged_levels(value_lists) -> list[float]:
     return levels
 
 
-def least_level(rows, L: int, levels: list[float] | None = None) -> float:
+def least_level(rows, L: int, levels: list[float] | None = None, chunk: int = 1) -> float:
     """The smallest level x at which the stages hold L layers, ``rows`` (stages, values) per group: each of its at
     most ``stages`` stages holds n layers only where values[n - 1] <= x (values grow with n). It is one of the
     values (where the layers held step up), found by bisection over them; inf where even the largest does not
     reach L. ``levels``: merged_levels of the values of these rows (or of more rows: the least level holding L
-    layers is still the first of them that does), else worked out here."""
+    layers is still the first of them that does), else worked out here. ``chunk``: a stage holds whole chunks of
+    that many layers."""
     rows = [(k, values) for k, values in rows if k > 0]
 
     def held(x: float) -> int:
+        if chunk > 1:
+            return sum(k * (bisect.bisect_right(values, x) // chunk * chunk) for k, values in rows)
         return sum(k * bisect.bisect_right(values, x) for k, values in rows)
 
     if levels is None:
@@ -545,7 +557,8 @@ def refined_bound(
         kind_memory = [
             _kind_memory_times(ctx, sm, g, s, z) for s, (sm, g, z) in enumerate(zip(sms, c.stage_groups, lift))
         ]
-    tail = max(r.tail for r in rows)
+    # the largest DP tail: at least each stage's least, and the layers must sit somewhere (stages_tail_bottleneck)
+    tail = max(max(r.tail for r in rows), stages_tail_bottleneck([r.tail_profile.reach for r in rows], layers, v))
     mb = sms[0].mb
     rest = work / v + tail  # schedule_bound at T = 0, plus the tail; each second of T adds mb - 1/v
     probe = (target - rest) / (mb - 1 / v) if mb - 1 / v > 0 and target < float("inf") else None

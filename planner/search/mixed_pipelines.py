@@ -522,7 +522,7 @@ class _Family:
         levels = self._tail_levels.get(id(zt))  # the same for every box of the family (its zt are its own)
         if levels is None:
             levels = self._tail_levels[id(zt)] = merged_levels(reaches)
-        return max(self._tail(zt), tail_bottleneck(reaches, hi, L, levels))
+        return max(self._tail(zt), tail_bottleneck(reaches, hi, L, levels, self.vpp))
 
     @functools.cached_property
     def _tail_levels(self) -> dict[int, list[float]]:
