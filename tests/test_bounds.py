@@ -352,7 +352,7 @@ def test_the_tail_profile_holds_for_every_run_of_layers():
     L = j.model.num_layers
     above_mix = False
     for s in range(2):
-        profile = ctx.tail_terms(sm, s, L)[2]
+        profile = ctx.tail_profile(sm, s)
         first, last = s == 0, s == 1
         compute, forward = sm.compute_form(first, last), sm.forward_form(first, last)
         mix = [_any_mix_line(x, compute, forward, j.model, False) for x in sm.tail_forms(first, last).parts()]

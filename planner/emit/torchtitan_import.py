@@ -164,9 +164,9 @@ SCHEDULES = {
     "dualpipev": False,
 }
 PLANNER_SCHEDULES = ("1f1b", "interleaved1f1b")  # what the planner's pipeline model is
-# Float8 recipe_name values torchtitan takes, and the planner's training.fp8_recipe of those it models
+# Float8 recipe_name values torchtitan takes; those the planner models are its training.fp8_recipe of the same name
+# (Framework.fp8_recipes)
 FLOAT8_RECIPE_NAMES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
-FLOAT8_RECIPES = {"tensorwise": "tensorwise", "rowwise": "rowwise"}
 FLOAT8_DEFAULT = {"0.2": "tensorwise", "0.3": "rowwise"}  # recipe_name unset (0.2.2 None; 0.3.0 "rowwise")
 
 
@@ -267,11 +267,11 @@ def _float8_recipe(name: Any, field: str, version: str) -> str:
         return FLOAT8_DEFAULT[version]
     if name not in FLOAT8_RECIPE_NAMES:
         raise SpecError(field, f"expected {', '.join(FLOAT8_RECIPE_NAMES)}, got {name!r}")
-    if name not in FLOAT8_RECIPES:
+    if name not in FRAMEWORKS["torchtitan"].fp8_recipes:
         raise SpecError(
             field, f"{name!r}: the planner models the tensorwise and rowwise Float8 recipes (training.fp8_recipe)"
         )
-    return FLOAT8_RECIPES[name]
+    return name
 
 
 def _known(section: Any, fields: dict[str, Any], name: str) -> dict[str, Any]:

@@ -123,7 +123,7 @@ class MixedCaches:
     kind_floors: dict = field(default_factory=dict)  # kind_layer_bounds: the same key
     model_layers: dict = field(default_factory=dict)  # model_layers_bound: the same key
     stage_terms: dict = field(default_factory=dict)  # MixedContext.stage_terms: memory room and layer cap
-    tail_profile: dict = field(default_factory=dict)  # MixedContext.tail_terms: a stage's TailProfile
+    tail_profile: dict = field(default_factory=dict)  # MixedContext.tail_profile: a stage's TailProfile
     recompute_pays: dict = field(default_factory=dict)  # recompute_pays_up_to, by stage position
     sharded_line: dict = field(default_factory=dict)  # MixedContext.sharded_line: ZeRO-2/3 traffic line
     sharded_kinds: dict = field(default_factory=dict)  # MixedContext.sharded_kinds: its slope per layer kind
@@ -178,17 +178,18 @@ class MixedContext:
         layer adds at least as much there as its longer backward hides (recompute_pays_up_to), else with every
         layer recomputed (the longest backward hides the most); read off the stage's TailProfile. ``vpp``: the
         stage model's own unless given (math.inf: every layer recomputed, valid at any vpp)."""
-        return self.tail_terms(sm, s, cap, vpp)[0]
+        cap = max(1, min(cap, self.job.model.num_layers))
+        return min(self.tail_profile(sm, s, vpp).at[1 : cap + 1])
 
-    def tail_terms(self, sm: StageModel, s: int, cap: int, vpp: float | None = None) -> tuple:
-        """(tail_floor, the layer count 1..cap at which it is least, the TailProfile it is read from)."""
-        cap = min(cap, self.job.model.num_layers)
+    def tail_profile(self, sm: StageModel, s: int, vpp: float | None = None) -> TailProfile:
+        """Stage s's TailProfile as tail_floor reads it (with recompute paid for up to recompute_pays_up_to, else
+        with every layer recomputed), memoized by stage position."""
         paid = (sm.dims.vpp if vpp is None else vpp) <= self.recompute_pays(sm, s)
         key = (sm.form_cache, s == 0, s == sm.dims.pp - 1, paid)
         profile = self.caches.tail_profile.get(key)
         if profile is None:
             profile = self.caches.tail_profile[key] = tail_profile(tail_lines(sm, s, paid), moe_window_arrays(self))
-        return *least_tail(profile, cap), profile
+        return profile
 
     def recompute_pays(self, sm: StageModel, s: int) -> float:
         """recompute_pays_up_to, memoized by stage position."""
@@ -245,28 +246,13 @@ class ZeroTerms:
     # (dense, MoE) slopes where each kind has its own (MixedContext.sharded_kinds at all three stages: the least of
     # each; the dense one may be below 0 and ``slope``), else None and ``slope`` stands for both kinds
     kind_slopes: tuple[float, float] | None = None
-    # works out the DP tail terms below (_zero_tails) when a bound first reads them: many families are cut before
+    # works out the DP tail terms reach reads (_zero_tails) when a bound first reads them: many families are cut
+    # before
     make_tails: Callable[[], tuple] | None = field(default=None, repr=False, compare=False)
 
     @functools.cached_property
     def _tails(self) -> tuple[tuple[float, ...], tuple[float, ...], float]:
         return self.make_tails() if self.make_tails is not None else ((), (), float("inf"))
-
-    @property
-    def paid_reach(self) -> tuple[float, ...]:
-        """TailProfile.reach at n = 1..L, the least over the three stages, with recompute paid for in the schedule's
-        sum (MixedContext.tail_floor)."""
-        return self._tails[0]
-
-    @property
-    def any_reach(self) -> tuple[float, ...]:
-        """As paid_reach, with every layer recomputed (valid at any vpp)."""
-        return self._tails[1]
-
-    @property
-    def pays_up_to(self) -> float:
-        """The largest vpp at which paid_reach holds (recompute_pays_up_to)."""
-        return self._tails[2]
 
     def tail(self, vpp: int = 1) -> float:
         """The least exposed DP tail of any of the group's stages in a pipeline of ``vpp`` model chunks per stage
@@ -276,8 +262,10 @@ class ZeroTerms:
 
     def reach(self, vpp: int = 1) -> tuple[float, ...]:
         """Per layer count n = 1..L (index n - 1), the least DP tail a stage of this group holding n or more layers
-        has (TailProfile.reach, the least over the first, a middle and the last stage), as tail."""
-        return self.paid_reach if vpp <= self.pays_up_to else self.any_reach
+        has (TailProfile.reach, the least over the first, a middle and the last stage), as tail: with recompute
+        paid for in the schedule's sum up to the vpp where that holds, else with every layer recomputed."""
+        paid, every, pays_up_to = self._tails
+        return paid if vpp <= pays_up_to else every
 
     def room(self, after: int, count: int, vpp: int = 1) -> float:
         """Most layers ``count`` stages of this group can hold when at least ``after`` stages follow them, in a
@@ -371,8 +359,8 @@ def _zero_tails(ctx: MixedContext, sm: StageModel, L: int) -> tuple[tuple[float,
     """ZeroTerms' (paid_reach, any_reach, pays_up_to): per layer count n = 1..L, the least tail any of the first, a
     middle and the last stage (at any depth >= 2) has holding n or more layers, with recompute paid for in the
     schedule's sum and with every layer recomputed, and the largest vpp at which the first holds."""
-    paid = [ctx.tail_terms(sm, s, L, 1)[2] for s in range(3)]
-    every = [ctx.tail_terms(sm, s, L, math.inf)[2] for s in range(3)]
+    paid = [ctx.tail_profile(sm, s, 1) for s in range(3)]
+    every = [ctx.tail_profile(sm, s, math.inf) for s in range(3)]
     return (
         tuple(map(min, *(p.reach[1:] for p in paid))),
         tuple(map(min, *(p.reach[1:] for p in every))),
@@ -603,13 +591,6 @@ def tail_profile(lines, windows: tuple[np.ndarray, np.ndarray]) -> TailProfile:
     total[0] = np.inf
     reach = np.minimum.accumulate(total[::-1])[::-1]
     return TailProfile(tuple(total.tolist()), tuple(reach.tolist()))
-
-
-def least_tail(profile: TailProfile, cap: int) -> tuple[float, int]:
-    """(least tail, the layer count 1..cap that has it; the fewest layers on ties) of a TailProfile."""
-    at = profile.at[1 : max(1, cap) + 1]
-    least = min(at)
-    return least, at.index(least) + 1
 
 
 def _sharded_kinds(sm: StageModel, s: int) -> tuple[float, float] | None:

@@ -129,12 +129,13 @@ def box_bound(
     only where ``ends`` are ordered). ``relaxed``: per group, True where its row stands for several choices (a
     group whose TP is still open: hi/a its best throughput), which holds a continuous share instead."""
     sends = send is not None and sum(lo) >= 2
+    ys = send if sends else (0.0,) * len(a)  # each group's sends (none for fewer than two stages)
     single = sum(hi) == 1  # one stage holds both ends
     top = max(ends.first_top + (ends.logits if single else 0.0), ends.last_top)
     fast = min(a)
     inv = over = most = 0.0
     work = L * fast
-    for x, k_lo, k_hi, y in zip(a, lo, hi, send if sends else (0.0,) * len(a)):  # one loop: called very often
+    for x, k_lo, k_hi, y in zip(a, lo, hi, ys):  # one loop: called very often
         inv += k_hi / x
         over += k_hi * y / x
         most = max(most, y)
@@ -143,7 +144,6 @@ def box_bound(
             work += k_lo * (v * (x - fast) + y)
     T = max(top, (L + ends.emb_per_a + ends.logits_per_a + over) / inv, floor)
     if mix is not None:
-        ys = send if sends else (0.0,) * len(a)
         inv_d = sum(k / x for k, x in zip(hi, mix.dense))
         over_d = sum(k * y / x for k, y, x in zip(hi, ys, mix.dense))
         T = max(T, (mix.layers + mix.ends.emb_per_a + mix.ends.logits_per_a + over_d) / inv_d)
@@ -154,7 +154,6 @@ def box_bound(
         T = whole_chunk_bottleneck(a, hi, ends, L, send if sends else None, v, T, relaxed)
     total = ends.emb + ends.logits + work
     if whole and not any(relaxed):
-        ys = send if sends else (0.0,) * len(a)
         fixed = ends.emb + ends.logits + sum(k * y for k, y in zip(lo, ys))
         return box_schedule_time(a, lo, hi, ys, L, T, m - 1 / v, v, fixed, total)
     return schedule_bound(T, total, m, v)
@@ -189,24 +188,9 @@ def box_schedule_time(a, lo, hi, ys, L: int, T: float, k: float, v: int, fixed: 
             return float("inf")
         return k * M + max(work_floor, work) / v
 
-    best = min(at(T), float("inf"))
     floor = k * T + work_floor / v  # schedule_bound(T, work_floor, m, v)
-    steps = sorted(
-        (y + q * v * x, q, x, y)
-        for x, _, k_hi, y in rows
-        for q in [max(1, math.floor((T - y) / (v * x) + 1e-9) + 1)]
-        if q * v <= L
-    )
-    for _ in range(SCHEDULE_STEPS):
-        if not steps or k * steps[0][0] + work_floor / v >= best:
-            return max(floor, best)
-        M = steps[0][0]
-        while steps and steps[0][0] <= M:
-            _, q, x, y = heapq.heappop(steps)
-            if (q + 1) * v <= L:
-                heapq.heappush(steps, (y + (q + 1) * v * x, q + 1, x, y))
-        best = min(best, at(M))
-    return max(floor, min(best, k * steps[0][0] + work_floor / v) if steps else best)
+    steps = [(v * x, y, L // v) for x, _, _, y in rows]  # a group's room grows by a chunk per v a_g seconds
+    return max(floor, _least_over_steps(at, T, steps, k, v, work_floor))
 
 
 def whole_chunk_bottleneck(a, hi, ends: Ends, L: int, send, v: int, start: float, relaxed=()) -> float:
@@ -391,27 +375,32 @@ def least_schedule_time(a, c, caps, L: int, T: float, k: float, v: int, work_flo
             return float("inf")
         return k * M + max(work_floor, base + min_work(a, L, held)) / v
 
+    return _least_over_steps(at, T, list(zip(a, c, caps)), k, v, floor)
+
+
+def _least_over_steps(at, T: float, steps, k: float, v: int, work: float) -> float:
+    """The least of at(M) over M >= T for least_schedule_time and box_schedule_time: at(M) = k M + (a least work
+    that only falls where some room steps up) / v, with ``steps`` (u, c, most) per row, whose room steps up at
+    M = c + q u for q = 1..most. Between steps at(M) grows, so its least lies at T or at a step; the steps are
+    walked upwards while k M + work / v (at's floor at M, ``work`` the least work with no bottleneck) is below the
+    least found, at most SCHEDULE_STEPS of them (then that floor at the next step stands for the rest)."""
     best = at(T)
-    # the next step of each stage's cap above T: c_s + q a_s with q = held + 1
-    steps = []
-    for x, ci, kk in zip(a, c, caps):
-        q = max(1, math.floor((T - ci) / x + 1e-9) + 1)
-        if q <= kk:
-            steps.append((ci + q * x, q, x, ci, kk))
-    heapq_push, heapq_pop = heapq.heappush, heapq.heappop
-    steps.sort()
+    line = []  # the next step of each row above T: (M, q, u, c, most)
+    for u, c, most in steps:
+        q = max(1, math.floor((T - c) / u + 1e-9) + 1)
+        if q <= most:
+            line.append((c + q * u, q, u, c, most))
+    heapq.heapify(line)
     for _ in range(SCHEDULE_STEPS):
-        if not steps:
+        if not line or k * line[0][0] + work / v >= best:
             return best
-        M = steps[0][0]
-        if k * M + floor / v >= best:
-            return best
-        while steps and steps[0][0] <= M:
-            _, q, x, ci, kk = heapq_pop(steps)
-            if q < kk:
-                heapq_push(steps, (ci + (q + 1) * x, q + 1, x, ci, kk))
+        M = line[0][0]
+        while line and line[0][0] <= M:
+            _, q, u, c, most = heapq.heappop(line)
+            if q < most:
+                heapq.heappush(line, (c + (q + 1) * u, q + 1, u, c, most))
         best = min(best, at(M))
-    return min(best, k * steps[0][0] + floor / v) if steps else best
+    return min(best, k * line[0][0] + work / v) if line else best
 
 
 def kind_bottleneck(xs, ys, c, caps, D: int, E: int) -> float:
@@ -450,7 +439,6 @@ class StageRow(NamedTuple):
     const: float  # its constant seconds per micro-batch without sends (embedding, logits, ZeRO-2/3 traffic)
     tail: float  # its least DP tail (MixedContext.tail_floor)
     tail_profile: TailProfile  # that tail's floor by layer count (mixed_context.tail_profile)
-    least_at: int  # the layer count 1..cap at which the tail is least
 
 
 def _stage_bound(ctx: MixedContext, sm: StageModel, g: int, s: int) -> StageRow:
@@ -459,8 +447,7 @@ def _stage_bound(ctx: MixedContext, sm: StageModel, g: int, s: int) -> StageRow:
     cap = ctx.stage_terms(sm, g, s)[3]
     z, z0 = ctx.sharded_line(sm, s)
     const = sm.compute_form(s == 0, s == p - 1).const + z0  # embedding, logits
-    least, at, profile = ctx.tail_terms(sm, s, max(1, cap))
-    return StageRow(cap, sm.layer_floor() + z, const, least, profile, at)
+    return StageRow(cap, sm.layer_floor() + z, const, ctx.tail_floor(sm, s, cap), ctx.tail_profile(sm, s))
 
 
 def _stage_row(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], g: int, i: int) -> StageRow:
@@ -502,7 +489,7 @@ def _group_bound(ctx: MixedContext, fam: _Family, c: HeteroCandidate, sms: list[
         room += k * max(r.cap for r in rows)
         lines = [ctx.sharded_line(sms[i], i) for i in seen]
         slope = min(z for z, _ in lines) if min(z0 for _, z0 in lines) >= 0 else 0.0
-        kinds = [ctx.sharded_kinds(sms[i], i) for i in seen]
+        kinds = [ctx.sharded_kinds(sms[i], i) for i in seen] if fam.kinds is not None else [None]
         a.append(fam.a[j] + slope)
         slopes.append(slope if None in kinds else min(d for d, _ in kinds))
         moe_slopes.append(slope if None in kinds else min(e for _, e in kinds))
