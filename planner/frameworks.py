@@ -38,6 +38,7 @@ class Framework:
     fp8_saved_inputs: bool = True  # Training.fp8_saved_inputs: its FP8 linears keep FP8 inputs (Transformer Engine)
     fp8_recipe: str = "delayed"  # Training.fp8_recipe its FP8 runs take unless the job says (Transformer Engine)
     fp8_recipes: frozenset = frozenset({"delayed", "tensorwise"})  # the FP8 recipes it has a setting for
+    fp32_params: bool = False  # Training.fp32_params: fp32 parameters as the master copy (PyTorch FSDP)
     precisions: frozenset = frozenset({"bf16", "fp16", "fp8"})
 
     def zero_stages(self, pp: int) -> frozenset:
@@ -152,6 +153,8 @@ FRAMEWORKS = {
         # recipe_name: rowwise, the default, or rowwise_with_gw_hp); 0.2's [quantize.linear.float8] also tensorwise
         fp8_recipe="rowwise",
         fp8_recipes=frozenset({"tensorwise", "rowwise"}),
+        # FSDP2 MixedPrecisionPolicy(param_dtype=bfloat16): fp32 sharded parameters, cast when all-gathered
+        fp32_params=True,
         precisions=frozenset({"bf16", "fp8"}),
     ),
 }
@@ -238,7 +241,7 @@ def check_precision(fw: Framework | None, precision: str, fp8_recipe: str | None
 
 
 # Training settings that are properties of a framework's implementation (Framework fields of the same names).
-IMPLEMENTATION_SETTINGS = ("tp_backward_overlap", "fp8_saved_inputs", "fp8_recipe")
+IMPLEMENTATION_SETTINGS = ("tp_backward_overlap", "fp8_saved_inputs", "fp8_recipe", "fp32_params")
 
 
 def implementation_settings(fw: Framework) -> dict[str, bool | str]:

@@ -280,8 +280,16 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
         training["grad_dtype"] = "bf16"
         assumed.append(f"gradients reduced in bf16 ({stack} default)")
     if stack in UNFUSED_LOSS_STACKS:
-        training["cross_entropy"] = "unfused"
-        assumed.append(f"cross_entropy=unfused ({stack} default)")
+        since = COMPILED_LOSS_SINCE.get(stack)
+        month = _source_month(e)
+        if since and par.bool("torch_compile", False) and month is not None and month >= since:
+            training["cross_entropy"] = "fused"
+            assumed.append(
+                f"cross_entropy=fused ({stack} compiles the loss with torch.compile since {since[0]}-{since[1]:02d})"
+            )
+        else:
+            training["cross_entropy"] = "unfused"
+            assumed.append(f"cross_entropy=unfused ({stack} default)")
     # how the stack's framework runs TP and FP8 (planner/frameworks.py), where the run uses them
     fw = FRAMEWORKS.get(stack or "")
     if fw is not None and not fw.tp_backward_overlap and (par.int("tp") or 1) > 1:
@@ -341,6 +349,10 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
         assumed.append(f"distributed_optimizer=true ({stack} default)")
     else:
         zero = 0
+    stated_fw = _text(par.get("framework"))
+    if zero == 3 and ((fw is not None and fw.fp32_params) or any(n in stated_fw for n in FP32_PARAMS_FRAMEWORKS)):
+        training["fp32_params"] = True
+        assumed.append("fp32_params=true (PyTorch FSDP keeps fp32 parameters, cast when gathered)")
     layout = {
         "tp": tp,
         "pp": pp,
@@ -439,6 +451,17 @@ BF16_GRADIENT_STACKS = frozenset({"nemo"})
 # torchtitan's loss is torch cross_entropy over the upcast logits (components/loss.py cross_entropy_loss, 0.2):
 # no fused vocab-parallel kernel.
 UNFUSED_LOSS_STACKS = frozenset({"torchtitan"})
+# From when a stack's torch.compile also compiles that loss (year, month): torchtitan's build_cross_entropy_loss
+# wraps it in torch.compile when compile is on since pytorch/torchtitan#1033 (merged 2025-04-01); before, train.py
+# left it out ("TODO: compiling loss function causes CUDA errors"). Compiled, the upcast and log-softmax fuse into
+# the kernel: the loss keeps the 16-bit logits and, in the backward, their 16-bit gradient (about the input's size,
+# Dao-AILab/quack#48), the 4 bytes per logit of a fused loss (memory.logits_bytes).
+COMPILED_LOSS_SINCE = {"torchtitan": (2025, 4)}
+# Frameworks named in a run's parallel.framework whose ZeRO-3 is PyTorch FSDP with mixed precision: the model is
+# built in fp32 and FSDP casts each gathered layer to 16 bits (MixedPrecision param_dtype), so the sharded fp32
+# parameters are the optimizer's master copy (Composer's FSDP, as in llm-foundry's benchmarks; torchtitan is a
+# stack of its own, planner/frameworks.py).
+FP32_PARAMS_FRAMEWORKS = ("pytorch fsdp", "fsdp2")
 # The FP8 recipe of a run whose precision names none, when its stack's default is not Transformer Engine's delayed
 # scaling: the published torchtitan runs (2024-12 to 2025-06) predate 0.3, whose converter is rowwise-only; their
 # Float8 linears ran torchao's default Float8LinearConfig(), tensorwise (0.2 components/quantization/float8.py).
@@ -505,6 +528,15 @@ def _node_group(n_gpus: int, gpus_per_node: int) -> dict[str, int]:
     if n_gpus % gpus_per_node:
         raise _Skip(f"hardware.n_gpus ({n_gpus}) does not fill whole nodes of {gpus_per_node} GPUs")
     return {"nodes": n_gpus // gpus_per_node, "gpus_per_node": gpus_per_node}
+
+
+def _source_month(e: dict) -> tuple[int, int] | None:
+    """(year, month) a run's source names in its title (benchmark files such as 'llama3_h100_202412_torchtitan.md'
+    or 'asyncTP_llama3_h100_2025-06_torchtitan.md'), or None."""
+    source = e.get("source")
+    title = str(source.get("title") or "") if isinstance(source, dict) else str(source or "")
+    m = re.search(r"(?<!\d)(20[1-3]\d)-?(0[1-9]|1[0-2])(?!\d)", title)
+    return (int(m.group(1)), int(m.group(2))) if m else None
 
 
 def _flagged_inconsistent(e: dict) -> bool:

@@ -277,6 +277,12 @@ class Training(StrictModel):
         "--fp8-recipe tensorwise) or rowwise (torchao per-row scaling, more cast traffic: torchtitan 0.3's Float8 "
         "converter)",
     )
+    fp32_params: bool = Field(
+        False,
+        description="the parameters are fp32 and are the optimizer's master copy, cast to 16 bits when gathered "
+        "(PyTorch FSDP / FSDP2 mixed precision: torchtitan, Composer); under ZeRO-3 no 16-bit shard is kept. "
+        "false: 16-bit parameters plus an fp32 master copy in the optimizer (Megatron, DeepSpeed)",
+    )
     grad_dtype: Literal["fp32", "bf16", "bf16+fp32"] = Field(
         "fp32",
         description="gradient buffers: fp32 (Megatron main_grad), bf16, or bf16+fp32 (16-bit .grad plus an "

@@ -324,6 +324,7 @@ def test_import_of_a_0_2_toml_like_the_llama3_train_configs():
         "tp_backward_overlap": False,
         "fp8_saved_inputs": False,
         "fp8_recipe": "rowwise",  # torchtitan's own implementation settings (planner/frameworks.py)
+        "fp32_params": True,
     }
     lay = raw["layout"]
     assert (lay["tp"], lay["pp"], lay["dp"], lay["zero_stage"], lay["micro_batch_size"]) == (1, 1, 64, 3, 1)
@@ -471,3 +472,29 @@ def test_fp8_of_a_module_follows_its_model_spec(tmp_path):
     assert tt.read(path, gpu="h100-sxm")["training"]["precision"] == "fp8"
     path.write_text(head + '    cfg.model_spec = model_registry("405B")\n')
     assert tt.read(path, gpu="h100-sxm")["training"]["precision"] == "bf16"
+
+
+@pytest.mark.parametrize(
+    "compile_section, loss",
+    [
+        ("enable = false\ncomponents = [\"model\", \"loss\"]", "unfused"),
+        ("enable = true\ncomponents = [\"model\", \"loss\"]", "fused"),  # torch.compile fuses the loss
+        ("enable = true", "fused"),  # components default to model and loss
+        ("enable = true\ncomponents = [\"model\"]", "unfused"),
+    ],
+)
+def test_import_reads_a_compiled_loss_as_fused(compile_section, loss, tmp_path):
+    text = (CONFIGS / "llama3_8b.toml").read_text()
+    start = text.index("[compile]")
+    end = text.index("\n[", start + 1)
+    path = tmp_path / "job.toml"
+    path.write_text(text[:start] + "[compile]\n" + compile_section + "\n" + text[end:])
+    assert tt.read(path, world_size=64, gpu="h100-sxm")["training"]["cross_entropy"] == loss
+
+
+def test_an_emitted_0_3_config_reads_back_with_its_chunked_loss(tmp_path):
+    # torchtitan 0.3's ChunkedLossWrapper (what the registry functions and `planner emit` set) holds a chunk of the
+    # logits at a time: at most a fused loss's 4 bytes per logit
+    plan = LaunchPlan.of(load("llama3-70b-h100-torchtitan"), 1, "torchtitan")
+    write_folder(tmp_path, render(plan, "0.3"))
+    assert read_back(plan, tmp_path, "0.3")["training"]["cross_entropy"] == "fused"

@@ -154,3 +154,47 @@ def test_a_gpu_built_from_its_family_scales_every_compute_rate_with_the_stated_p
     for key in ("peak_tflops_bf16", "peak_tflops_fp8", "matmul_tflops_bf16", "attention_tflops_bf16"):
         assert getattr(built, key) == pytest.approx(getattr(base, key) / 2)
     assert built.attention3_tflops_bf16 == pytest.approx(base.attention3_tflops_bf16 / 2)
+
+
+@pytest.mark.parametrize(
+    "title, compile_on, loss",
+    [
+        ("pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy.md", True, "fused"),  # compiled loss
+        ("pytorch/torchtitan benchmarks/asyncTP_llama3_h100_2025-06_torchtitan.md", True, "fused"),
+        ("pytorch/torchtitan benchmarks/llama3_h100_202412_torchtitan.md", True, "unfused"),  # before #1033
+        ("pytorch/torchtitan benchmarks/llama3-8b_h200_202506_trainy.md", False, "unfused"),  # eager
+        ("pytorch/torchtitan benchmarks", True, "unfused"),  # no date: the eager loss
+    ],
+)
+def test_torchtitan_compiles_its_loss_from_2025_04_when_compile_is_on(tmp_path, title, compile_on, loss):
+    r = run(parallel__torch_compile=compile_on)
+    r["source"] = {"title": title}
+    r["source_group"] = "torchtitan"
+    (case,) = read(tmp_path, r)
+    assert case.job.training.cross_entropy == loss
+
+
+def test_pytorch_fsdp_keeps_fp32_parameters_as_the_master_copy(tmp_path):
+    from planner.cost.memory import model_state_bytes
+
+    # 16 bytes per parameter under FSDP (fp32 shard, fp32 gradient, Adam's two moments), 18 with a 16-bit copy
+    fsdp = model_state_bytes(1.0, 1, 3, "fp32", "adam", fp32_params=True)
+    assert fsdp == {"weights": 4.0, "gradients": 4.0, "optimizer": 8.0}
+    assert sum(model_state_bytes(1.0, 1, 3, "fp32", "adam").values()) == 18.0
+    assert sum(model_state_bytes(1.0, 8, 3, "fp32", "adam", fp32_params=True).values()) == 2.0
+    for zero in (0, 1, 2):  # below ZeRO-3 the 16-bit parameters stay resident: as without
+        assert model_state_bytes(1.0, 8, zero, "fp32", "adam", True) == model_state_bytes(1.0, 8, zero, "fp32", "adam")
+
+    composer = run(parallel__zero=3, parallel__framework="Composer + PyTorch FSDP", parallel__precision="bf16")
+    composer["source"] = {"title": "mosaicml/llm-foundry benchmarking README"}
+    composer["source_group"] = "llm-foundry"
+    titan = run(parallel__zero="FSDP2", parallel__precision="bf16")
+    titan["source"] = {"title": "pytorch/torchtitan benchmarks"}
+    titan["source_group"] = "torchtitan"
+    megatron = run(parallel__zero=3, parallel__framework="Megatron-DeepSpeed", parallel__precision="bf16")
+    replicated = run(parallel__framework="Composer + PyTorch FSDP", parallel__zero=0, parallel__precision="bf16")
+    for i, r in enumerate((composer, titan, megatron, replicated)):
+        r["id"] = f"r{i}"
+    cases = read(tmp_path, composer, titan, megatron, replicated)
+    assert [c.job.training.fp32_params for c in cases] == [True, True, False, False]
+    assert "fp32_params=true (PyTorch FSDP keeps fp32 parameters, cast when gathered)" in cases[0].assumed

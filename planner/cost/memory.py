@@ -24,11 +24,23 @@ DEFAULT_MEMORY_MARGIN = 0.05
 GRAD_BYTES = {"fp32": 4.0, "bf16": 2.0, "bf16+fp32": 6.0}
 
 
-def model_state_bytes(params: float, shard: int, zero_stage: int, grad_dtype: str, optimizer: str) -> dict[str, float]:
+def model_state_bytes(
+    params: float, shard: int, zero_stage: int, grad_dtype: str, optimizer: str, fp32_params: bool = False
+) -> dict[str, float]:
     """Bytes of weights, gradients and optimizer state for ``params`` parameters held by one GPU before
-    ZeRO sharding over ``shard`` data-parallel ranks."""
+    ZeRO sharding over ``shard`` data-parallel ranks.
+
+    ``fp32_params`` (PyTorch FSDP / FSDP2 mixed precision: the sharded parameters stay fp32 and are cast to 16 bits
+    when gathered, torch.distributed.fsdp MixedPrecision(Policy) ``param_dtype``): the fp32 parameter is the
+    optimizer's master copy, so under ZeRO-3 the weights are that fp32 shard (4 bytes) and the optimizer keeps only
+    its moments (8 bytes for Adam): 16 bytes per parameter with fp32 gradients, not 18. The 16-bit copy exists only
+    while a layer is gathered (the gathered-layer term). Below ZeRO-3 the 16-bit parameters stay resident for the
+    forward and backward (FSDP SHARD_GRAD_OP keeps them unsharded; DDP under autocast caches its casts), which the
+    16-bit weights plus the fp32 master in the optimizer already count."""
     weights, grads = 2.0, GRAD_BYTES[grad_dtype]
     opt = 12.0 if optimizer in ("adam", "adamw") else 8.0  # fp32 master + (m, v) or (momentum)
+    if fp32_params and zero_stage >= 3:
+        weights, opt = 4.0, opt - 4.0
     w_div = shard if zero_stage >= 3 else 1
     g_div = shard if zero_stage >= 2 else 1
     o_div = shard if zero_stage >= 1 else 1

@@ -343,9 +343,11 @@ def _registered(caches: dict[tuple, FormCache], key: tuple) -> FormCache:
 
 
 @functools.lru_cache(maxsize=256)
-def _state_bytes_per_param(shard: int, zero_stage: int, grad_dtype: str, optimizer: str) -> dict[str, float]:
+def _state_bytes_per_param(
+    shard: int, zero_stage: int, grad_dtype: str, optimizer: str, fp32_params: bool
+) -> dict[str, float]:
     """memory.model_state_bytes of one parameter (memoized: a handful of values per search; not to be mutated)."""
-    return M.model_state_bytes(1.0, shard, zero_stage, grad_dtype, optimizer)
+    return M.model_state_bytes(1.0, shard, zero_stage, grad_dtype, optimizer, fp32_params)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -397,8 +399,8 @@ class StageModel:
         self.largest_layer = max(k.params_dense + k.params_expert for k in self.kinds.values())
         self.working = max(k.act_working for k in self.kinds.values())
         self.states_per_param = {
-            "dense": _state_bytes_per_param(self.shard, dims.zero_stage, t.grad_dtype, t.optimizer),
-            "expert": _state_bytes_per_param(self.exp_shard, dims.zero_stage, t.grad_dtype, t.optimizer),
+            "dense": _state_bytes_per_param(self.shard, dims.zero_stage, t.grad_dtype, t.optimizer, t.fp32_params),
+            "expert": _state_bytes_per_param(self.exp_shard, dims.zero_stage, t.grad_dtype, t.optimizer, t.fp32_params),
         }
         self.bytes_per_param = {group: sum(per.values()) for group, per in self.states_per_param.items()}
         # ZeRO-3 (FSDP) holds the gathered layer and the prefetched next one, 16-bit (Zhao et al. 2023, Sec. 3.3)

@@ -164,6 +164,11 @@ SCHEDULES = {
     "dualpipev": False,
 }
 PLANNER_SCHEDULES = ("1f1b", "interleaved1f1b")  # what the planner's pipeline model is
+# The loss's memory (training.cross_entropy, _Found.lean_loss): torchtitan's loss is torch cross_entropy over the
+# upcast logits, 10 bytes per logit (unfused), unless torch.compile compiles it ([compile] components with "loss",
+# the default list: the upcast and log-softmax fuse, the 16-bit logits and their gradient stay, 4 bytes, as a fused
+# loss) or 0.3's ChunkedLossWrapper runs it (components/loss.py: lm_head and loss per sequence chunk, 8 by default,
+# so a chunk's 10 bytes per logit are an eighth of the logits'); both read as fused (4 bytes per logit at most).
 # Float8 recipe_name values torchtitan takes; those the planner models are its training.fp8_recipe of the same name
 # (Framework.fp8_recipes)
 FLOAT8_RECIPE_NAMES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
@@ -206,6 +211,7 @@ class _Found:
     model: Any  # preset name, inline model dict, or None
     fp8: bool
     fp8_recipe: str | None = None  # training.fp8_recipe when fp8 (the Float8 converter's recipe_name)
+    lean_loss: bool = False  # the loss is compiled or chunked: training.cross_entropy fused (see above)
 
 
 def _read_toml(path: Path) -> _Found:
@@ -244,7 +250,11 @@ def _read_toml(path: Path) -> _Found:
         side = path.parent / (str(custom).replace(".", "/") + ".py")
         if side.is_file():
             found_model = _custom_model(_module_consts(side).get("MODEL"), side.name)
-    return _Found("0.2", par, train, mode, found_model, fp8, recipe)
+    comp = doc.get("compile") or {}
+    if not isinstance(comp, dict):
+        raise SpecError("compile", f"expected a table, got {type(comp).__name__}")
+    compiled_loss = bool(comp.get("enable", False)) and "loss" in comp.get("components", ["model", "loss"])
+    return _Found("0.2", par, train, mode, found_model, fp8, recipe, compiled_loss)
 
 
 def _toml_float8_recipe(doc: dict[str, Any], nested: bool) -> str:
@@ -349,6 +359,8 @@ def _read_module(path: Path) -> _Found:
     sets: dict[str, Any] = {}
     model_spec = None  # the expression plan() gives cfg.model_spec, if any
     model_spec_node: ast.AST | None = None
+    loss_node: ast.AST | None = None  # cfg.loss, if plan() sets it
+    compile_node: ast.AST | None = None  # cfg.compile, if plan() sets it
     for stmt in fn.body:
         if isinstance(stmt, ast.Return):
             continue
@@ -378,7 +390,11 @@ def _read_module(path: Path) -> _Found:
                 sets["ac"] = _ac_value(val)
             elif name == "cfg.model_spec":
                 model_spec, model_spec_node = ast.unparse(val), val
-            elif name in ("cfg.loss", "cfg.compile") or owner == "cfg":
+            elif name == "cfg.loss":
+                loss_node = val
+            elif name == "cfg.compile":
+                compile_node = val
+            elif owner == "cfg":
                 continue
             else:
                 raise SpecError(f"{path.name}: plan()", f"line {stmt.lineno}: cannot read the assignment to {name}")
@@ -405,7 +421,20 @@ def _read_module(path: Path) -> _Found:
         found_model = _custom_model(consts["MODEL"], path.name)
     fp8 = "Float8LinearConverter" in model_spec if model_spec is not None else bool(defaults.get("fp8"))
     recipe = _module_float8_recipe(model_spec_node, consts) if fp8 else None
-    return _Found("0.3", par, train, ac, found_model, fp8, recipe)
+    # the registry functions all set ChunkedLossWrapper (config_registry.py), as `planner emit` does
+    chunked = loss_node is None or "ChunkedLossWrapper" in ast.unparse(loss_node)
+    return _Found("0.3", par, train, ac, found_model, fp8, recipe, chunked or _compiles_loss(compile_node))
+
+
+def _compiles_loss(node: ast.AST | None) -> bool:
+    """Whether a 0.3 ``cfg.compile = CompileConfig(...)`` compiles the loss (enable=True; components, default
+    ["model", "loss"], names it)."""
+    if not isinstance(node, ast.Call):
+        return False
+    kw = {k.arg: k.value for k in node.keywords}
+    enabled = isinstance(kw.get("enable"), ast.Constant) and kw["enable"].value is True
+    comps = kw.get("components")
+    return enabled and (comps is None or "'loss'" in ast.unparse(comps) or '"loss"' in ast.unparse(comps))
 
 
 def _module_float8_recipe(node: ast.AST | None, consts: dict[str, Any]) -> str:
@@ -589,7 +618,7 @@ def _job(f: _Found, *, world_size, gpu, gpus_per_node, model) -> dict:
             "seq_length": seq,
             "global_batch_size": gbs,
             "precision": "fp8" if f.fp8 else "bf16",
-            "cross_entropy": "unfused",  # torchtitan's loss: torch cross_entropy over upcast logits
+            "cross_entropy": "fused" if f.lean_loss else "unfused",  # compiled or chunked: 4 bytes per logit at most
             **implementation_settings(FRAMEWORKS["torchtitan"]),  # DTensor TP, torchao Float8Linear
             **({"fp8_recipe": f.fp8_recipe} if f.fp8 else {}),  # the config's own Float8 recipe
         },

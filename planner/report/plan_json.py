@@ -439,6 +439,10 @@ class TrainingOut(_Out):
         "fp8 training: FP8 scaling recipe, delayed (Transformer Engine), tensorwise (dynamic per-tensor: torchao, "
         "Megatron --fp8-recipe tensorwise) or rowwise (torchao per-row); sets the cast traffic priced"
     )
+    fp32_params: bool = _d(
+        "fp32 parameters that are the optimizer's master copy, 16-bit only while gathered (PyTorch FSDP: torchtitan); "
+        "false: 16-bit parameters and an fp32 master copy in the optimizer (Megatron, DeepSpeed)"
+    )
     grad_dtype: Literal["fp32", "bf16", "bf16+fp32"] = _d(
         "gradient buffers: fp32 (Megatron main_grad), bf16, or bf16+fp32 (16-bit grads plus an unsharded fp32 "
         "accumulation buffer, DeepSpeed BF16_Optimizer)"

@@ -475,7 +475,7 @@ def _states_fit(ctx, tp: int, cp: int, pp: int, zero: int, counts, ep: int = 1) 
     dense, expert, ep_div = _param_groups(ctx.job.model, ep)
 
     def per_param(n: int) -> float:
-        return sum(model_state_bytes(1.0, n, zero, t.grad_dtype, t.optimizer).values())
+        return sum(model_state_bytes(1.0, n, zero, t.grad_dtype, t.optimizer, t.fp32_params).values())
 
     need = (dense * per_param(shard) + expert * per_param(shard // ep_div)) / (tp * pp)
     return need <= min(ctx.capacity(g) for g, _ in counts) * GIB
