@@ -189,6 +189,15 @@ class ModelSpec(StrictModel):
     def num_moe_layers(self) -> int:
         return self.moe_layers_before(self.num_layers)
 
+    @property
+    def all_moe_from(self) -> int:
+        """The first layer index from which every layer is an MoE layer (is_moe_layer), num_layers when there is
+        none: the leading dense layers of a model whose every later layer is MoE (moe_layer_freq 1)."""
+        m = self.moe
+        if m is None or m.moe_layer_freq != 1 or m.first_dense_layers >= self.num_layers:
+            return self.num_layers
+        return m.first_dense_layers
+
 
 class GpuSpec(StrictModel):
     """One GPU type. Bandwidth units follow vendor usage: NVLink in GB/s, NICs in Gb/s."""

@@ -266,6 +266,29 @@ def test_layer_kinds_tighten_the_mixed_bounds():
     assert tighter
 
 
+def test_stages_past_the_dense_layers_hold_moe_layers_only():
+    """MOE6's one dense layer is its first: a stage at position 1 or later holds only MoE layers (its layers come
+    after one layer of each stage before it), so an ordered family's box and a candidate's blocks price such a
+    stage at its MoE layers' seconds (KindMix.moe_from, block_bottleneck's moe_from). Those bounds are above the
+    ones without the rule somewhere, and at most the brute-force best plan of every candidate where they are."""
+    from dataclasses import replace
+
+    j = mixed_job(MOE6)
+    assert j.model.all_moe_from == 1
+    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2)
+    ctx = MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
+    L = j.model.num_layers
+    raised = []
+    for bounds, fam, c in candidates_with_bounds(ctx):
+        ks = tuple(k for _, _, k in c.groups)
+        with_rule, without = fam.bound(L, ks, ks), replace(fam, moe_from=None).bound(L, ks, ks)
+        assert with_rule >= without
+        if with_rule > without * (1 + 1e-9):
+            raised.append((bounds, fam, c))
+    assert raised
+    assert_bounds_hold(ctx, random.Random(3).sample(raised, min(30, len(raised))))
+
+
 def assert_bounds_hold(ctx, sample) -> None:
     """Every bound of each (bounds on the way, family, candidate) of ``sample`` -- _TpChoiceNode, unordered and
     ordered family boxes, the candidate's own box, its refined bound, also probed at its best time -- is at most
@@ -558,16 +581,19 @@ def test_whole_chunk_bottleneck_is_below_every_split_of_the_chunks():
 def test_block_bottleneck_is_below_every_split_into_consecutive_layers():
     """mixed_pipeline_bounds.block_bottleneck against every split of a random dense/MoE layer sequence into
     consecutive blocks, one per stage (at most caps_s layers each): the slowest stage is at or above the bound; and
-    the bound is above kind_bottleneck (any mix of the kinds per stage) somewhere."""
+    the bound is above kind_bottleneck (any mix of the kinds per stage) somewhere. For a sequence of D dense layers
+    and then only MoE layers, the bound with moe_from = D is too, and above the one without somewhere."""
     from planner.search.mixed_pipeline_bounds import block_bottleneck, kind_bottleneck
 
     rng = random.Random(7)
-    tighter = 0
-    for _ in range(200):
+    tighter = by_position = 0
+    for _ in range(300):
         L, P = rng.randint(2, 8), rng.randint(1, 3)
         if P > L:
             continue
-        moe = [rng.random() < 0.5 for _ in range(L)]
+        leading = rng.random() < 0.5  # dense layers first, then only MoE layers (ModelSpec.all_moe_from)
+        D = rng.randint(0, L)
+        moe = [i >= D for i in range(L)] if leading else [rng.random() < 0.5 for _ in range(L)]
         windows = tuple([f([sum(moe[i : i + n]) for i in range(L - n + 1)]) for n in range(L + 1)] for f in (min, max))
         xs = [rng.uniform(0.5, 2.0) for _ in range(P)]
         ys = [x * rng.uniform(0.5, 3.0) for x in xs]
@@ -585,10 +611,14 @@ def test_block_bottleneck_is_below_every_split_into_consecutive_layers():
             best = min(best, slowest)
         bound = block_bottleneck(xs, ys, windows, c, caps, L)
         assert bound <= best * SLACK, (moe, xs, ys, c, caps)
+        if leading:  # a stage at position D or later holds only MoE layers
+            positioned = block_bottleneck(xs, ys, windows, c, caps, L, None, D)
+            assert bound <= positioned * (1 + 2e-5) and positioned <= best * SLACK, (moe, xs, ys, c, caps)
+            by_position += positioned > bound * (1 + 1e-3)  # (both bisected to a relative width of BISECTION)
         if best < float("inf"):
             E = sum(moe)
             tighter += bound > kind_bottleneck(xs, ys, c, caps, L - E, E) * (1 + 1e-6)
-    assert tighter
+    assert tighter and by_position
 
 
 def _splits(L: int, caps):

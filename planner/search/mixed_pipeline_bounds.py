@@ -73,19 +73,25 @@ class KindMix:
     ends: Ends
     layers: float
     work: float
+    moe: tuple[float, ...] = ()  # each group's least seconds per MoE layer (y_g)
+    moe_from: int = 0  # the first layer index from which every layer is MoE (ModelSpec.all_moe_from)
 
     @classmethod
-    def of(cls, kinds, lift, ends, counts: tuple[int, int], ordered: bool, moe_lift=None) -> KindMix:
+    def of(
+        cls, kinds, lift, ends, counts: tuple[int, int], ordered: bool, moe_lift=None, moe_from: int | None = None
+    ) -> KindMix:
         """``kinds``: (dense, MoE) least seconds per layer of each used group, ``lift`` what the caller adds to
         every layer there (ZeRO-2/3 traffic), ``moe_lift`` to every MoE layer instead where given; ``ends``:
         (embedding, logits) seconds per group; ``counts``: (D, E); ``ordered``: the groups are in pipeline order
-        (else each end term at its least over the groups)."""
+        (else each end term at its least over the groups); ``moe_from``: ModelSpec.all_moe_from (None: no
+        position holds only MoE layers)."""
         dense = tuple(x + z for (x, _), z in zip(kinds, lift))
         moe = tuple(y + z for (_, y), z in zip(kinds, moe_lift if moe_lift is not None else lift))
         D, E = counts
         rho = min(y / x for x, y in zip(dense, moe))
         at_ends = Ends.of(dense, ends, 0, len(dense) - 1) if ordered else Ends.any_order(dense, ends)
-        return cls(tuple(dense), at_ends, D + rho * E, D * min(dense) + E * min(moe))
+        far = D + E if moe_from is None else moe_from
+        return cls(tuple(dense), at_ends, D + rho * E, D * min(dense) + E * min(moe), moe, far)
 
 
 def schedule_bound(bottleneck: float, total: float, m: int, v: int = 1) -> float:
@@ -142,6 +148,8 @@ def box_bound(
         if k_lo:
             top = max(top, v * x + y)  # a stage of this group surely holds a layer (a chunk of v layers)
             work += k_lo * (v * (x - fast) + y)
+    if mix is not None and mix.moe and whole and ends.ordered and not any(relaxed):
+        top = max(top, moe_only_top(mix, lo, ys, v))
     T = max(top, (L + ends.emb_per_a + ends.logits_per_a + over) / inv, floor)
     if mix is not None:
         inv_d = sum(k / x for k, x in zip(hi, mix.dense))
@@ -157,6 +165,19 @@ def box_bound(
         fixed = ends.emb + ends.logits + sum(k * y for k, y in zip(lo, ys))
         return box_schedule_time(a, lo, hi, ys, L, T, m - 1 / v, v, fixed, total)
     return schedule_bound(T, total, m, v)
+
+
+def moe_only_top(mix: KindMix, lo, ys, v: int) -> float:
+    """The least time of a stage that holds only MoE layers, where a box's stages in pipeline order surely have one:
+    a stage's layers come after one layer of each stage before it (planner/cost/stage.split_kinds: consecutive
+    layers), so a stage at position s >= mix.moe_from holds only MoE layers, at least v of them (one per chunk).
+    Group g's lo_g-th stage sits at position >= lo_0 + ... + lo_g - 1; 0 where no group has one there."""
+    top = before = 0.0
+    for y_moe, k_lo, y in zip(mix.moe, lo, ys):
+        before += k_lo
+        if k_lo and before - 1 >= mix.moe_from:
+            top = max(top, v * y_moe + y)
+    return top
 
 
 def box_schedule_time(a, lo, hi, ys, L: int, T: float, k: float, v: int, fixed: float, work_floor: float) -> float:
@@ -498,7 +519,10 @@ def _group_bound(ctx: MixedContext, fam: _Family, c: HeteroCandidate, sms: list[
     if room < L:
         return float("inf")
     ks = tuple(k for _, _, k in c.groups)
-    mix = None if fam.kinds is None else KindMix.of(fam.kinds, slopes, fam.ends, fam.kind_counts, True, moe_slopes)
+    mix = None
+    if fam.kinds is not None:
+        moe_from = ctx.job.model.all_moe_from
+        mix = KindMix.of(fam.kinds, slopes, fam.ends, fam.kind_counts, True, moe_slopes, moe_from)
     ends = Ends.of(a, fam.ends, 0, len(a) - 1)
     return box_bound(a, ks, ks, ends, L, fam.mb, fam.send, fam.vpp, mix=mix, whole=True) + tail
 
@@ -540,6 +564,7 @@ def refined_bound(
         work = max(work, sum(cst) + D * min(xs) + E * min(ys))
         by_kind = kind_bottleneck(xs, ys, cst, layer_caps, D, E)  # (whole chunks of v relaxed)
         windows = moe_windows(ctx)  # a stage's layers are consecutive ones (split_kinds), at any vpp
+        moe_from = ctx.job.model.all_moe_from
         # the memory bottleneck with the dense layers counted too
         kind_memory = [
             _kind_memory_times(ctx, sm, g, s, z) for s, (sm, g, z) in enumerate(zip(sms, c.stage_groups, lift))
@@ -550,7 +575,7 @@ def refined_bound(
     rest = work / v + tail  # schedule_bound at T = 0, plus the tail; each second of T adds mb - 1/v
     probe = (target - rest) / (mb - 1 / v) if mb - 1 / v > 0 and target < float("inf") else None
     if windows is not None:
-        by_kind = max(by_kind, block_bottleneck(xs, ys, windows, cst, layer_caps, layers, probe))
+        by_kind = max(by_kind, block_bottleneck(xs, ys, windows, cst, layer_caps, layers, probe, moe_from))
     T = max(_capped_bottleneck(a, cst, caps, L, probe), by_kind)
     if kind_memory is not None and (probe is None or T < probe):
         T = max(T, _kind_memory_bottleneck(kind_memory, cst, layers, probe))
@@ -562,7 +587,7 @@ def refined_bound(
         return max(target, (mb - 1 / v) * T + rest)  # the bound reaches target (float rounding aside)
     if probe is not None:  # not cut by the bottleneck alone: its exact value, for the DP tail's turn below
         if windows is not None:
-            by_kind = max(by_kind, block_bottleneck(xs, ys, windows, cst, layer_caps, layers))
+            by_kind = max(by_kind, block_bottleneck(xs, ys, windows, cst, layer_caps, layers, None, moe_from))
         T = max(_capped_bottleneck(a, cst, caps, L), by_kind, _memory_bottleneck(ctx, c, sms, cst, None, v))
         if kind_memory is not None:
             T = max(T, _kind_memory_bottleneck(kind_memory, cst, layers))
@@ -587,14 +612,22 @@ def _layer_time(x: float, y: float, windows, const: float, n: int) -> float:
     return const + (n - e) * x + e * y
 
 
-def block_bottleneck(xs, ys, windows, c, caps, L: int, probe: float | None = None) -> float:
+def block_bottleneck(
+    xs, ys, windows, c, caps, L: int, probe: float | None = None, moe_from: int | None = None
+) -> float:
     """Smallest T at which the stages hold the L layers as blocks of consecutive layers: stage s holding n of them
     takes at least (n - e) xs_s + e ys_s + c_s seconds with e the MoE layers in the block, at least the fewest any
     n consecutive layers have (the most, where an MoE layer is the cheaper one: ``windows``); that time grows with
     n, so a stage holds at most the largest n (<= caps_s) within T. kind_bottleneck lets a stage take any mix of
     the kinds; with the kinds interleaved (an MoE layer every other one) blocks of a few layers cannot skip them.
-    With ``probe``: ``probe`` when T is above it, else a weaker valid bound (bisection otherwise)."""
-    stages = [(functools.partial(_layer_time, x, y, windows, ci), min(k, L)) for x, y, ci, k in zip(xs, ys, c, caps)]
+    ``moe_from`` (ModelSpec.all_moe_from): stage s's block starts at layer s or later (every stage before it holds
+    a layer), so from that position on a stage holds only MoE layers. With ``probe``: ``probe`` when T is above
+    it, else a weaker valid bound (bisection otherwise)."""
+    far = len(xs) if moe_from is None else moe_from
+    stages = [
+        (functools.partial(_layer_time, y if s >= far else x, y, None if s >= far else windows, ci), min(k, L))
+        for s, (x, y, ci, k) in enumerate(zip(xs, ys, c, caps))
+    ]
 
     def held(T: float) -> int:
         limit = T * (1 + 1e-12)

@@ -385,6 +385,7 @@ class _Family:
     # a model with dense and MoE layers: (dense, MoE) least seconds per layer of each used group, and (D, E) counts
     kinds: tuple[tuple[float, float], ...] | None = None
     kind_counts: tuple[int, int] = (0, 0)
+    moe_from: int | None = None  # ModelSpec.all_moe_from of such a model
 
     @functools.cached_property
     def bound_ends(self) -> Ends:
@@ -401,12 +402,14 @@ class _Family:
         kinds and the end stages as in ``_lined`` (for two or more stages)."""
         if self.kinds is None:
             return None
+        moe_from = self.moe_from if ordered else None  # positions are known in pipeline order only
         if not zt:
-            return KindMix.of(self.kinds, (0.0,) * len(self.kinds), self.ends, self.kind_counts, ordered)
+            none = (0.0,) * len(self.kinds)
+            return KindMix.of(self.kinds, none, self.ends, self.kind_counts, ordered, None, moe_from)
         # each kind its own slope where the group has them (ZeroTerms.kind_slopes)
         dense = [z.kind_slopes[0] if z.kind_slopes else z.slope for z in zt]
         moe = [z.kind_slopes[1] if z.kind_slopes else z.slope for z in zt]
-        return KindMix.of(self.kinds, dense, self._lined(zt)[1], self.kind_counts, ordered, moe)
+        return KindMix.of(self.kinds, dense, self._lined(zt)[1], self.kind_counts, ordered, moe, moe_from)
 
     @functools.cached_property
     def mixes(self) -> tuple[KindMix | None, KindMix | None]:
@@ -564,6 +567,7 @@ class _Family:
                     depths=self.depths,
                     kinds=None if self.kinds is None else pick(self.kinds),
                     kind_counts=self.kind_counts,
+                    moe_from=self.moe_from,
                 )
                 out.append((fam, box))
         return out
@@ -593,7 +597,8 @@ def _kinds(ctx: MixedContext, used, node: _TpChoiceNode) -> dict:
     if any(k is None for k in kinds):
         return {}
     count = layer_counts(ctx.job.model)
-    return {"kinds": tuple(kinds), "kind_counts": (count["dense"], count["moe"])}
+    counts = (count["dense"], count["moe"])
+    return {"kinds": tuple(kinds), "kind_counts": counts, "moe_from": ctx.job.model.all_moe_from}
 
 
 def _memory_floor(zt: tuple[ZeroTerms, ...], afters, his, v: int) -> float:
