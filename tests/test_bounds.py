@@ -699,3 +699,50 @@ def test_box_schedule_time_is_below_every_candidate_of_the_box(monkeypatch):
             monkeypatch.setattr(B, "SCHEDULE_STEPS", 10**6)
             assert B.box_schedule_time(a, lo, hi, ys, L, T, k, v, fixed, floor) == pytest.approx(best, rel=1e-9)
             monkeypatch.setattr(B, "SCHEDULE_STEPS", 64)
+
+
+def test_box_bound_with_layer_kinds_is_below_every_candidate_of_the_box():
+    """box_bound with a KindMix (D dense layers first, then E MoE layers, as ModelSpec.all_moe_from has them)
+    against every stage-count vector of a box and every split of the layers into consecutive blocks in group order:
+    a stage of group g takes d x_g + e y_g (its dense and MoE layers) plus its sends (two or more stages) and the
+    embedding / logits at the ends; the schedule is (m - 1) max + sum. Never above the best candidate, and the
+    MoE layers counted in whole layers at their own seconds (KindMix.moe, moe_only_top) raise it somewhere."""
+    from dataclasses import replace
+
+    from planner.search.mixed_pipeline_bounds import Ends, KindMix, box_bound
+
+    rng = random.Random(17)
+    raised = 0
+    for _ in range(300):
+        G, m = rng.randint(1, 3), rng.choice([1, 2, 8])
+        D, E = rng.randint(0, 2), rng.randint(1, 7)
+        L = D + E
+        xs = [rng.uniform(0.5, 2.0) for _ in range(G)]
+        ys = [x * rng.uniform(0.5, 4.0) for x in xs]
+        send = [rng.choice([0.0, rng.uniform(0.0, 0.5)]) for _ in range(G)]
+        lo = [rng.randint(1, 2) for _ in range(G)]
+        hi = [k + rng.randint(0, 2) for k in lo]
+        ends = [(rng.uniform(0, 0.5), rng.uniform(0, 1.0)) for _ in range(G)]
+        best = float("inf")
+        for counts in itertools.product(*(range(x, y + 1) for x, y in zip(lo, hi))):
+            groups = [g for g, n in enumerate(counts) for _ in range(n)]
+            if len(groups) > L:
+                continue
+            for split in _splits(L, [L] * len(groups)):
+                start, t = 0, []
+                for g, n in zip(groups, split):
+                    d = max(0, min(D, start + n) - start)
+                    t.append(d * xs[g] + (n - d) * ys[g] + (send[g] if len(groups) >= 2 else 0.0))
+                    start += n
+                t[0] += ends[groups[0]][0]
+                t[-1] += ends[groups[-1]][1]
+                best = min(best, (m - 1) * max(t) + sum(t))
+        if best == float("inf"):
+            continue
+        a = [min(x, y) for x, y in zip(xs, ys)]
+        mix = KindMix.of(tuple(zip(xs, ys)), (0.0,) * G, tuple(ends), (D, E), True, None, D)
+        args = (a, tuple(lo), tuple(hi), Ends.of(a, ends, 0, G - 1), L, m, tuple(send), 1)
+        bound = box_bound(*args, mix=mix, whole=True)
+        assert bound <= best * (1 + 1e-9), (xs, ys, send, lo, hi, ends, D, E, m)
+        raised += bound > box_bound(*args, mix=replace(mix, moe=()), whole=True) * (1 + 1e-9)
+    assert raised

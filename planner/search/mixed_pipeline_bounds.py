@@ -74,6 +74,7 @@ class KindMix:
     layers: float
     work: float
     moe: tuple[float, ...] = ()  # each group's least seconds per MoE layer (y_g)
+    moe_layers: int = 0  # E
     moe_from: int = 0  # the first layer index from which every layer is MoE (ModelSpec.all_moe_from)
 
     @classmethod
@@ -91,7 +92,8 @@ class KindMix:
         rho = min(y / x for x, y in zip(dense, moe))
         at_ends = Ends.of(dense, ends, 0, len(dense) - 1) if ordered else Ends.any_order(dense, ends)
         far = D + E if moe_from is None else moe_from
-        return cls(tuple(dense), at_ends, D + rho * E, D * min(dense) + E * min(moe), moe, far)
+        layers, work = D + rho * E, D * min(dense) + E * min(moe)
+        return cls(tuple(dense), at_ends, layers, work, moe=moe, moe_layers=E, moe_from=far)
 
 
 def schedule_bound(bottleneck: float, total: float, m: int, v: int = 1) -> float:
@@ -160,6 +162,10 @@ def box_bound(
         return box_bound(a, lo, hi, ends, L, m, None, v, floor, mix, whole, relaxed)
     if whole:
         T = whole_chunk_bottleneck(a, hi, ends, L, send if sends else None, v, T, relaxed)
+        if mix is not None and mix.moe:
+            # the MoE layers in whole layers: a stage holding e of them takes at least e y_g + its constant (its
+            # dense layers only add), so the stages hold them only where sum floor((T - c) / y_g) reaches E
+            T = whole_chunk_bottleneck(mix.moe, hi, mix.ends, mix.moe_layers, send if sends else None, 1, T, relaxed)
     total = ends.emb + ends.logits + work
     if whole and not any(relaxed):
         fixed = ends.emb + ends.logits + sum(k * y for k, y in zip(lo, ys))
