@@ -7,6 +7,7 @@ force (every layer split and recompute count, evaluated by the estimator) on sma
     refined bound (mixed_pipeline_bounds.refined_bound, also probed at a target)."""
 
 import itertools
+import math
 import random
 from dataclasses import dataclass
 
@@ -746,3 +747,56 @@ def test_box_bound_with_layer_kinds_is_below_every_candidate_of_the_box():
         assert bound <= best * (1 + 1e-9), (xs, ys, send, lo, hi, ends, D, E, m)
         raised += bound > box_bound(*args, mix=replace(mix, moe=()), whole=True) * (1 + 1e-9)
     assert raised
+
+
+def test_memory_floor_is_below_every_whole_layer_split_that_fits():
+    """mixed_pipeline_bounds.memory_floor against every way stages hold whole heavy layers within their room,
+    each recomputing just enough of them (r(n) = ceil((n alpha - room) / beta), at most n): the slowest stage,
+    n a + r(n) rc seconds, is at or above the floor; and counting whole layers (quick.layer_slack, the inverse of
+    quick.relaxed_layers) lifts the floor above the continuous count somewhere."""
+    from planner.search.mixed_pipeline_bounds import least_time, memory_floor
+    from planner.search.quick import layer_slack, relaxed_layers
+
+    rng = random.Random(23)
+    lifted = 0
+    for _ in range(300):
+        rows = []
+        for _ in range(rng.randint(1, 3)):
+            alpha = rng.uniform(1.0, 3.0)
+            beta = alpha * rng.uniform(0.2, 1.2)
+            rows.append(
+                (
+                    rng.randint(1, 2),
+                    rng.uniform(0.5, 8.0) * alpha,
+                    alpha,
+                    beta,
+                    rng.uniform(0.5, 2.0),
+                    rng.uniform(0.1, 1.0),
+                )
+            )
+        need = rng.randint(1, 8)
+        stages = [terms for k, *terms in rows for _ in range(k)]
+
+        def time(n, room, alpha, beta, a, rc):
+            over = n * alpha - room
+            r = 0 if over <= 0 else math.ceil(over / beta - 1e-12)
+            return n * a + r * rc if r <= n else float("inf")
+
+        best = float("inf")
+        for counts in itertools.product(range(need + 1), repeat=len(stages)):
+            if sum(counts) >= need:
+                best = min(best, max(time(n, *t) for n, t in zip(counts, stages)))
+        floor = memory_floor(tuple(rows), need)
+        assert floor <= best * (1 + 1e-9), (rows, need)
+        for n, t in ((n, t) for t in stages for n in range(1, need + 1)):  # layer_slack inverts relaxed_layers
+            s = layer_slack(n, *t)
+            if s < float("inf"):
+                assert relaxed_layers(s, *t) >= n - 1e-9 and relaxed_layers(s * (1 - 1e-6), *t) < n
+        if best < float("inf"):
+
+            def held(T, rows=rows):
+                return sum(k * relaxed_layers(T, *terms) for k, *terms in rows)
+
+            continuous = least_time(held, [0.0], need) if held(1e9) >= need else float("inf")
+            lifted += floor > continuous * (1 + 1e-6)
+    assert lifted

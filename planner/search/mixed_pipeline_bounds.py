@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, NamedTuple
 from planner.cost.estimate import neighbour_links
 from planner.cost.stage import StageModel, heavy_kind
 from planner.search.mixed_context import MixedContext, TailProfile, kind_memory_times, moe_windows
-from planner.search.quick import relaxed_layers
+from planner.search.quick import layer_slack
 
 # Relative width at which the bottleneck bisections stop. Their lower end is a valid bound at every step, so a
 # coarser width only weakens the bound (by at most this share) and saves iterations; 1e-5 is a tenth of the
@@ -165,7 +165,8 @@ def box_bound(
         if mix is not None and mix.moe:
             # the MoE layers in whole layers: a stage holding e of them takes at least e y_g + its constant (its
             # dense layers only add), so the stages hold them only where sum floor((T - c) / y_g) reaches E
-            T = whole_chunk_bottleneck(mix.moe, hi, mix.ends, mix.moe_layers, send if sends else None, 1, T, relaxed)
+            moe_sends = send if sends else None
+            T = whole_chunk_bottleneck(mix.moe, hi, mix.ends, mix.moe_layers, moe_sends, 1, T, relaxed)
     total = ends.emb + ends.logits + work
     if whole and not any(relaxed):
         fixed = ends.emb + ends.logits + sum(k * y for k, y in zip(lo, ys))
@@ -326,23 +327,25 @@ def least_level(rows, L: int, levels: list[float] | None = None, chunk: int = 1)
 def memory_floor(rows, need: int) -> float:
     """Smallest bottleneck T (seconds per micro-batch of the slowest stage) at which stages can hold ``need``
     layers of the heavy kind (the other layers only add time and memory), each stage recomputing just enough of
-    them to fit (the continuous relaxation of quick.memory_bottleneck, constants per stage left out). ``rows``:
-    (stages, room, alpha, beta, a, rc) per kind of stage, each holding quick.relaxed_layers(T, ...) within T: an
-    increasing, piecewise linear held(T), solved exactly between its breakpoints. inf when even full recompute
-    cannot hold them."""
-    stages = [(k, terms) for k, *terms in rows if k > 0 and terms[0] > 0]
-    points = set()  # held's breakpoints: where a stage is full without recompute, and with every layer recomputed
-    for _, (room, alpha, beta, a, rc) in stages:
-        points.add(a * room / alpha)
-        if beta > 0 and rc > 0 and alpha > beta:
-            points.add(room / (alpha - beta) * (a + alpha * rc / beta) - room * rc / beta)
-
-    def held(T: float) -> float:
-        return sum(k * relaxed_layers(T, *terms) for k, terms in stages)
-
-    if not stages or held(float("inf")) < need:
-        return float("inf")
-    return least_time(held, sorted(points), need)
+    them to fit (constants per stage left out). ``rows``: (stages, room, alpha, beta, a, rc) per kind of stage. A
+    stage holds a whole number of layers, at most quick.relaxed_layers(T, ...) (the count with the recompute count
+    relaxed to no ceiling), so it holds n of them only from the slack that count needs for n (quick.layer_slack): T is
+    the need-th smallest such slack over the stages, taken cheapest first. inf when even full recompute cannot hold
+    them."""
+    streams = [(k, terms) for k, *terms in rows if k > 0 and terms[0] > 0]
+    heap = [(layer_slack(1, *terms), 1, i) for i, (_, terms) in enumerate(streams)]
+    heapq.heapify(heap)
+    held = 0
+    while heap:
+        T, n, i = heapq.heappop(heap)
+        if T == float("inf"):
+            break
+        k, terms = streams[i]
+        held += k  # each of the row's k stages holds its n-th layer from T on
+        if held >= need:
+            return T
+        heapq.heappush(heap, (layer_slack(n + 1, *terms), n + 1, i))
+    return float("inf")
 
 
 def least_time(held, points, need: float) -> float:

@@ -169,6 +169,17 @@ def relaxed_layers(slack: float, room: float, alpha: float, beta: float, a: floa
     return n
 
 
+def layer_slack(n: int, room: float, alpha: float, beta: float, a: float, rc: float) -> float:
+    """The least seconds at which relaxed_layers reaches n layers (its inverse): n a while the n layers fit
+    without recompute (n alpha <= room), then n (a + alpha rc / beta) - room rc / beta with just enough of them
+    recomputed, up to room / (alpha - beta) layers with every one recomputed; inf beyond."""
+    if n * alpha <= room:
+        return n * a
+    if beta > 0 and rc > 0 and (alpha <= beta or n <= room / (alpha - beta)):
+        return n * (a + alpha * rc / beta) - room * rc / beta
+    return float("inf")
+
+
 def memory_bottleneck(sm: StageModel, capacity_gib: float, effective_layers: float) -> float:
     """Smallest bottleneck T at which the stages can hold ``effective_layers`` layers of the heaviest kind (the
     other layers only add time and memory) when each stage recomputes just enough
