@@ -800,3 +800,52 @@ def test_memory_floor_is_below_every_whole_layer_split_that_fits():
             continuous = least_time(held, [0.0], need) if held(1e9) >= need else float("inf")
             lifted += floor > continuous * (1 + 1e-6)
     assert lifted
+
+
+def test_tp_choice_nodes_count_the_layer_kinds_apart():
+    """A _TpChoiceNode of MOE6 (its free groups standing for every TP choice) bounds with the two layer kinds
+    counted apart (_TpChoiceNode._kind_mix: per kind the best throughput of a row's choices, the least MoE-to-dense
+    ratio over every choice): at least its bound pricing every layer at the cheaper kind, above it somewhere.
+    That the bounds on the way to a candidate hold for its every plan is test_mixed_pipeline_bounds_hold_for_every_plan."""
+    j = mixed_job(MOE6)
+    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2)
+    ctx = MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
+    raised = nodes = 0
+    stack = [grp for _, grp, _ in mixed_pipelines._families(ctx)]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, mixed_pipelines._TpChoiceNode):
+            continue
+        nodes += 1
+        with_kinds = node.bound(ctx)
+        plain = mixed_pipelines._TpChoiceNode._kind_mix
+        try:
+            mixed_pipelines._TpChoiceNode._kind_mix = lambda self, *args: None
+            without = node.bound(ctx)
+        finally:
+            mixed_pipelines._TpChoiceNode._kind_mix = plain
+        assert with_kinds >= without * (1 - 1e-12)
+        raised += with_kinds > without * (1 + 1e-9)
+        stack += [child for _, child, _ in node.families(ctx)]
+    assert nodes and raised
+
+
+def test_the_highest_bounds_on_the_way_hold_for_every_plan():
+    """The candidates of MOE6 whose bounds on the way (group, _TpChoiceNode, unordered and ordered family boxes)
+    come highest against their own refined bound, where a bound too high would show first: each is at most the
+    brute-force best plan. (A sample of all candidates, test_mixed_pipeline_bounds_hold_for_every_plan, misses
+    them: e.g. a TP node's MoE seconds taken at a row's worst choice instead of its best.)"""
+    j = mixed_job(MOE6)
+    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2)
+    ctx = MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
+    cache: dict = {}
+    scored = []
+    for bounds, fam, c in candidates_with_bounds(ctx):
+        rb = refined_bound(ctx, fam, c, mixed_pipelines._stage_models(ctx, c, cache))
+        if rb < float("inf"):
+            scored.append((max(bounds) / rb, bounds, c))
+    scored.sort(key=lambda x: -x[0])
+    assert scored[0][0] > 1.0  # some bound on the way is above the candidate's own refined bound
+    for _, bounds, c in scored[:30]:
+        best = brute_mixed(ctx.job, c, ctx, ctx.opts.memory_margin)
+        assert all(b <= best.fit_time * SLACK for b in bounds), (c.groups, bounds, best.fit_time)

@@ -285,23 +285,48 @@ class _TpChoiceNode:
 
     def bound(self, ctx: MixedContext) -> float:
         """Valid for every family of the group: fixed used groups exactly (at least one stage), free ones relaxed
-        (_free)."""
-        rows = []
+        (_free); a model with dense and MoE layers counts the two kinds apart (_kind_mix)."""
+        rows, choices = [], []
         for i, g in enumerate(ctx.order):
             if i < len(self.fixed):
                 tp = self.fixed[i]
                 if tp:
                     a, ends, send = self._terms(ctx, (g, tp))
                     rows.append((a, ends, send, 1, self.kmax_of[g][tp], False))
+                    choices.append(((g, tp),))
             else:
                 row = self._free(ctx, i)
                 if row:
                     rows.append((*row, True))
+                    choices.append(tuple((g, tp) for tp in self.tp_opts[i] if tp))
         if not rows:
             return float("inf")
         a, ends, send, lo, hi, free = zip(*rows)
         L = ctx.job.model.num_layers
-        return box_bound(a, lo, hi, Ends.any_order(a, ends), L, self.mb, send, self.vpp, whole=True, relaxed=free)
+        mix = self._kind_mix(ctx, choices, hi)
+        ends = Ends.any_order(a, ends)
+        return box_bound(a, lo, hi, ends, L, self.mb, send, self.vpp, mix=mix, whole=True, relaxed=free)
+
+    def _kind_mix(self, ctx: MixedContext, choices, hi) -> KindMix | None:
+        """The KindMix of the rows (None for a model with one kind), each row standing for its (group, TP) choices:
+        per kind the seconds per layer at which its hi stages have the best throughput of its choices (hi / x =
+        the most k_tp / x_tp), the least MoE-to-dense ratio over every choice, the least seconds of each kind for
+        the work, and no end terms (they only add)."""
+        count = layer_counts(ctx.job.model)
+        D, E = count["dense"], count["moe"]
+        if not D or not E:
+            return None
+        kinds = [[kind_layer_bounds(ctx, g, tp, self.cp, self.mbs, self.base, self.ep) for g, tp in c] for c in choices]
+        dense, moe = [], []
+        for row, c, k_hi in zip(kinds, choices, hi):
+            stages = [self.kmax_of[g][tp] for g, tp in c]
+            dense.append(k_hi / max(k / x for (x, _), k in zip(row, stages)))
+            moe.append(k_hi / max(k / y for (_, y), k in zip(row, stages)))
+        every = [k for row in kinds for k in row]
+        rho = min(y / x for x, y in every)
+        work = D * min(x for x, _ in every) + E * min(y for _, y in every)
+        none = Ends(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, ordered=False)
+        return KindMix(tuple(dense), none, D + rho * E, work, moe=tuple(moe), moe_layers=E, moe_from=D + E)
 
     def families(
         self, ctx: MixedContext, target: float = float("inf")
