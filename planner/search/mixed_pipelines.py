@@ -308,25 +308,35 @@ class _TpChoiceNode:
         return box_bound(a, lo, hi, ends, L, self.mb, send, self.vpp, mix=mix, whole=True, relaxed=free)
 
     def _kind_mix(self, ctx: MixedContext, choices, hi) -> KindMix | None:
-        """The KindMix of the rows (None for a model with one kind), each row standing for its (group, TP) choices:
-        per kind the seconds per layer at which its hi stages have the best throughput of its choices (hi / x =
-        the most k_tp / x_tp), the least MoE-to-dense ratio over every choice, the least seconds of each kind for
-        the work, and no end terms (they only add)."""
+        """The KindMix of the rows (None for a model with one kind), each row standing for its (group, TP) choices
+        (_kind_row), the least MoE-to-dense ratio over every choice, the least seconds of each kind for the work,
+        and no end terms (they only add)."""
         count = layer_counts(ctx.job.model)
         D, E = count["dense"], count["moe"]
         if not D or not E:
             return None
-        kinds = [[kind_layer_bounds(ctx, g, tp, self.cp, self.mbs, self.base, self.ep) for g, tp in c] for c in choices]
-        dense, moe = [], []
-        for row, c, k_hi in zip(kinds, choices, hi):
-            stages = [self.kmax_of[g][tp] for g, tp in c]
-            dense.append(k_hi / max(k / x for (x, _), k in zip(row, stages)))
-            moe.append(k_hi / max(k / y for (_, y), k in zip(row, stages)))
-        every = [k for row in kinds for k in row]
-        rho = min(y / x for x, y in every)
-        work = D * min(x for x, _ in every) + E * min(y for _, y in every)
+        dense, moe, ratio, x_min, y_min = zip(*(self._kind_row(ctx, c, k) for c, k in zip(choices, hi)))
+        work = D * min(x_min) + E * min(y_min)
         none = Ends(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, ordered=False)
-        return KindMix(tuple(dense), none, D + rho * E, work, moe=tuple(moe), moe_layers=E, moe_from=D + E)
+        return KindMix(dense, none, D + min(ratio) * E, work, moe=moe, moe_layers=E, moe_from=D + E)
+
+    def _kind_row(self, ctx: MixedContext, choices, hi: int) -> tuple[float, ...]:
+        """(dense, MoE seconds per layer at which the row's hi stages have the best throughput of its choices (hi /
+        x = the most k_tp / x_tp), least MoE-to-dense ratio, least dense and MoE seconds) of a row standing for
+        its (group, TP) choices, memoized."""
+        key = (choices, hi, self.dp, self.cp, self.mbs, self.base, self.ep, self.vpp)
+        hit = ctx.caches.kind_rows.get(key)
+        if hit is None:
+            kinds = [kind_layer_bounds(ctx, g, tp, self.cp, self.mbs, self.base, self.ep) for g, tp in choices]
+            stages = [self.kmax_of[g][tp] for g, tp in choices]
+            hit = ctx.caches.kind_rows[key] = (
+                hi / max(k / x for (x, _), k in zip(kinds, stages)),
+                hi / max(k / y for (_, y), k in zip(kinds, stages)),
+                min(y / x for x, y in kinds),
+                min(x for x, _ in kinds),
+                min(y for _, y in kinds),
+            )
+        return hit
 
     def families(
         self, ctx: MixedContext, target: float = float("inf")
