@@ -849,3 +849,40 @@ def test_the_highest_bounds_on_the_way_hold_for_every_plan():
     for _, bounds, c in scored[:30]:
         best = brute_mixed(ctx.job, c, ctx, ctx.opts.memory_margin)
         assert all(b <= best.fit_time * SLACK for b in bounds), (c.groups, bounds, best.fit_time)
+
+
+def test_least_forced_work_is_below_every_split_with_the_recompute_memory_forces():
+    """mixed_pipeline_bounds.least_forced_work against every split of the heavy layers over the stages (at most
+    cap each, at least one each where asked): a stage holding n takes n h + r rc with r = ceil((n alpha - room) /
+    beta) recomputed layers (at most n, else the split does not fit); the least sum is at or above the bound, and
+    the bound is above the work without recompute somewhere."""
+    from planner.search.mixed_pipeline_bounds import least_forced_work
+
+    rng = random.Random(29)
+    above = 0
+    for _ in range(400):
+        P, need = rng.randint(1, 3), rng.randint(1, 9)
+        one_each = rng.random() < 0.5
+        stages = []
+        for _ in range(P):
+            alpha = rng.uniform(1.0, 3.0)
+            beta = alpha * rng.uniform(0.2, 1.0)  # a recomputed layer frees at most what it keeps
+            room = rng.uniform(-1.0, 6.0) * alpha
+            stages.append((rng.uniform(0.5, 2.0), room, alpha, beta, rng.uniform(0.1, 1.0), rng.randint(1, 9)))
+
+        def cost(n, h, room, alpha, beta, rc, cap):
+            over = n * alpha - room
+            r = 0 if over <= 0 else math.ceil(over / beta - 1e-12)
+            return n * h + r * rc if n <= cap and r <= n else float("inf")
+
+        best = plain = float("inf")
+        low = 1 if one_each else 0
+        for split in itertools.product(range(low, need + 1), repeat=P):
+            if sum(split) == need:
+                best = min(best, sum(cost(n, *st) for n, st in zip(split, stages)))
+                if all(n <= st[-1] for n, st in zip(split, stages)):
+                    plain = min(plain, sum(n * st[0] for n, st in zip(split, stages)))
+        bound = least_forced_work(stages, need, one_each)
+        assert bound <= best * (1 + 1e-9), (stages, need, one_each)
+        above += plain < bound < float("inf")
+    assert above

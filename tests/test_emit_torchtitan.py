@@ -477,10 +477,10 @@ def test_fp8_of_a_module_follows_its_model_spec(tmp_path):
 @pytest.mark.parametrize(
     "compile_section, loss",
     [
-        ("enable = false\ncomponents = [\"model\", \"loss\"]", "unfused"),
-        ("enable = true\ncomponents = [\"model\", \"loss\"]", "fused"),  # torch.compile fuses the loss
+        ('enable = false\ncomponents = ["model", "loss"]', "unfused"),
+        ('enable = true\ncomponents = ["model", "loss"]', "fused"),  # torch.compile fuses the loss
         ("enable = true", "fused"),  # components default to model and loss
-        ("enable = true\ncomponents = [\"model\"]", "unfused"),
+        ('enable = true\ncomponents = ["model"]', "unfused"),
     ],
 )
 def test_import_reads_a_compiled_loss_as_fused(compile_section, loss, tmp_path):

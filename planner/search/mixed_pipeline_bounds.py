@@ -578,6 +578,10 @@ def refined_bound(
         kind_memory = [
             _kind_memory_times(ctx, sm, g, s, z) for s, (sm, g, z) in enumerate(zip(sms, c.stage_groups, lift))
         ]
+    # the recompute each stage's memory forces on its share of the heavy layers counts in the work too
+    heavy = ys if fam.kinds is not None else [r.a for r in rows]
+    light = fam.kind_counts[0] * min(xs) if fam.kinds is not None else 0.0
+    work = max(work, sum(cst) + light + memory_work(ctx, c, sms, heavy, fam.kinds is None))
     # the largest DP tail: at least each stage's least, and the layers must sit somewhere (stages_tail_bottleneck)
     tail = max(max(r.tail for r in rows), stages_tail_bottleneck([r.tail_profile.reach for r in rows], layers, v))
     mb = sms[0].mb
@@ -693,6 +697,65 @@ def _hold_within_tail(rows, caps, L: int, times, T: float, k: float, limit: floa
         if held >= L:
             return True
     return False
+
+
+def memory_work(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], per_layer, one_each: bool) -> float:
+    """least_forced_work over the candidate's stages: each stage's per-layer seconds of the heavy layers (the MoE
+    layers of an MoE model, else all), its memory terms at its in-flight count (quick.stage_memory_term), its
+    recompute seconds per layer and its layer cap. ``one_each``: every stage holds at least one (one kind)."""
+    heavy_name, need = heavy_kind(ctx.job.model)
+    stages = []
+    for s, (sm, g) in enumerate(zip(sms, c.stage_groups)):
+        room, alpha, beta, cap = ctx.stage_terms(sm, g, s)
+        stages.append((per_layer[s], room, alpha, beta, sm.kinds[heavy_name].recompute_floor(), cap))
+    return least_forced_work(stages, need, one_each)
+
+
+def least_forced_work(stages, need: int, one_each: bool) -> float:
+    """The least seconds stages spend on ``need`` heavy layers when each recomputes what its memory forces: stage
+    (h, room, alpha, beta, rc, cap) holding n of them takes n h plus rc per recomputed layer, at least
+    (n alpha - room) / beta of them (the ceiling relaxed; at most n), and holds at most cap, so its f(n) is
+    convex in n and the least sum over the splits is taken greedily, the cheapest next layer of any stage first.
+    ``one_each``: every stage holds at least one. A bound on the sum of the stage times' layer terms, which
+    min_work takes without the recompute; inf when the stages cannot hold the layers. (A recomputed layer frees
+    at most what it keeps, beta <= alpha, so a stage's feasible counts run from 0 up; 0 otherwise.)"""
+    inf = float("inf")
+    if any(beta > alpha for _, _, alpha, beta, _, _ in stages):
+        return 0.0
+    costs, total, held, heap = [], 0.0, 0, []
+    for s, (h, room, alpha, beta, rc, cap) in enumerate(stages):
+
+        def f(n, h=h, room=room, alpha=alpha, beta=beta, rc=rc, cap=cap):
+            over = n * alpha - room
+            if n > cap:
+                return inf
+            if over <= 0:
+                return n * h
+            if beta <= 0 or rc <= 0 or over / beta > n:  # not even every layer recomputed makes them fit
+                return inf
+            return n * h + rc * over / beta
+
+        start = 1 if one_each else 0
+        total += f(start)
+        held += start
+        costs.append(f)
+        heapq.heappush(heap, (_increment(f, start), s, start + 1))
+    if total == inf:
+        return inf
+    while held < need and heap:
+        step, s, n = heapq.heappop(heap)
+        if step == inf:
+            return inf
+        total += step
+        held += 1
+        heapq.heappush(heap, (_increment(costs[s], n), s, n + 1))
+    return total if held >= need else inf
+
+
+def _increment(f, n: int) -> float:
+    """f(n + 1) - f(n), inf where f(n + 1) is (f grows with n)."""
+    nxt = f(n + 1)
+    return nxt if nxt == float("inf") else nxt - f(n)
 
 
 def _memory_bottleneck(
