@@ -320,7 +320,7 @@ class _TpChoiceNode:
         none = Ends(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, ordered=False)
         return KindMix(dense, none, D + min(ratio) * E, work, moe=moe, moe_layers=E, moe_from=D + E)
 
-    def _kind_row(self, ctx: MixedContext, choices, hi: int) -> tuple[float, ...]:
+    def _kind_row(self, ctx: MixedContext, choices, hi: float) -> tuple[float, ...]:
         """(dense, MoE seconds per layer at which the row's hi stages have the best throughput of its choices (hi /
         x = the most k_tp / x_tp), least MoE-to-dense ratio, least dense and MoE seconds) of a row standing for
         its (group, TP) choices, memoized."""
