@@ -498,3 +498,18 @@ def test_an_emitted_0_3_config_reads_back_with_its_chunked_loss(tmp_path):
     plan = LaunchPlan.of(load("llama3-70b-h100-torchtitan"), 1, "torchtitan")
     write_folder(tmp_path, render(plan, "0.3"))
     assert read_back(plan, tmp_path, "0.3")["training"]["cross_entropy"] == "fused"
+
+
+@pytest.mark.parametrize("loss", ["fused", "unfused"])
+def test_a_0_2_config_compiles_the_loss_the_plan_priced_fused(loss, tmp_path):
+    """torchtitan 0.2's eager loss keeps 10 bytes per logit; a plan priced with a fused loss (4) gets
+    [compile] components ["loss"] (torchtitan's compiled cross-entropy), and the importer reads the loss back as
+    the plan had it."""
+    doc = copy.deepcopy(load("llama2-7b-a100-torchtitan"))
+    doc["job"]["training"]["cross_entropy"] = loss
+    plan = LaunchPlan.of(doc, 1, "torchtitan")
+    files = render(plan, "0.2")
+    toml = files["plan.toml"]
+    assert ('components = ["loss"]' in toml) == (loss == "fused")
+    write_folder(tmp_path, files)
+    assert read_back(plan, tmp_path, "0.2")["training"]["cross_entropy"] == loss

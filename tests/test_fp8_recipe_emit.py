@@ -190,9 +190,12 @@ def test_torchtitan_rowwise_in_every_config_form():
 
 
 def test_torchtitan_tensorwise_0_2_output_is_what_it_was():
-    """0.2.2's [quantize.linear.float8] runs tensorwise without a recipe_name: the fp8 TOML is the bf16 one plus
-    exactly the converter and the two sections it had before the recipe existed."""
+    """0.2.2's [quantize.linear.float8] runs tensorwise without a recipe_name: the fp8 TOML is the bf16 one (less
+    its loss-only [compile]) plus exactly the converter and the two sections it had before the recipe existed."""
     bf16 = tt_files(bf16_doc(TORCHTITAN), "0.2")["plan.toml"]
+    loss_only = '\n[compile]\nenable = true\ncomponents = ["loss"]\n'  # bf16: the compiled loss the plan priced
+    assert loss_only in bf16
+    bf16 = bf16.replace(loss_only, "")  # fp8 compiles the model and the loss instead
     hf = 'hf_assets_path = "./assets/hf/tokenizer"  # edit: your tokenizer / HF assets folder\n'
     before = bf16.replace(hf, hf + 'converters = ["quantize.linear.float8"]\n') + (
         '\n[quantize.linear.float8]\nfilter_fqns = ["output"]\n\n[compile]\nenable = true\ncomponents = ["model", "loss"]\n'

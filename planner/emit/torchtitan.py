@@ -441,6 +441,8 @@ def config_toml(plan: LaunchPlan, model: ModelSource) -> str:
             "enable = true",
             'components = ["model", "loss"]',
         ]
+    elif plan.training.cross_entropy == "fused":  # the plan priced a fused loss: 0.2's compiled one holds as much
+        lines += ["", "[compile]", "enable = true", 'components = ["loss"]']
     if reg is None:
         lines += [
             "",
@@ -559,6 +561,12 @@ def notes(plan: LaunchPlan, version: str, model: ModelSource) -> list[str]:
                 else " in plan_model.py (a registered llama3 flavor)"
                 + ("; 0.2.2's llama3 has no tied embeddings, so they are untied." if plan.model.tie_embeddings else ".")
             )
+        )
+    if version == "0.2" and not model.fp8 and plan.training.cross_entropy == "fused":
+        out.append(
+            'Loss: [compile] components ["loss"] compiles torchtitan\'s cross-entropy, which keeps the 16-bit logits '
+            "and their gradient (4 bytes per logit, the plan's training.cross_entropy: fused) instead of eager "
+            "PyTorch's fp32 copies (10); the model itself runs eager."
         )
     if model.fp8:
         name = FLOAT8_RECIPE_NAMES[version][model.fp8_recipe]
