@@ -164,11 +164,6 @@ SCHEDULES = {
     "dualpipev": False,
 }
 PLANNER_SCHEDULES = ("1f1b", "interleaved1f1b")  # what the planner's pipeline model is
-# The loss's memory (training.cross_entropy, _Found.lean_loss): torchtitan's loss is torch cross_entropy over the
-# upcast logits, 10 bytes per logit (unfused), unless torch.compile compiles it ([compile] components with "loss",
-# the default list: the upcast and log-softmax fuse, the 16-bit logits and their gradient stay, 4 bytes, as a fused
-# loss) or 0.3's ChunkedLossWrapper runs it (components/loss.py: lm_head and loss per sequence chunk, 8 by default,
-# so a chunk's 10 bytes per logit are an eighth of the logits'); both read as fused (4 bytes per logit at most).
 # Float8 recipe_name values torchtitan takes; those the planner models are its training.fp8_recipe of the same name
 # (Framework.fp8_recipes)
 FLOAT8_RECIPE_NAMES = ("tensorwise", "rowwise", "rowwise_with_gw_hp")
@@ -211,7 +206,12 @@ class _Found:
     model: Any  # preset name, inline model dict, or None
     fp8: bool
     fp8_recipe: str | None = None  # training.fp8_recipe when fp8 (the Float8 converter's recipe_name)
-    lean_loss: bool = False  # the loss is compiled or chunked: training.cross_entropy fused (see above)
+    # The loss's memory (training.cross_entropy): torchtitan's loss is torch cross_entropy over the
+    # upcast logits, 10 bytes per logit (unfused), unless torch.compile compiles it ([compile] components with "loss",
+    # the default list: the upcast and log-softmax fuse, the 16-bit logits and their gradient stay, 4 bytes, as a fused
+    # loss) or 0.3's ChunkedLossWrapper runs it (components/loss.py: lm_head and loss per sequence chunk, 8 by default,
+    # so a chunk's 10 bytes per logit are an eighth of the logits'); both read as fused (4 bytes per logit at most).
+    lean_loss: bool = False  # the loss is compiled or chunked: training.cross_entropy fused
 
 
 def _read_toml(path: Path) -> _Found:
@@ -433,8 +433,11 @@ def _compiles_loss(node: ast.AST | None) -> bool:
         return False
     kw = {k.arg: k.value for k in node.keywords}
     enabled = isinstance(kw.get("enable"), ast.Constant) and kw["enable"].value is True
-    comps = kw.get("components")
-    return enabled and (comps is None or "'loss'" in ast.unparse(comps) or '"loss"' in ast.unparse(comps))
+    try:
+        components = ast.literal_eval(kw["components"]) if "components" in kw else ("model", "loss")
+    except ValueError:
+        return False  # not a literal: nothing read
+    return enabled and "loss" in components
 
 
 def _module_float8_recipe(node: ast.AST | None, consts: dict[str, Any]) -> str:

@@ -726,14 +726,8 @@ def least_forced_work(stages, need: int, one_each: bool) -> float:
     for s, (h, room, alpha, beta, rc, cap) in enumerate(stages):
 
         def f(n, h=h, room=room, alpha=alpha, beta=beta, rc=rc, cap=cap):
-            over = n * alpha - room
-            if n > cap:
-                return inf
-            if over <= 0:
-                return n * h
-            if beta <= 0 or rc <= 0 or over / beta > n:  # not even every layer recomputed makes them fit
-                return inf
-            return n * h + rc * over / beta
+            # n h plus the relaxed recompute seconds: the slack relaxed_layers needs for n (quick.layer_slack)
+            return layer_slack(n, room, alpha, beta, h, rc) if n <= cap else inf
 
         start = 1 if one_each else 0
         total += f(start)
