@@ -188,12 +188,14 @@ def mixed_job(model=GPT6):
 
 
 def families(ctx, node):
-    """Every ordered family under a _TpChoiceNode, with the bounds on the way: (bounds so far, ordered family, box)."""
+    """Every ordered family under a _TpChoiceNode, with the bounds on the way: (bounds so far, ordered family, box).
+    A _TpChoiceNode's bounds are both: the one it is put in line at, and the one with its groups' memory."""
     L = ctx.job.model.num_layers
     for flb, child, box in node.families(ctx):
         if isinstance(child, mixed_pipelines._TpChoiceNode):
+            with_memory = child.bound(ctx)
             for bounds, fam, fbox in families(ctx, child):
-                yield (flb,) + bounds, fam, fbox
+                yield (flb, with_memory) + bounds, fam, fbox
             continue
         for ordered, obox in child.expand(ctx, *box):
             yield (flb, ordered.bound(L, *obox)), ordered, obox
@@ -204,9 +206,12 @@ def candidates_with_bounds(ctx) -> list:
     L = ctx.job.model.num_layers
     found = []
     for glb, grp, _ in mixed_pipelines._families(ctx):
+        with_memory = grp.bound(ctx)
         for bounds, fam, (lo, hi) in families(ctx, grp):
             for ks in boxes_points(lo, hi, L):
-                found += [((glb, *bounds, fam.bound(L, ks, ks)), fam, c) for c in fam.candidates(ctx, ks, 0.0)]
+                found += [
+                    ((glb, with_memory, *bounds, fam.bound(L, ks, ks)), fam, c) for c in fam.candidates(ctx, ks, 0.0)
+                ]
     return found
 
 
@@ -786,7 +791,7 @@ def test_memory_floor_is_below_every_whole_layer_split_that_fits():
         for counts in itertools.product(range(need + 1), repeat=len(stages)):
             if sum(counts) >= need:
                 best = min(best, max(time(n, *t) for n, t in zip(counts, stages)))
-        floor = memory_floor(tuple(rows), need)
+        floor = memory_floor(tuple((k, (tuple(terms),)) for k, *terms in rows), need)
         assert floor <= best * (1 + 1e-9), (rows, need)
         for n, t in ((n, t) for t in stages for n in range(1, need + 1)):  # layer_slack inverts relaxed_layers
             s = layer_slack(n, *t)
@@ -828,6 +833,98 @@ def test_tp_choice_nodes_count_the_layer_kinds_apart():
         raised += with_kinds > without * (1 + 1e-9)
         stack += [child for _, child, _ in node.families(ctx)]
     assert nodes and raised
+
+
+def test_tp_choice_nodes_bound_the_groups_memory():
+    """A _TpChoiceNode's bound with its groups' memory (each group at the roomiest of its TP choices, per ZeRO
+    stage) is at least its bound without, and above it somewhere (inf where no ZeRO stage holds the layers).
+    That it holds for every plan below the node is test_the_highest_bounds_on_the_way_hold_for_every_plan."""
+    j = mixed_job(MOE6)
+    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2)
+    ctx = MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
+    raised = nodes = 0
+    stack = [grp for _, grp, _ in mixed_pipelines._families(ctx)]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, mixed_pipelines._TpChoiceNode):
+            continue
+        nodes += 1
+        with_memory, without = node.bound(ctx), node.bound(ctx, memory=False)
+        assert with_memory >= without
+        raised += with_memory > without * (1 + 1e-9)
+        stack += [child for _, child, _ in node.families(ctx)]
+    assert nodes and raised
+
+
+@pytest.mark.parametrize("model", [GPT6, MOE6])
+def test_a_tp_choice_nodes_memory_floor_is_below_every_family_under_it(model):
+    """_TpChoiceNode.memory_floor (per ZeRO stage, each group at the roomiest of its choices, the least over the
+    ZeRO stages) on two GPUs short of memory: at most the memory floor of every ordered family below it that has
+    the room at its own ZeRO stage, each of its stages as if none followed it (mixed_pipelines._memory_floor,
+    tested against brute force in test_memory_floor_is_below_every_whole_layer_split_that_fits), and equal to it
+    for some (a one-choice node)."""
+    j = parse_job(
+        {
+            "model": model,
+            "cluster": [
+                {"gpu": SMALL_GPU, "nodes": 1, "gpus_per_node": 4},
+                {"gpu": TIGHT_GPU, "nodes": 1, "gpus_per_node": 4},
+            ],
+            "training": {"seq_length": 8192, "global_batch_size": 4, "attention": "eager"},
+        }
+    )
+    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2)
+    ctx = MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
+    L = j.model.num_layers
+    checked = equal = 0
+    stack = [grp for _, grp, _ in mixed_pipelines._families(ctx)]
+    while stack:
+        node = stack.pop()
+        if not isinstance(node, mixed_pipelines._TpChoiceNode):
+            continue
+        floor = node.memory_floor(ctx)
+        for _, fam, (_, hi) in families(ctx, node):
+            if sum(z.room(0, k, fam.vpp) for z, k in zip(fam.zt, hi)) < L:
+                continue
+            below = mixed_pipelines._memory_floor(fam.zt, [0] * len(fam.zt), hi, fam.vpp)
+            assert floor <= below * (1 + 1e-12), (node, fam.used, fam.zero)
+            checked += 1
+            equal += floor == below > 0
+        stack += [child for _, child, _ in node.families(ctx)]
+    assert checked and equal
+
+
+def test_memory_floor_of_open_choices_is_below_each_choice():
+    """memory_floor with rows standing for several choices (alternatives: a group whose TP or ZeRO stage is still
+    open) is the least of its floors with one alternative per row: a row holds at T the most layers any of its
+    alternatives holds (the slacks grow with the layer count), so the count summed over the rows is the largest
+    over the picks."""
+    from planner.search.mixed_pipeline_bounds import memory_floor
+
+    rng = random.Random(31)
+    finite = 0
+
+    def terms():
+        alpha = rng.uniform(1.0, 3.0)
+        return (
+            rng.uniform(0.5, 8.0) * alpha,
+            alpha,
+            alpha * rng.uniform(0.2, 1.2),
+            rng.uniform(0.5, 2.0),
+            rng.uniform(0.1, 1.0),
+        )
+
+    for _ in range(300):
+        rows = [(rng.randint(1, 3), tuple(terms() for _ in range(rng.randint(1, 3)))) for _ in range(rng.randint(1, 3))]
+        need = rng.randint(1, 10)
+        floor = memory_floor(tuple(rows), need)
+        each = [
+            memory_floor(tuple((k, (t,)) for (k, _), t in zip(rows, pick)), need)
+            for pick in itertools.product(*(alts for _, alts in rows))
+        ]
+        assert floor == min(each)
+        finite += floor < float("inf")
+    assert finite
 
 
 def test_the_highest_bounds_on_the_way_hold_for_every_plan():

@@ -136,6 +136,7 @@ class MixedCaches:
     group_terms: dict = field(default_factory=dict)  # mixed_pipelines: a fixed group's layer throughput
     free_group_terms: dict = field(default_factory=dict)  # mixed_pipelines: a group whose TP is still open
     kind_rows: dict = field(default_factory=dict)  # mixed_pipelines: a TP-choice node row's layer kinds
+    memory_rows: dict = field(default_factory=dict)  # mixed_pipelines: a TP-choice node row's memory room and floor
     depths: dict = field(default_factory=dict)  # mixed_pipelines: the depths that take a vpp, by (vpp, mb)
     replica_floor: dict = field(default_factory=dict)  # replicas.pipeline_floor, by ReplicaCandidate.key
     replica_exact: dict = field(default_factory=dict)  # replicas._exact_once: (cut, best plan) where proven

@@ -327,24 +327,30 @@ def least_level(rows, L: int, levels: list[float] | None = None, chunk: int = 1)
 def memory_floor(rows, need: int) -> float:
     """Smallest bottleneck T (seconds per micro-batch of the slowest stage) at which stages can hold ``need``
     layers of the heavy kind (the other layers only add time and memory), each stage recomputing just enough of
-    them to fit (constants per stage left out). ``rows``: (stages, room, alpha, beta, a, rc) per kind of stage. A
-    stage holds a whole number of layers, at most quick.relaxed_layers(T, ...) (the count with the recompute count
-    relaxed to no ceiling), so it holds n of them only from the slack that count needs for n (quick.layer_slack): T is
-    the need-th smallest such slack over the stages, taken cheapest first. inf when even full recompute cannot hold
-    them."""
-    streams = [(k, terms) for k, *terms in rows if k > 0 and terms[0] > 0]
-    heap = [(layer_slack(1, *terms), 1, i) for i, (_, terms) in enumerate(streams)]
+    them to fit (constants per stage left out). ``rows``: (stages, alternatives) per kind of stage, each
+    alternative the stage's (room, alpha, beta, a, rc); a row with several stands for a stage whose choice (TP
+    degree, ZeRO stage) is still open, which holds n layers from the least slack of its alternatives. A stage
+    holds a whole number of layers, at most quick.relaxed_layers(T, ...) (the count with the recompute count
+    relaxed to no ceiling), so it holds n of them only from the slack that count needs for n (quick.layer_slack):
+    T is the need-th smallest such slack over the stages, taken cheapest first. inf when even full recompute
+    cannot hold them."""
+    streams = [(k, alts) for k, alts in ((k, tuple(t for t in alts if t[0] > 0)) for k, alts in rows) if k > 0 and alts]
+
+    def slack(n: int, alts) -> float:
+        return min(layer_slack(n, *t) for t in alts)
+
+    heap = [(slack(1, alts), 1, i) for i, (_, alts) in enumerate(streams)]
     heapq.heapify(heap)
     held = 0
     while heap:
         T, n, i = heapq.heappop(heap)
         if T == float("inf"):
             break
-        k, terms = streams[i]
+        k, alts = streams[i]
         held += k  # each of the row's k stages holds its n-th layer from T on
         if held >= need:
             return T
-        heapq.heappush(heap, (layer_slack(n + 1, *terms), n + 1, i))
+        heapq.heappush(heap, (slack(n + 1, alts), n + 1, i))
     return float("inf")
 
 

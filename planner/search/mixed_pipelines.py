@@ -29,6 +29,7 @@ phases left. SearchResult.stop_reason and gap_source say what leaves a gap, and 
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import functools
 import heapq
 import itertools
@@ -91,6 +92,9 @@ HETERO_ZERO = (1, 0, 3)
 # whose refined bound is within this share of the search frontier is solved at once (to start or sharpen the cut);
 # every other candidate waits in line for its refined bound. Changes only the order.
 DIVE = 0.05
+# A TP-choice node's memory bound (the groups' models at each choice, _TpChoiceNode.bound) is only worked out once
+# at most this many groups' TP choices are still open: with more, its relaxation cuts few nodes and costs most.
+MEMORY_FREE = 0
 
 
 @dataclass(frozen=True)
@@ -170,7 +174,7 @@ def _families(ctx: MixedContext) -> list[tuple[float, _TpChoiceNode, int]]:
                         kmax = {g: {tp: min(k, L // vpp) for tp, k in kmax_of[g].items()} for g in ctx.order}
                         size = _space_size(ctx, tp_opts, kmax, L // vpp) * len(zeros)
                         grp = _TpChoiceNode(dp, cp, mbs, base, zeros, mb, tp_opts, kmax, ep=ep, vpp=vpp)
-                        out.append((grp.bound(ctx), grp, size))
+                        out.append((grp.bound(ctx, memory=False), grp, size))
     return out
 
 
@@ -242,6 +246,10 @@ class _TpChoiceNode:
     fixed: tuple[int | None, ...] = ()
     ep: int = 1
     vpp: int = 1
+    # put in line at its bound without the memory terms (cheap); the first time it comes out of line it goes back
+    # in at its bound with them (bound(memory=True)), which builds the groups' models: only for nodes the search
+    # reaches
+    memory: bool = False
 
     def max_pp(self, ctx: MixedContext) -> int:
         """The most stages a pipeline of vpp model chunks per stage can have: one chunk of vpp layers each."""
@@ -283,9 +291,12 @@ class _TpChoiceNode:
             )
         return ctx.caches.free_group_terms[key]
 
-    def bound(self, ctx: MixedContext) -> float:
+    def bound(self, ctx: MixedContext, target: float = float("inf"), memory: bool = True) -> float:
         """Valid for every family of the group: fixed used groups exactly (at least one stage), free ones relaxed
-        (_free); a model with dense and MoE layers counts the two kinds apart (_kind_mix)."""
+        (_free); a model with dense and MoE layers counts the two kinds apart (_kind_mix). With ``memory``, where
+        that is below ``target``, the groups' memory too, per ZeRO stage, each group at the roomiest of its choices
+        (_memory_rows): inf when they cannot hold the layers at any ZeRO stage, else the least bottleneck their
+        memory forces (memory_floor) over the ZeRO stages."""
         rows, choices = [], []
         for i, g in enumerate(ctx.order):
             if i < len(self.fixed):
@@ -305,7 +316,65 @@ class _TpChoiceNode:
         L = ctx.job.model.num_layers
         mix = self._kind_mix(ctx, choices, hi)
         ends = Ends.any_order(a, ends)
-        return box_bound(a, lo, hi, ends, L, self.mb, send, self.vpp, mix=mix, whole=True, relaxed=free)
+        plain = box_bound(a, lo, hi, ends, L, self.mb, send, self.vpp, mix=mix, whole=True, relaxed=free)
+        if not memory or plain >= target:
+            return plain
+        floor = self.memory_floor(ctx, choices)
+        if floor <= 0.0 or floor == float("inf"):
+            return plain if floor <= 0.0 else floor
+        return max(plain, box_bound(a, lo, hi, ends, L, self.mb, send, self.vpp, floor, mix, whole=True, relaxed=free))
+
+    def memory_floor(self, ctx: MixedContext, choices=None) -> float:
+        """The least bottleneck (seconds per micro-batch of the slowest stage) at which the node's groups hold the
+        layers in memory, over the ZeRO stages (one for the whole pipeline), each group at the roomiest of its
+        choices (_memory_rows): memory_floor, and kind_memory_floor for a model with dense and MoE layers, as
+        _memory_floor for a family; inf where no ZeRO stage has the room, 0 where a group has no depth-3 model.
+        ``choices``: each used or free group's (group, TP) choices, as bound has them."""
+        L = ctx.job.model.num_layers
+        if choices is None:
+            choices = [
+                ((g, self.fixed[i]),) if i < len(self.fixed) else tuple((g, tp) for tp in self.tp_opts[i] if tp)
+                for i, g in enumerate(ctx.order)
+            ]
+            choices = [c for c in choices if c and c[0][1]]
+        floor = float("inf")
+        heavy = heavy_kind(ctx.job.model)[1]
+        for per_zero in zip(*(self._memory_rows(ctx, c) for c in choices)):
+            if sum(room for room, _, _ in per_zero) < L:
+                continue
+            if any(row is None for _, row, _ in per_zero):
+                return 0.0
+            zfloor = _cached_memory_floor(tuple(row for _, row, _ in per_zero), heavy)
+            if zfloor < floor and all(times is not None for _, _, times in per_zero):  # dense and MoE layers
+                zfloor = max(zfloor, _cached_kind_memory_floor(tuple(t for _, _, t in per_zero), L))
+            floor = min(floor, zfloor)
+        return floor
+
+    def _memory_rows(self, ctx: MixedContext, choices) -> tuple[tuple[float, tuple | None, tuple | None], ...]:
+        """Per ZeRO stage, (most layers, memory_floor row, kind_memory_floor row) of a row standing for its (group,
+        TP) choices, each choice with its most stages and as if no stage followed them (ZeroTerms.room,
+        memory_terms and kind_times only fall with stages after them): the most layers any choice holds, a row of
+        the most stages of any choice with every choice's roomiest stage as an alternative (None where a choice
+        has no depth-3 model), and for a model with dense and MoE layers a row of those stages at the least
+        seconds of any choice for each layer count (else None), memoized."""
+        key = (choices, self.dp, self.cp, self.mbs, self.base, self.ep, self.vpp, self.zeros)
+        hit = ctx.caches.memory_rows.get(key)
+        if hit is None:
+            out = []
+            for zero in self.zeros:
+                rooms, alts, times, stages = [0.0], [], [], 0
+                for g, tp in choices:
+                    k = self.kmax_of[g][tp]
+                    stages = max(stages, k)
+                    z = zero_terms(ctx, g, tp, self.dp, self.cp, self.mbs, self.base, zero, self.ep)
+                    rooms.append(z.room(0, k, self.vpp))
+                    alts.append(z.memory_terms(0, self.vpp))
+                    times.append(z.kind_times(0, self.vpp))
+                row = None if None in alts else (stages, tuple(alts))
+                kinds = None if None in times else (stages, tuple(map(min, *times)) if len(times) > 1 else times[0])
+                out.append((max(rooms), row, kinds))
+            hit = ctx.caches.memory_rows[key] = tuple(out)
+        return hit
 
     def _kind_mix(self, ctx: MixedContext, choices, hi) -> KindMix | None:
         """The KindMix of the rows (None for a model with one kind), each row standing for its (group, TP) choices
@@ -391,7 +460,7 @@ class _TpChoiceNode:
                 self.ep,
                 self.vpp,
             )
-            out.append((node.bound(ctx), node, None))
+            out.append((node.bound(ctx, memory=False), node, None))
         return out
 
 
@@ -645,7 +714,7 @@ def _memory_floor(zt: tuple[ZeroTerms, ...], afters, his, v: int) -> float:
     terms = [z.memory_terms(after, v) for z, after in zip(zt, afters)]
     if not zt or any(t is None for t in terms):
         return 0.0
-    rows = tuple((k, *t) for k, t in zip(his, terms))
+    rows = tuple((k, (t,)) for k, t in zip(his, terms))
     floor = _cached_memory_floor(rows, heavy_kind(zt[0].sm.job.model)[1])
     times = [z.kind_times(after, v) for z, after in zip(zt, afters)]
     if floor < float("inf") and all(t is not None for t in times):  # a model with dense and MoE layers
@@ -882,6 +951,9 @@ def search_hetero(
         put back in line at their refined bounds)."""
         nonlocal settled
         if isinstance(fam, _TpChoiceNode):
+            if not fam.memory and len(fam.fixed) >= len(ctx.order) - MEMORY_FREE:
+                push(max(lb, fam.bound(ctx, cut())), dataclasses.replace(fam, memory=True), None)
+                return
             for flb, family, fbox in fam.families(ctx, cut()):
                 push(flb, family, fbox)
             return
