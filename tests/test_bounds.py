@@ -361,37 +361,44 @@ def test_the_dp_tail_floor_holds_for_every_stage_of_any_layer_mix(zero):
     assert (by_kind > 0) == (zero == 3)
 
 
-def test_the_tail_profile_holds_for_every_run_of_layers():
-    """mixed_context.tail_profile of an MoE model with a dense first layer and an MoE layer every other layer: for
-    every stage position and every run of n consecutive layers a stage could hold (the cost model counts a stage's
-    layer kinds as one run at any vpp: split_kinds), its floor at n is at most the stage's exposed DP tail, and it
-    is above the floor of one line for any mix of the kinds (_any_mix_line) somewhere."""
+@pytest.mark.parametrize("freq", [2, 1])
+def test_the_tail_profile_holds_for_every_run_of_layers(freq):
+    """mixed_context.tail_profile of an MoE model with a dense first layer and an MoE layer every ``freq`` layers:
+    for every stage position s of a 3-stage pipeline and every run of n consecutive layers a stage there could hold
+    (the cost model counts a stage's layer kinds as one run at any vpp: split_kinds; it starts at layer s or later,
+    every stage before it holding one), its floor at n is at most the stage's exposed DP tail; it is above the
+    floor of one line for any mix of the kinds (_any_mix_line) somewhere; and with an MoE layer everywhere past the
+    dense one (freq 1) a later stage's profile (MoE layers only: moe_windows from its first layer) is above the one
+    of a stage that may start anywhere somewhere (with freq 2 it may be too: near the model's end)."""
     from planner.search.mixed_context import _any_mix_line
 
-    model = {**MOE6, "num_layers": 6, "moe": {**MOE6["moe"], "moe_layer_freq": 2}}
+    model = {**MOE6, "num_layers": 6, "moe": {**MOE6["moe"], "moe_layer_freq": freq}}
     j = parse_job(
         {
             "model": model,
-            "cluster": [{"gpu": "a100-40gb", "nodes": 4, "gpus_per_node": 1}],
+            "cluster": [{"gpu": "a100-40gb", "nodes": 6, "gpus_per_node": 1}],
             "training": {"seq_length": 512, "global_batch_size": 4, "attention": "flash"},
         }
     )
     ctx = MixedContext(j, SearchOptions(), None, cost_source(j), group_order(j.cluster))
-    sm = StageModel(j, mixed_pipelines.pipeline_dims(j, (0, 0), (1, 1), 2, 1, 1, 1, "none").stage_dims(0), ctx.costs(0))
+    dims = mixed_pipelines.pipeline_dims(j, (0, 0, 0), (1, 1, 1), 2, 1, 1, 1, "none")
+    sm = StageModel(j, dims.stage_dims(0), ctx.costs(0))
     L = j.model.num_layers
-    above_mix = False
-    for s in range(2):
-        profile = ctx.tail_profile(sm, s)
-        first, last = s == 0, s == 1
+    above_mix = above_anywhere = False
+    for s in range(3):
+        profile, anywhere = ctx.tail_profile(sm, s), ctx.tail_profile(sm, s, start=0)
+        first, last = s == 0, s == 2
         compute, forward = sm.compute_form(first, last), sm.forward_form(first, last)
         mix = [_any_mix_line(x, compute, forward, j.model, False) for x in sm.tail_forms(first, last).parts()]
-        for n in range(1, L + 1):
+        for n in range(1, L - s + 1):
             above_mix |= profile.at[n] > sum(max(0.0, c + p * n) for c, p in mix) * SLACK + 1e-12
-            for start in range(L - n + 1):
+            above_anywhere |= profile.at[n] > anywhere.at[n] * SLACK + 1e-12
+            for start in range(s, L - n + 1):
                 moe = j.model.moe_layers_before(start + n) - j.model.moe_layers_before(start)  # (split_kinds)
                 exposed = sm.iteration_tail(s, StagePlan(n - moe, moe))[0]
                 assert profile.at[n] <= exposed * SLACK + 1e-12, (s, start, n)
     assert above_mix
+    assert above_anywhere or freq != 1
 
 
 @pytest.mark.parametrize("memory_gib", [4.0, 16.0])

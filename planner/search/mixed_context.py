@@ -141,9 +141,9 @@ class MixedCaches:
     replica_floor: dict = field(default_factory=dict)  # replicas.pipeline_floor, by ReplicaCandidate.key
     replica_exact: dict = field(default_factory=dict)  # replicas._exact_once: (cut, best plan) where proven
     replica_shapes: dict = field(default_factory=dict)  # replicas.shapes: the enumeration below a bound, by bound
-    moe_windows: dict = field(default_factory=dict)  # moe_windows (one entry)
+    moe_windows: dict = field(default_factory=dict)  # moe_windows, by the first layer (window_start)
     kind_memory: dict = field(default_factory=dict)  # mixed_pipeline_bounds._kind_memory_times
-    window_arrays: dict = field(default_factory=dict)  # moe_window_arrays (one entry)
+    window_arrays: dict = field(default_factory=dict)  # moe_window_arrays, by the first layer
     ep_ok: dict = field(default_factory=dict)  # replicas.replica_ep_options: ep_error is None, by (ep, d, cp)
 
 
@@ -183,14 +183,18 @@ class MixedContext:
         cap = max(1, min(cap, self.job.model.num_layers))
         return min(self.tail_profile(sm, s, vpp).at[1 : cap + 1])
 
-    def tail_profile(self, sm: StageModel, s: int, vpp: float | None = None) -> TailProfile:
+    def tail_profile(self, sm: StageModel, s: int, vpp: float | None = None, start: int | None = None) -> TailProfile:
         """Stage s's TailProfile as tail_floor reads it (with recompute paid for up to recompute_pays_up_to, else
-        with every layer recomputed), memoized by stage position."""
+        with every layer recomputed), memoized by stage position. Its layers start at layer ``start`` or later
+        (default s: every stage before it holds a layer), so they are counted in the layer mixes of the model from
+        there on (moe_windows): past a model's leading dense layers, MoE layers only."""
         paid = (sm.dims.vpp if vpp is None else vpp) <= self.recompute_pays(sm, s)
-        key = (sm.form_cache, s == 0, s == sm.dims.pp - 1, paid)
+        start = window_start(self.job.model, s if start is None else start)
+        key = (sm.form_cache, s == 0, s == sm.dims.pp - 1, paid, start)
         profile = self.caches.tail_profile.get(key)
         if profile is None:
-            profile = self.caches.tail_profile[key] = tail_profile(tail_lines(sm, s, paid), moe_window_arrays(self))
+            windows = moe_window_arrays(self, start)
+            profile = self.caches.tail_profile[key] = tail_profile(tail_lines(sm, s, paid), windows)
         return profile
 
     def recompute_pays(self, sm: StageModel, s: int) -> float:
@@ -361,8 +365,9 @@ def _zero_tails(ctx: MixedContext, sm: StageModel, L: int) -> tuple[tuple[float,
     """ZeroTerms' (paid_reach, any_reach, pays_up_to): per layer count n = 1..L, the least tail any of the first, a
     middle and the last stage (at any depth >= 2) has holding n or more layers, with recompute paid for in the
     schedule's sum and with every layer recomputed, and the largest vpp at which the first holds."""
-    paid = [ctx.tail_profile(sm, s, 1) for s in range(3)]
-    every = [ctx.tail_profile(sm, s, math.inf) for s in range(3)]
+    # the first stage, a middle and the last one of a 3-stage model: the latter two start at layer 1 or later
+    paid = [ctx.tail_profile(sm, s, 1, start=min(s, 1)) for s in range(3)]
+    every = [ctx.tail_profile(sm, s, math.inf, start=min(s, 1)) for s in range(3)]
     return (
         tuple(map(min, *(p.reach[1:] for p in paid))),
         tuple(map(min, *(p.reach[1:] for p in every))),
@@ -456,25 +461,35 @@ def _kind_lines(overlap, compute, forward, model, recomputed: bool) -> dict[str,
     return {k: overlap.recomputed_line(compute, forward, k, recomputed) for k in ("dense", "moe") if count[k]}
 
 
-def moe_window_arrays(ctx: MixedContext) -> tuple[np.ndarray, np.ndarray]:
+def moe_window_arrays(ctx: MixedContext, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """moe_windows as float arrays (tail_profile), memoized."""
-    hit = ctx.caches.window_arrays.get(None)
+    hit = ctx.caches.window_arrays.get(start)
     if hit is None:
-        hit = ctx.caches.window_arrays[None] = tuple(np.asarray(x, dtype=float) for x in moe_windows(ctx))
+        hit = ctx.caches.window_arrays[start] = tuple(np.asarray(x, dtype=float) for x in moe_windows(ctx, start))
     return hit
 
 
-def moe_windows(ctx: MixedContext) -> tuple[list[int], list[int]]:
-    """(fewest, most) MoE layers in any n consecutive layers of the model, for n = 0..num_layers: the layer kinds
-    of a stage's n layers as the cost model counts them (planner/cost/stage.split_kinds: a stage's layers are
-    consecutive ones at any vpp; planner.spec.ModelSpec.is_moe_layer)."""
-    hit = ctx.caches.moe_windows.get(None)
+def window_start(model, position: int) -> int:
+    """The first layer a stage at ``position`` (or later) may hold, as far as the layer mixes of moe_windows tell
+    apart: ``position`` (every stage before it holds a layer), but no further than the model's leading dense
+    layers (past them the mixes of a model with a layer pattern repeat), 0 for a model with one kind."""
+    lead = model.moe.first_dense_layers if model.moe is not None else 0
+    return max(0, min(position, lead, model.num_layers - 1))
+
+
+def moe_windows(ctx: MixedContext, start: int = 0) -> tuple[list[int], list[int]]:
+    """(fewest, most) MoE layers in any n consecutive layers of the model from layer ``start`` on, for n =
+    0..num_layers: the layer kinds of a stage's n layers as the cost model counts them (planner/cost/stage
+    .split_kinds: a stage's layers are consecutive ones at any vpp; planner.spec.ModelSpec.is_moe_layer). A count
+    n that does not fit from ``start`` on (no stage there holds it) takes the windows anywhere in the model."""
+    hit = ctx.caches.moe_windows.get(start)
     if hit is None:
         m = ctx.job.model
         before = [m.moe_layers_before(i) for i in range(m.num_layers + 1)]
         L = m.num_layers
         counts = [[before[i + n] - before[i] for i in range(L - n + 1)] for n in range(L + 1)]
-        hit = ctx.caches.moe_windows[None] = ([min(c) for c in counts], [max(c) for c in counts])
+        counts = [c[start:] or c for c in counts]
+        hit = ctx.caches.moe_windows[start] = ([min(c) for c in counts], [max(c) for c in counts])
     return hit
 
 
