@@ -990,3 +990,25 @@ def test_least_forced_work_is_below_every_split_with_the_recompute_memory_forces
         assert bound <= best * (1 + 1e-9), (stages, need, one_each)
         above += plain < bound < float("inf")
     assert above
+
+
+def test_capped_rate_is_the_most_any_stage_set_within_the_cap_takes():
+    """mixed_pipeline_bounds.capped_rate against every choice of at most ``most`` stages, at most hi_g of group g
+    (each taking 1/a_g layers per second): it is the largest total rate, below the uncapped one somewhere."""
+    from planner.search.mixed_pipeline_bounds import capped_rate
+
+    rng = random.Random(37)
+    below = 0
+    for _ in range(300):
+        G = rng.randint(1, 4)
+        a = [rng.uniform(0.5, 3.0) for _ in range(G)]
+        hi = [rng.randint(0, 4) for _ in range(G)]
+        most = rng.randint(1, 8)
+        best = max(
+            sum(q / x for q, x in zip(qs, a))
+            for qs in itertools.product(*(range(k + 1) for k in hi))
+            if sum(qs) <= most
+        )
+        assert capped_rate(a, hi, most) == pytest.approx(best, rel=1e-12)
+        below += best < sum(k / x for k, x in zip(hi, a)) * (1 - 1e-9)
+    assert below

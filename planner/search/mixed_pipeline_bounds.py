@@ -153,10 +153,14 @@ def box_bound(
     if mix is not None and mix.moe and whole and ends.ordered and not any(relaxed):
         top = max(top, moe_only_top(mix, lo, ys, v))
     T = max(top, (L + ends.emb_per_a + ends.logits_per_a + over) / inv, floor)
+    if sum(hi) > L // v:  # the box's candidates have fewer stages than its groups allow together
+        T = max(T, (L + ends.emb_per_a + ends.logits_per_a) / capped_rate(a, hi, L // v))
     if mix is not None:
         inv_d = sum(k / x for k, x in zip(hi, mix.dense))
         over_d = sum(k * y / x for k, y, x in zip(hi, ys, mix.dense))
         T = max(T, (mix.layers + mix.ends.emb_per_a + mix.ends.logits_per_a + over_d) / inv_d)
+        if sum(hi) > L // v:
+            T = max(T, (mix.layers + mix.ends.emb_per_a + mix.ends.logits_per_a) / capped_rate(mix.dense, hi, L // v))
         work = max(work, mix.work + sum(k * y for k, y in zip(lo, ys)))
     if most > T:  # the monotonicity above fails: drop the sends
         return box_bound(a, lo, hi, ends, L, m, None, v, floor, mix, whole, relaxed)
@@ -172,6 +176,22 @@ def box_bound(
         fixed = ends.emb + ends.logits + sum(k * y for k, y in zip(lo, ys))
         return box_schedule_time(a, lo, hi, ys, L, T, m - 1 / v, v, fixed, total)
     return schedule_bound(T, total, m, v)
+
+
+def capped_rate(a, hi, most: int) -> float:
+    """The most layers per second at most ``most`` stages take together, at most hi_g of them on group g at a_g
+    seconds per layer each: the fastest stages first. A pipeline of v model chunks per stage has at most L // v
+    stages (one chunk of v layers each), so box_bound's bottleneck, sum_s (T - c_s)/a_s >= L, with c_s >= 0 and
+    at most that many stages, needs T >= L / this rate. A relaxed row (hi/a its best throughput over its choices, a
+    its fastest per-stage time) gives at most min(q, hi)/a for q of its stages."""
+    rate, left = 0.0, most
+    for x, k in sorted(zip(a, hi)):
+        take = min(k, left)
+        rate += take / x
+        left -= take
+        if left <= 0:
+            break
+    return rate
 
 
 def moe_only_top(mix: KindMix, lo, ys, v: int) -> float:
