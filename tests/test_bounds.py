@@ -295,6 +295,30 @@ def test_stages_past_the_dense_layers_hold_moe_layers_only():
     assert_bounds_hold(ctx, random.Random(3).sample(raised, min(30, len(raised))))
 
 
+def test_the_refined_bound_prices_stages_past_the_dense_layers_at_moe_layers():
+    """A candidate's refined bound takes a stage past MOE6's one dense layer at its MoE layer's seconds (every layer
+    it holds is MoE: ModelSpec.all_moe_from). It is above the refined bound without the rule for some candidates,
+    and at most the brute-force best plan of every such candidate (assert_bounds_hold)."""
+    from planner.spec import ModelSpec
+
+    j = mixed_job(MOE6)
+    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2)
+    ctx = MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
+    cache: dict = {}
+    found = [(b, fam, c, mixed_pipelines._stage_models(ctx, c, cache)) for b, fam, c in candidates_with_bounds(ctx)]
+    with_rule = [refined_bound(ctx, fam, c, sms) for _, fam, c, sms in found]
+    rule = ModelSpec.all_moe_from
+    try:
+        ModelSpec.all_moe_from = property(lambda self: self.num_layers)  # no stage is known to hold MoE layers only
+        bare = MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
+        without = [refined_bound(bare, fam, c, sms) for _, fam, c, sms in found]
+    finally:
+        ModelSpec.all_moe_from = rule
+    raised = [(b, fam, c) for (b, fam, c, _), x, y in zip(found, with_rule, without) if x > y * (1 + 1e-9)]
+    assert raised
+    assert_bounds_hold(ctx, random.Random(5).sample(raised, min(30, len(raised))))
+
+
 def assert_bounds_hold(ctx, sample) -> None:
     """Every bound of each (bounds on the way, family, candidate) of ``sample`` -- _TpChoiceNode, unordered and
     ordered family boxes, the candidate's own box, its refined bound, also probed at its best time -- is at most

@@ -579,6 +579,17 @@ def refined_bound(
     L = layers = ctx.job.model.num_layers
     rows = _stage_bounds(ctx, c, sms)
     caps, a, const = [r.cap for r in rows], [r.a for r in rows], [r.const for r in rows]
+    xs = ys = a  # per layer, by kind (one kind: windows None)
+    if fam.kinds is not None:  # dense and MoE layers counted apart (KindMix), stage by stage, in layers
+        lift = [r.a - sm.layer_floor() for r, sm in zip(rows, sms)]  # what the stage adds per layer (ZeRO-2/3 line)
+        # each kind its own ZeRO-2/3 slope where the stage has one (MixedContext.sharded_kinds)
+        kind_lift = [ctx.sharded_kinds(sm, s) for s, sm in enumerate(sms)]
+        xs = [(k[0] if k else z) + sm.kinds["dense"].layer_floor() for k, z, sm in zip(kind_lift, lift, sms)]
+        ys = [(k[1] if k else z) + sm.kinds["moe"].layer_floor() for k, z, sm in zip(kind_lift, lift, sms)]
+        # a stage past the leading dense layers holds MoE layers only (ModelSpec.all_moe_from; its layers come after
+        # one layer of each stage before it: split_kinds), each at least y seconds
+        moe_from = ctx.job.model.all_moe_from
+        a = [max(x, y) if s >= moe_from else x for s, (x, y) in enumerate(zip(a, ys))]
     layer_caps = caps
     if v > 1:  # counted in model chunks of v layers: every stage holds whole chunks (planner.parallel.vpp_error)
         caps, a, L = [k // v for k in caps], [x * v for x in a], L // v
@@ -587,14 +598,8 @@ def refined_bound(
     cst = [x + send for x, send in zip(const, _sends(ctx, c, sms))]
     work = sum(cst) + min_work(a, L, caps)  # <= sum_s t_s
     by_kind = 0.0
-    xs = ys = [r.a for r in rows]  # per layer, by kind (one kind: windows None)
     windows = kind_memory = None
-    if fam.kinds is not None:  # dense and MoE layers counted apart (KindMix), stage by stage, in layers
-        lift = [r.a - sm.layer_floor() for r, sm in zip(rows, sms)]  # what the stage adds per layer (ZeRO-2/3 line)
-        # each kind its own ZeRO-2/3 slope where the stage has one (MixedContext.sharded_kinds)
-        kind_lift = [ctx.sharded_kinds(sm, s) for s, sm in enumerate(sms)]
-        xs = [(k[0] if k else z) + sm.kinds["dense"].layer_floor() for k, z, sm in zip(kind_lift, lift, sms)]
-        ys = [(k[1] if k else z) + sm.kinds["moe"].layer_floor() for k, z, sm in zip(kind_lift, lift, sms)]
+    if fam.kinds is not None:
         D, E = fam.kind_counts
         work = max(work, sum(cst) + D * min(xs) + E * min(ys))
         by_kind = kind_bottleneck(xs, ys, cst, layer_caps, D, E)  # (whole chunks of v relaxed)
