@@ -136,6 +136,8 @@ def box_bound(
     the bottleneck is raised to where the stages hold the layers in whole chunks (whole_chunk_bottleneck; the ends
     only where ``ends`` are ordered). ``relaxed``: per group, True where its row stands for several choices (a
     group whose TP is still open: hi/a its best throughput), which holds a continuous share instead."""
+    if mix is not None and mix.moe and whole and ends.ordered and not any(relaxed):
+        a, ends = moe_only_rates(a, lo, ends, mix)
     sends = send is not None and sum(lo) >= 2
     ys = send if sends else (0.0,) * len(a)  # each group's sends (none for fewer than two stages)
     single = sum(hi) == 1  # one stage holds both ends
@@ -192,6 +194,23 @@ def capped_rate(a, hi, most: int) -> float:
         if left <= 0:
             break
     return rate
+
+
+def moe_only_rates(a, lo, ends: Ends, mix: KindMix) -> tuple[tuple[float, ...], Ends]:
+    """A box's per-layer seconds with each group whose stages all sit past the model's leading dense layers taken
+    at its MoE layer's seconds: group g's first stage is at position k_0 + ... + k_{g-1} >= lo_0 + ... + lo_{g-1},
+    and a stage at position s >= mix.moe_from holds MoE layers only (moe_only_top). The ordered ends (embedding on
+    the first group, logits on the last) are worked out again at the new seconds."""
+    before, out = 0, []
+    for x, y, k_lo in zip(a, mix.moe, lo):
+        out.append(max(x, y) if before >= mix.moe_from else x)
+        before += k_lo
+    if all(x == y for x, y in zip(a, out)):
+        return a, ends
+    first, last = out[0], out[-1]
+    return tuple(out), Ends(
+        ends.emb, ends.logits, ends.emb / first, ends.logits / last, first + ends.emb, last + ends.logits
+    )
 
 
 def moe_only_top(mix: KindMix, lo, ys, v: int) -> float:
