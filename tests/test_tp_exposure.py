@@ -60,10 +60,23 @@ def test_the_estimate_prices_the_stack_and_the_overlap():
     }
     # DTensor exposes 5 all-reduces a layer under per-op checkpointing, Megatron's linears 2 (+1 rerun gathers)
     assert tp[False, False] / tp[True, False] == pytest.approx(5 / 3)
-    # overlap hides the MLP's collectives under its long GEMMs but not the attention's (GQA: short projections)
-    for b in (True, False):
-        assert 0.0 < tp[b, True] < 0.5 * tp[b, False]
-        assert tp[b, True] / tp[b, False] == pytest.approx(tp[True, True] / tp[True, False])
+    # overlap hides the MLP's collectives under its long GEMMs but not the attention's (GQA: short projections):
+    # Megatron + TE pipelines every collective; PyTorch's async TP fuses the forward's and the backward's gathers
+    # (3 all-reduces' worth) but not the backward's reduce-scatters nor the re-gathered inputs (2)
+    share = tp[True, True] / tp[True, False]
+    assert 0.0 < share < 0.5
+    unit = tp[False, False] / 5
+    assert tp[False, True] == pytest.approx(share * 3 * unit + 2 * unit)
+
+
+def test_async_tp_fuses_the_forward_and_the_backward_gathers_only():
+    # pytorch/pytorch#149946: no matmul -> reduce-scatter pattern in the backward graph (its input is a sum)
+    assert tp_exposed(1.0, "none", backward_overlap=False, overlap_share=0.0) == (1.0, 0.0)
+    assert tp_exposed(1.0, "op", backward_overlap=False, overlap_share=0.0) == (2.0, 0.0)
+    assert tp_exposed(1.0, "none", backward_overlap=False, overlap_share=1.0) == tp_exposed(1.0, "none", False)
+    assert tp_exposed(1.0, "op", backward_overlap=False, overlap_share=1.0) == tp_exposed(1.0, "op", False)
+    # Megatron + Transformer Engine userbuffers: every collective pipelined
+    assert tp_exposed(1.0, "none", backward_overlap=True, overlap_share=0.5) == (1.0, 0.5)
 
 
 def test_plan_for_torchtitan_prices_dtensor_tp_unless_the_job_says(tmp_path):

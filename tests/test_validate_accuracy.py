@@ -81,10 +81,11 @@ def test_modern_runs_read_their_frameworks_defaults():
     assert titan_tp and all("tp_backward_overlap=false (DTensor TP, torchtitan)" in r["assumed"] for r in titan_tp)
     s = doc["summary"]
     assert s["coverage"] >= 0.95  # presets by name, the H100 96 GB variant, the flagged B200 rows
-    assert s["time"]["median_abs_error_pct"] <= 6.5
+    assert s["time"]["median_abs_error_pct"] <= 6.0  # 5.65 (6.06 with every async-TP collective fused)
     # the FP8 recipes' casts took it from 17.1 to 14.7; the compiled loss of the 2025 torchtitan runs (a cheaper
-    # loss, physically right) moved the async-TP rows, already too fast, past the 90th percentile: 16.2
-    assert s["time"]["p90_abs_error_pct"] <= 16.5
+    # loss, physically right) moved the async-TP rows, already too fast, past the 90th percentile: 16.2; async TP's
+    # unfused backward reduce-scatters (pytorch/pytorch#149946) brought them back: 10.9
+    assert s["time"]["p90_abs_error_pct"] <= 11.5
     assert s["oom"]["measured"] == 0
     # NeMo (FP8, long-sequence CP up to 1M tokens): cuDNN fused attention, bf16 gradients, the ring per step
     g = doc["groups"]["nemo-perf"]
@@ -100,16 +101,18 @@ def test_modern_runs_read_their_frameworks_defaults():
         assert "cross_entropy=fused (torchtitan compiles the loss with torch.compile since 2025-04)" in r["assumed"]
         assert abs(r["error"]["peak_memory"]) <= 0.15, r["error"]  # +42% with the eager loss's 10 bytes per logit
     assert all("cross_entropy=unfused (torchtitan default)" in r["assumed"] for r in doc["runs"] if "2412" in r["id"])
-    # the async-TP study (8B, TP 8 on 64 H100): vanilla TP with every DTensor collective exposed, async TP with each
-    # collective pipelined with its GEMM, Float8 with torchao's casts. The rowwise-Float8 pair, which the authors
-    # flag as abnormal, is checked for its order only.
+    # the async-TP study (8B, TP 8 on 64 H100): vanilla TP with every DTensor collective exposed, async TP with the
+    # forward's collectives and the backward's all-gathers pipelined with their GEMMs (the backward's reduce-scatters
+    # are not fused: pytorch/pytorch#149946), Float8 with torchao's casts. The rowwise-Float8 pair, which the
+    # authors flag as abnormal, is checked for its order only.
     study = {
         r["id"].removeprefix("torchtitan-2506-asynctp-8b-"): r["error"]["iteration_time"]
         for r in doc["runs"]
         if "asynctp" in r["id"] and "rowwise" not in r["id"]
     }
     assert len(study) == 4
-    assert all(abs(e) <= 0.185 for e in study.values()), study  # bf16 async TP -18.0% (-16.4% with the eager loss)
+    assert all(abs(e) <= 0.12 for e in study.values()), study  # bf16 async TP -11.1% (-18.0% with every one fused)
+    assert abs(study["float8-tensorwise-async-tp"]) <= 0.06  # -5.3% (-11.9%)
     assert abs(study["float8-tensorwise-vanilla-tp"]) <= 0.05  # was -10.6% before the casts were priced
     time = {r["id"]: r["predicted"]["iteration_time_s"] for r in doc["runs"] if "asynctp" in r["id"]}
     for tp in ("vanilla-tp", "async-tp"):  # rowwise moves more bytes per cast than tensorwise (Fp8Casts)

@@ -198,10 +198,10 @@ def kind_coeffs(
         lt = costs.layer(m, tokens, seq, tp, sp, cp, ep, moe, flash, base_rc)
         full = costs.layer(m, tokens, seq, tp, sp, cp, ep, moe, flash, "full")
         ar = tp_link.all_reduce(act_tok) if tp > 1 else 0.0
-        tp_s, tp_recompute_s = tp_exposed(ar, base_rc, t.tp_backward_overlap)
+        share = None
         if tp_overlap:
             share = tp_overlap_share(tp_link.all_gather(act_tok), costs.tp_gemms(m, tokens, tp, sp, moe, ep), tp)
-            tp_s, tp_recompute_s = share * tp_s, share * tp_recompute_s
+        tp_s, tp_recompute_s = tp_exposed(ar, base_rc, t.tp_backward_overlap, share)
         ring_exposed = 0.0
         if cp > 1:
             ring_exposed = ring_attention_exposed(
@@ -245,7 +245,9 @@ def kind_coeffs(
     return kinds
 
 
-def tp_exposed(all_reduce_s: float, base_rc: str, backward_overlap: bool) -> tuple[float, float]:
+def tp_exposed(
+    all_reduce_s: float, base_rc: str, backward_overlap: bool, overlap_share: float | None = None
+) -> tuple[float, float]:
     """(per-layer TP seconds on the critical path, extra TP seconds when the layer is fully recomputed), given one
     all-reduce of the layer's activation (``all_reduce_s``; with sequence parallelism an all-gather plus a
     reduce-scatter, the same bytes).
@@ -259,12 +261,27 @@ def tp_exposed(all_reduce_s: float, base_rc: str, backward_overlap: bool) -> tup
     RowwiseParallel) issues every collective on the critical path: 2 forward and 2 backward, and a full recompute
     reruns the forward's 2. Per-op selective checkpointing keeps the reduce-scatter outputs but not the all-gather
     outputs (torchtitan activation_checkpoint.py ``_save_list``), so it reruns the forward's 2 all-gathers: one
-    all-reduce's bytes."""
+    all-reduce's bytes.
+
+    ``overlap_share`` (tp_overlap_share: what pipelining a collective with its GEMM leaves exposed), where the
+    collectives overlap GEMMs. Megatron with Transformer Engine's userbuffers (--tp-comm-overlap) pipelines every
+    one. PyTorch's async TP (torch/_inductor/fx_passes/micro_pipeline_tp.py, torchtitan
+    enable_async_tensor_parallel) fuses only all-gather -> matmul and matmul -> reduce-scatter patterns: the
+    forward's 2 all-reduces' worth and the backward's all-gathers of the output gradients (half an all-reduce each,
+    into the input-gradient matmuls), but not the backward's reduce-scatters, whose input is a sum of several
+    matmuls ("only valid scaled_mm-reduce-scatter patterns in the forward graph, but not in the backward graph",
+    pytorch/pytorch#149946, 2025-03-28), nor per-op checkpointing's re-gathered inputs, which feed only the
+    weight-gradient matmuls (gathered along their contraction). A full recompute's forward is fused as the
+    forward."""
     base, rerun = (2 * all_reduce_s, all_reduce_s) if backward_overlap else (4 * all_reduce_s, 2 * all_reduce_s)
-    if base_rc == "op":
-        gathers = min(all_reduce_s, rerun)
+    gathers = min(all_reduce_s, rerun) if base_rc == "op" else 0.0
+    if overlap_share is None:
         return base + gathers, rerun - gathers
-    return base, rerun
+    if backward_overlap:
+        return overlap_share * (base + gathers), overlap_share * (rerun - gathers)
+    # async TP: the forward (2) and the backward's gathers (1) fused, the backward's reduce-scatters (1) and the
+    # re-gathered inputs not
+    return overlap_share * 3 * all_reduce_s + all_reduce_s + gathers, overlap_share * (rerun - gathers)
 
 
 def tp_overlap_share(collective_s: float, gemms_s: tuple, tp: int) -> float:
