@@ -117,6 +117,7 @@ def box_bound(
     mix: KindMix | None = None,
     whole: bool = False,
     relaxed: tuple[bool, ...] = (),
+    max_stages: int | None = None,
 ) -> float:
     """Iteration seconds no candidate with lo_g <= k_g <= hi_g stages per used group g beats (lo = hi: one
     candidate). Each stage of group g takes at least a_g seconds per layer and, when there are >= 2 stages,
@@ -135,7 +136,9 @@ def box_bound(
     ``whole``: the stage counts are real, at least one stage per group (a family's box, not a relaxed group), so
     the bottleneck is raised to where the stages hold the layers in whole chunks (whole_chunk_bottleneck; the ends
     only where ``ends`` are ordered). ``relaxed``: per group, True where its row stands for several choices (a
-    group whose TP is still open: hi/a its best throughput), which holds a continuous share instead."""
+    group whose TP is still open: hi/a its best throughput), which holds a continuous share instead. ``max_stages``:
+    the most stages a candidate has (default L // v: one chunk of v layers each; fewer where the interleaved schedule
+    runs only at some depths)."""
     if mix is not None and mix.moe and whole and ends.ordered and not any(relaxed):
         a, ends = moe_only_rates(a, lo, ends, mix)
     sends = send is not None and sum(lo) >= 2
@@ -155,17 +158,18 @@ def box_bound(
     if mix is not None and mix.moe and whole and ends.ordered and not any(relaxed):
         top = max(top, moe_only_top(mix, lo, ys, v))
     T = max(top, (L + ends.emb_per_a + ends.logits_per_a + over) / inv, floor)
-    if sum(hi) > L // v:  # the box's candidates have fewer stages than its groups allow together
-        T = max(T, (L + ends.emb_per_a + ends.logits_per_a) / capped_rate(a, hi, L // v))
+    cap = L // v if max_stages is None else min(max_stages, L // v)
+    if sum(hi) > cap:  # the box's candidates have fewer stages than its groups allow together
+        T = max(T, (L + ends.emb_per_a + ends.logits_per_a) / capped_rate(a, hi, cap))
     if mix is not None:
         inv_d = sum(k / x for k, x in zip(hi, mix.dense))
         over_d = sum(k * y / x for k, y, x in zip(hi, ys, mix.dense))
         T = max(T, (mix.layers + mix.ends.emb_per_a + mix.ends.logits_per_a + over_d) / inv_d)
-        if sum(hi) > L // v:
-            T = max(T, (mix.layers + mix.ends.emb_per_a + mix.ends.logits_per_a) / capped_rate(mix.dense, hi, L // v))
+        if sum(hi) > cap:
+            T = max(T, (mix.layers + mix.ends.emb_per_a + mix.ends.logits_per_a) / capped_rate(mix.dense, hi, cap))
         work = max(work, mix.work + sum(k * y for k, y in zip(lo, ys)))
     if most > T:  # the monotonicity above fails: drop the sends
-        return box_bound(a, lo, hi, ends, L, m, None, v, floor, mix, whole, relaxed)
+        return box_bound(a, lo, hi, ends, L, m, None, v, floor, mix, whole, relaxed, max_stages)
     if whole:
         T = whole_chunk_bottleneck(a, hi, ends, L, send if sends else None, v, T, relaxed)
         if mix is not None and mix.moe:

@@ -321,13 +321,21 @@ class _TpChoiceNode:
         L = ctx.job.model.num_layers
         mix = self._kind_mix(ctx, choices, hi)
         ends = Ends.any_order(a, ends)
-        plain = box_bound(a, lo, hi, ends, L, self.mb, send, self.vpp, mix=mix, whole=True, relaxed=free)
+        deepest = _depths(ctx, self.vpp, self.mb)[-1] if self.vpp > 1 and _depths(ctx, self.vpp, self.mb) else None
+        plain = box_bound(
+            a, lo, hi, ends, L, self.mb, send, self.vpp, mix=mix, whole=True, relaxed=free, max_stages=deepest
+        )
         if not memory or plain >= target:
             return plain
         floor = self.memory_floor(ctx, choices)
         if floor <= 0.0 or floor == float("inf"):
             return plain if floor <= 0.0 else floor
-        return max(plain, box_bound(a, lo, hi, ends, L, self.mb, send, self.vpp, floor, mix, whole=True, relaxed=free))
+        return max(
+            plain,
+            box_bound(
+                a, lo, hi, ends, L, self.mb, send, self.vpp, floor, mix, whole=True, relaxed=free, max_stages=deepest
+            ),
+        )
 
     def memory_floor(self, ctx: MixedContext, choices=None) -> float:
         """The least bottleneck (seconds per micro-batch of the slowest stage) at which the node's groups hold the
@@ -497,6 +505,11 @@ class _Family:
     moe_from: int | None = None  # ModelSpec.all_moe_from of such a model
 
     @functools.cached_property
+    def deepest(self) -> int | None:
+        """The most stages a candidate of an interleaved family has (the deepest of its depths), else None."""
+        return self.depths[-1] if self.vpp > 1 and self.depths else None
+
+    @functools.cached_property
     def bound_ends(self) -> Ends:
         return Ends.of(self.a, self.ends, 0, len(self.a) - 1) if self.ordered else Ends.any_order(self.a, self.ends)
 
@@ -553,7 +566,7 @@ class _Family:
         mix = self.mixes[sum(lo) >= 2]
         # two or more stages: ZeRO-2/3 traffic, and the DP tail of the slowest group to sync (read only where the
         # bound without it is below target: the tail terms are worked out when first read)
-        plain = box_bound(a, lo, hi, ends, L, self.mb, self.send, v, mix=mix, whole=True)
+        plain = box_bound(a, lo, hi, ends, L, self.mb, self.send, v, mix=mix, whole=True, max_stages=self.deepest)
         if plain >= target:
             return plain
         tail = 0.0 if sum(lo) < 2 else self._box_tail(self.zt, hi, L)
@@ -563,7 +576,9 @@ class _Family:
         floor = _memory_floor(self.zt, afters[::-1], hi, v)
         if floor == float("inf"):
             return floor
-        return box_bound(a, lo, hi, ends, L, self.mb, self.send, v, floor, mix, whole=True) + tail
+        return (
+            box_bound(a, lo, hi, ends, L, self.mb, self.send, v, floor, mix, whole=True, max_stages=self.deepest) + tail
+        )
 
     def _clip(self, lo, hi):
         """The box narrowed to the depths that take the family's vpp: with P = sum k between the least such depth
@@ -588,7 +603,19 @@ class _Family:
         over the ZeRO stages."""
         v = self.vpp
         plain_mix, lined = self.open_terms
-        plain = box_bound(self.a, lo, hi, self.bound_ends, L, self.mb, self.send, v, mix=plain_mix, whole=True)
+        plain = box_bound(
+            self.a,
+            lo,
+            hi,
+            self.bound_ends,
+            L,
+            self.mb,
+            self.send,
+            v,
+            mix=plain_mix,
+            whole=True,
+            max_stages=self.deepest,
+        )
         if not self.zts:
             return plain
         best = float("inf")
@@ -596,7 +623,7 @@ class _Family:
             if sum(z.room(0, k_hi, v) for z, k_hi in zip(zt, hi)) < L:
                 continue
             a, ends, mix = (self.a, self.bound_ends, plain_mix) if sum(lo) < 2 else terms
-            zbound = box_bound(a, lo, hi, ends, L, self.mb, self.send, v, mix=mix, whole=True)
+            zbound = box_bound(a, lo, hi, ends, L, self.mb, self.send, v, mix=mix, whole=True, max_stages=self.deepest)
             tail = 0.0
             if sum(lo) >= 2 and zbound < min(best, target):  # (the tail terms are worked out when first read)
                 tail = self._box_tail(zt, hi, L)
@@ -605,7 +632,12 @@ class _Family:
                 floor = _memory_floor(zt, [0] * len(zt), hi, v)
                 if floor == float("inf"):
                     continue
-                zbound = box_bound(a, lo, hi, ends, L, self.mb, self.send, v, floor, mix, whole=True) + tail
+                zbound = (
+                    box_bound(
+                        a, lo, hi, ends, L, self.mb, self.send, v, floor, mix, whole=True, max_stages=self.deepest
+                    )
+                    + tail
+                )
             best = min(best, zbound)
         return best
 
