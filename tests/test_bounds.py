@@ -838,20 +838,31 @@ def test_memory_floor_is_below_every_whole_layer_split_that_fits():
     assert lifted
 
 
+def moe6_context() -> MixedContext:
+    """The search context of mixed_job(MOE6), every ZeRO stage of the mixed search, micro-batches up to 2."""
+    j = mixed_job(MOE6)
+    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2)
+    return MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
+
+
+def tp_choice_nodes(ctx):
+    """Every _TpChoiceNode of ctx's search tree: the roots and, below each, the nodes its TP choices open."""
+    stack = [grp for _, grp, _ in mixed_pipelines._families(ctx)]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, mixed_pipelines._TpChoiceNode):
+            yield node
+            stack += [child for _, child, _ in node.families(ctx)]
+
+
 def test_tp_choice_nodes_count_the_layer_kinds_apart():
     """A _TpChoiceNode of MOE6 (its free groups standing for every TP choice) bounds with the two layer kinds
     counted apart (_TpChoiceNode._kind_mix: per kind the best throughput of a row's choices, the least MoE-to-dense
     ratio over every choice): at least its bound pricing every layer at the cheaper kind, above it somewhere.
     That the bounds on the way to a candidate hold for its every plan is test_mixed_pipeline_bounds_hold_for_every_plan."""
-    j = mixed_job(MOE6)
-    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2)
-    ctx = MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
+    ctx = moe6_context()
     raised = nodes = 0
-    stack = [grp for _, grp, _ in mixed_pipelines._families(ctx)]
-    while stack:
-        node = stack.pop()
-        if not isinstance(node, mixed_pipelines._TpChoiceNode):
-            continue
+    for node in tp_choice_nodes(ctx):
         nodes += 1
         with_kinds = node.bound(ctx)
         plain = mixed_pipelines._TpChoiceNode._kind_mix
@@ -862,7 +873,6 @@ def test_tp_choice_nodes_count_the_layer_kinds_apart():
             mixed_pipelines._TpChoiceNode._kind_mix = plain
         assert with_kinds >= without * (1 - 1e-12)
         raised += with_kinds > without * (1 + 1e-9)
-        stack += [child for _, child, _ in node.families(ctx)]
     assert nodes and raised
 
 
@@ -870,20 +880,13 @@ def test_tp_choice_nodes_bound_the_groups_memory():
     """A _TpChoiceNode's bound with its groups' memory (each group at the roomiest of its TP choices, per ZeRO
     stage) is at least its bound without, and above it somewhere (inf where no ZeRO stage holds the layers).
     That it holds for every plan below the node is test_the_highest_bounds_on_the_way_hold_for_every_plan."""
-    j = mixed_job(MOE6)
-    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2)
-    ctx = MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
+    ctx = moe6_context()
     raised = nodes = 0
-    stack = [grp for _, grp, _ in mixed_pipelines._families(ctx)]
-    while stack:
-        node = stack.pop()
-        if not isinstance(node, mixed_pipelines._TpChoiceNode):
-            continue
+    for node in tp_choice_nodes(ctx):
         nodes += 1
         with_memory, without = node.bound(ctx), node.bound(ctx, memory=False)
         assert with_memory >= without
         raised += with_memory > without * (1 + 1e-9)
-        stack += [child for _, child, _ in node.families(ctx)]
     assert nodes and raised
 
 
@@ -908,11 +911,7 @@ def test_a_tp_choice_nodes_memory_floor_is_below_every_family_under_it(model):
     ctx = MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
     L = j.model.num_layers
     checked = equal = 0
-    stack = [grp for _, grp, _ in mixed_pipelines._families(ctx)]
-    while stack:
-        node = stack.pop()
-        if not isinstance(node, mixed_pipelines._TpChoiceNode):
-            continue
+    for node in tp_choice_nodes(ctx):
         floor = node.memory_floor(ctx)
         for _, fam, (_, hi) in families(ctx, node):
             if sum(z.room(0, k, fam.vpp) for z, k in zip(fam.zt, hi)) < L:
@@ -921,7 +920,6 @@ def test_a_tp_choice_nodes_memory_floor_is_below_every_family_under_it(model):
             assert floor <= below * (1 + 1e-12), (node, fam.used, fam.zero)
             checked += 1
             equal += floor == below > 0
-        stack += [child for _, child, _ in node.families(ctx)]
     assert checked and equal
 
 

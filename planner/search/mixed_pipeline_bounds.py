@@ -139,7 +139,9 @@ def box_bound(
     group whose TP is still open: hi/a its best throughput), which holds a continuous share instead. ``max_stages``:
     the most stages a candidate has (default L // v: one chunk of v layers each; fewer where the interleaved schedule
     runs only at some depths)."""
-    if mix is not None and mix.moe and whole and ends.ordered and not any(relaxed):
+    # a box in pipeline order knows which of its stages sit past the model's leading dense layers
+    moe_positions = mix is not None and mix.moe and whole and ends.ordered and not any(relaxed)
+    if moe_positions:
         a, ends = moe_only_rates(a, lo, ends, mix)
     sends = send is not None and sum(lo) >= 2
     ys = send if sends else (0.0,) * len(a)  # each group's sends (none for fewer than two stages)
@@ -155,7 +157,7 @@ def box_bound(
         if k_lo:
             top = max(top, v * x + y)  # a stage of this group surely holds a layer (a chunk of v layers)
             work += k_lo * (v * (x - fast) + y)
-    if mix is not None and mix.moe and whole and ends.ordered and not any(relaxed):
+    if moe_positions:
         top = max(top, moe_only_top(mix, lo, ys, v))
     T = max(top, (L + ends.emb_per_a + ends.logits_per_a + over) / inv, floor)
     cap = L // v if max_stages is None else min(max_stages, L // v)
@@ -633,9 +635,9 @@ def refined_bound(
             _kind_memory_times(ctx, sm, g, s, z) for s, (sm, g, z) in enumerate(zip(sms, c.stage_groups, lift))
         ]
     # the recompute each stage's memory forces on its share of the heavy layers counts in the work too
-    heavy = ys if fam.kinds is not None else [r.a for r in rows]
-    light = fam.kind_counts[0] * min(xs) if fam.kinds is not None else 0.0
-    work = max(work, sum(cst) + light + memory_work(ctx, c, sms, heavy, fam.kinds is None))
+    # (one kind: ys are the stages' per-layer seconds and kind_counts (0, 0))
+    light = fam.kind_counts[0] * min(xs)
+    work = max(work, sum(cst) + light + memory_work(ctx, c, sms, ys, fam.kinds is None))
     # the largest DP tail: at least each stage's least, and the layers must sit somewhere (stages_tail_bottleneck)
     tail = max(max(r.tail for r in rows), stages_tail_bottleneck([r.tail_profile.reach for r in rows], layers, v))
     mb = sms[0].mb

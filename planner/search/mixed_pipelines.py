@@ -97,9 +97,6 @@ DIVE = 0.05
 # every suite job where that holds); where it is not, a longer look only delays the mixed search (Llama 4 Maverick
 # on four types: a 1.8-s look found a plan 14x slower than the best).
 REPLICA_LOOK = 0.01
-# A TP-choice node's memory bound (the groups' models at each choice, _TpChoiceNode.bound) is only worked out once
-# at most this many groups' TP choices are still open: with more, its relaxation cuts few nodes and costs most.
-MEMORY_FREE = 0
 
 
 @dataclass(frozen=True)
@@ -251,9 +248,10 @@ class _TpChoiceNode:
     fixed: tuple[int | None, ...] = ()
     ep: int = 1
     vpp: int = 1
-    # put in line at its bound without the memory terms (cheap); the first time it comes out of line it goes back
-    # in at its bound with them (bound(memory=True)), which builds the groups' models: only for nodes the search
-    # reaches
+    # put in line at its bound without the memory terms (cheap); a node with every TP choice made goes back in line
+    # at its bound with them (bound(memory=True), which builds the groups' models) the first time it comes out of
+    # line, before it builds its family. (Above the leaves, the memory terms at the roomiest of several choices cut
+    # few nodes and build the models of every choice.)
     memory: bool = False
 
     def max_pp(self, ctx: MixedContext) -> int:
@@ -302,34 +300,33 @@ class _TpChoiceNode:
         that is below ``target``, the groups' memory too, per ZeRO stage, each group at the roomiest of its choices
         (_memory_rows): inf when they cannot hold the layers at any ZeRO stage, else the least bottleneck their
         memory forces (memory_floor) over the ZeRO stages."""
-        rows, choices = [], []
-        for i, g in enumerate(ctx.order):
-            if i < len(self.fixed):
-                tp = self.fixed[i]
-                if tp:
-                    a, ends, send = self._terms(ctx, (g, tp))
-                    rows.append((a, ends, send, 1, self.kmax_of[g][tp], False))
-                    choices.append(((g, tp),))
-            else:
-                row = self._free(ctx, i)
-                if row:
-                    rows.append((*row, True))
-                    choices.append(tuple((g, tp) for tp in self.tp_opts[i] if tp))
-        if not rows:
+        choices = self._choices(ctx)
+        if not choices:
             return float("inf")
+        rows = []
+        for i, row_choices in choices:
+            if i < len(self.fixed):  # a used group at its one TP choice
+                g, tp = row_choices[0]
+                rows.append((*self._terms(ctx, (g, tp)), 1, self.kmax_of[g][tp], False))
+            else:
+                rows.append((*self._free(ctx, i), True))
+        choices = [c for _, c in choices]
         a, ends, send, lo, hi, free = zip(*rows)
         L = ctx.job.model.num_layers
         mix = self._kind_mix(ctx, choices, hi)
         ends = Ends.any_order(a, ends)
-        deepest = _depths(ctx, self.vpp, self.mb)[-1] if self.vpp > 1 and _depths(ctx, self.vpp, self.mb) else None
+        depths = _depths(ctx, self.vpp, self.mb) if self.vpp > 1 else ()
+        deepest = depths[-1] if depths else None
         plain = box_bound(
             a, lo, hi, ends, L, self.mb, send, self.vpp, mix=mix, whole=True, relaxed=free, max_stages=deepest
         )
         if not memory or plain >= target:
             return plain
-        floor = self.memory_floor(ctx, choices)
-        if floor <= 0.0 or floor == float("inf"):
-            return plain if floor <= 0.0 else floor
+        floor = self.memory_floor(ctx)
+        if floor == float("inf"):
+            return floor
+        if floor <= 0.0:
+            return plain
         return max(
             plain,
             box_bound(
@@ -337,22 +334,26 @@ class _TpChoiceNode:
             ),
         )
 
-    def memory_floor(self, ctx: MixedContext, choices=None) -> float:
+    def _choices(self, ctx: MixedContext) -> list[tuple[int, tuple[tuple[int, int], ...]]]:
+        """(index in ctx.order, (group, TP) choices) of each row of the node: a used group's one fixed choice, a
+        group whose TP is still open its every TP (the unused groups, and those with no TP option, have none)."""
+        out = []
+        for i, g in enumerate(ctx.order):
+            tps = (self.fixed[i],) if i < len(self.fixed) else self.tp_opts[i]
+            row = tuple((g, tp) for tp in tps if tp)
+            if row:
+                out.append((i, row))
+        return out
+
+    def memory_floor(self, ctx: MixedContext) -> float:
         """The least bottleneck (seconds per micro-batch of the slowest stage) at which the node's groups hold the
         layers in memory, over the ZeRO stages (one for the whole pipeline), each group at the roomiest of its
         choices (_memory_rows): memory_floor, and kind_memory_floor for a model with dense and MoE layers, as
-        _memory_floor for a family; inf where no ZeRO stage has the room, 0 where a group has no depth-3 model.
-        ``choices``: each used or free group's (group, TP) choices, as bound has them."""
+        _memory_floor for a family; inf where no ZeRO stage has the room, 0 where a group has no depth-3 model."""
         L = ctx.job.model.num_layers
-        if choices is None:
-            choices = [
-                ((g, self.fixed[i]),) if i < len(self.fixed) else tuple((g, tp) for tp in self.tp_opts[i] if tp)
-                for i, g in enumerate(ctx.order)
-            ]
-            choices = [c for c in choices if c and c[0][1]]
         floor = float("inf")
         heavy = heavy_kind(ctx.job.model)[1]
-        for per_zero in zip(*(self._memory_rows(ctx, c) for c in choices)):
+        for per_zero in zip(*(self._memory_rows(ctx, c) for _, c in self._choices(ctx))):
             if sum(room for room, _, _ in per_zero) < L:
                 continue
             if any(row is None for _, row, _ in per_zero):
@@ -384,7 +385,7 @@ class _TpChoiceNode:
                     alts.append(z.memory_terms(0, self.vpp))
                     times.append(z.kind_times(0, self.vpp))
                 row = None if None in alts else (stages, tuple(alts))
-                kinds = None if None in times else (stages, tuple(map(min, *times)) if len(times) > 1 else times[0])
+                kinds = None if None in times else (stages, tuple(map(min, zip(*times))))
                 out.append((max(rooms), row, kinds))
             hit = ctx.caches.memory_rows[key] = tuple(out)
         return hit
@@ -988,7 +989,7 @@ def search_hetero(
         put back in line at their refined bounds)."""
         nonlocal settled
         if isinstance(fam, _TpChoiceNode):
-            if not fam.memory and len(fam.fixed) >= len(ctx.order) - MEMORY_FREE:
+            if not fam.memory and len(fam.fixed) == len(ctx.order):
                 push(max(lb, fam.bound(ctx, cut())), dataclasses.replace(fam, memory=True), None)
                 return
             for flb, family, fbox in fam.families(ctx, cut()):
