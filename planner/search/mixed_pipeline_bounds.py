@@ -45,7 +45,12 @@ class Ends:
     @classmethod
     def of(cls, a, ends, first: int, last: int) -> Ends:
         (ef, _), (_, ll) = ends[first], ends[last]
-        return cls(ef, ll, ef / a[first], ll / a[last], a[first] + ef, a[last] + ll)
+        return cls.at(ef, ll, a[first], a[last])
+
+    @classmethod
+    def at(cls, emb: float, logits: float, a_first: float, a_last: float) -> Ends:
+        """The ordered terms of an embedding and a logits on stages of a_first and a_last seconds per layer."""
+        return cls(emb, logits, emb / a_first, logits / a_last, a_first + emb, a_last + logits)
 
     @classmethod
     def any_order(cls, a, ends) -> Ends:
@@ -213,10 +218,7 @@ def moe_only_rates(a, lo, ends: Ends, mix: KindMix) -> tuple[tuple[float, ...], 
         before += k_lo
     if all(x == y for x, y in zip(a, out)):
         return a, ends
-    first, last = out[0], out[-1]
-    return tuple(out), Ends(
-        ends.emb, ends.logits, ends.emb / first, ends.logits / last, first + ends.emb, last + ends.logits
-    )
+    return tuple(out), Ends.at(ends.emb, ends.logits, out[0], out[-1])
 
 
 def moe_only_top(mix: KindMix, lo, ys, v: int) -> float:
