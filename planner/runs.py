@@ -6,7 +6,8 @@ that is not a mapping, duplicated ids; a value of the wrong type (``hidden: big`
 Where a source leaves a setting unstated, the reader fills the framework's documented default and records it in
 ``assumed`` so the report can show it:
 - ffn_hidden -> 4*hidden (GPT/Megatron default); kv_heads -> heads (MHA); cp, ep, vpp -> 1; micro_batch -> 1;
-- sequence parallelism -> on when tp > 1 (Megatron-Core default practice);
+- sequence parallelism -> on when tp > 1 (Megatron-Core default practice), off where the source predates it
+  (SEQUENCE_PARALLEL_SINCE);
 - recompute -> the least of none/selective/full with which the layout fits in memory;
 - attention kernel -> flash when the architecture or framework names a fused kernel (flash, Megatron-Core) or the
   run comes from a stack whose default it is (NeMo, Megatron-Bridge, torchtitan: ``training_stack``), else the
@@ -331,8 +332,14 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
         assumed.append("micro_batch=1")
     sp = par.bool("sp")
     if sp is None:
-        sp = tp > 1
-        assumed.append(f"sp={str(sp).lower()}")
+        month = _source_month(e)
+        if tp > 1 and month is not None and month < SEQUENCE_PARALLEL_SINCE:
+            sp = False
+            since = "-".join(f"{x:02d}" for x in SEQUENCE_PARALLEL_SINCE)
+            assumed.append(f"sp=false (the source, {month[0]}-{month[1]:02d}, predates sequence parallelism, {since})")
+        else:
+            sp = tp > 1
+            assumed.append(f"sp={str(sp).lower()}")
     zero_text = _text(par.get("zero"), par.get("fsdp_sharding_strategy"))
     if "full_shard" in zero_text or "fsdp" in zero_text or zero_text.strip() == "3":
         zero = 3
@@ -466,6 +473,9 @@ FP32_PARAMS_FRAMEWORKS = ("pytorch fsdp", "fsdp2")
 # scaling: the published torchtitan runs (2024-12 to 2025-06) predate 0.3, whose converter is rowwise-only; their
 # Float8 linears ran torchao's default Float8LinearConfig(), tensorwise (0.2 components/quantization/float8.py).
 RUN_FP8_RECIPES = {"torchtitan": ("tensorwise", "torchtitan default before 0.3")}
+# Megatron-LM's sequence parallelism appeared with Korthikanti et al., 'Reducing Activation Recomputation in Large
+# Transformer Models' (arXiv 2205.05198, 2022-05): a run whose source is older and leaves sp unstated ran without it.
+SEQUENCE_PARALLEL_SINCE = (2022, 5)
 # Activation recomputation where a run leaves it unstated: NeMo's and Megatron-Bridge's recipes leave it off
 # (Megatron-Core TransformerConfig recompute_granularity = None; NeMo 1.x configs
 # activations_checkpoint_granularity: null) unless the recipe sets it, which the run would then state.
@@ -531,12 +541,16 @@ def _node_group(n_gpus: int, gpus_per_node: int) -> dict[str, int]:
 
 
 def _source_month(e: dict) -> tuple[int, int] | None:
-    """(year, month) a run's source names in its title (benchmark files such as 'llama3_h100_202412_torchtitan.md'
-    or 'asyncTP_llama3_h100_2025-06_torchtitan.md'), or None."""
+    """(year, month) a run's source names in its title: a benchmark file such as 'llama3_h100_202412_torchtitan.md'
+    or 'asyncTP_llama3_h100_2025-06_torchtitan.md', or an arXiv identifier ('arXiv 2201.11990': YYMM.number, the
+    month of its first version); None if it names neither."""
     source = e.get("source")
     title = str(source.get("title") or "") if isinstance(source, dict) else str(source or "")
     m = re.search(r"(?<!\d)(20[1-3]\d)-?(0[1-9]|1[0-2])(?!\d)", title)
-    return (int(m.group(1)), int(m.group(2))) if m else None
+    if m:
+        return int(m.group(1)), int(m.group(2))
+    m = re.search(r"arxiv[: ]*(\d{2})(0[1-9]|1[0-2])\.\d{4,5}", title, re.IGNORECASE)
+    return (2000 + int(m.group(1)), int(m.group(2))) if m else None
 
 
 def _flagged_inconsistent(e: dict) -> bool:

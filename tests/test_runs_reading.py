@@ -198,3 +198,26 @@ def test_pytorch_fsdp_keeps_fp32_parameters_as_the_master_copy(tmp_path):
     cases = read(tmp_path, composer, titan, megatron, replicated)
     assert [c.job.training.fp32_params for c in cases] == [True, True, False, False]
     assert "fp32_params=true (PyTorch FSDP keeps fp32 parameters, cast when gathered)" in cases[0].assumed
+
+
+@pytest.mark.parametrize(
+    "title, sp",
+    [
+        ("Smith et al. 2022, 'Using DeepSpeed and Megatron to Train MT-NLG 530B' (arXiv 2201.11990)", False),
+        ("Zeng et al. 2022, 'GLM-130B' (arXiv 2210.02414)", True),  # after arXiv 2205.05198
+        ("NVIDIA/Megatron-LM README.md (commit f2e5db402c, 2024-07)", True),
+        ("a blog post", True),  # no date: Megatron-Core practice
+    ],
+)
+def test_unstated_sequence_parallelism_is_off_where_the_source_predates_it(tmp_path, title, sp):
+    r = run(parallel__tp=8, parallel__dp=1)
+    r["source"] = {"title": title}
+    r["source_group"] = "other"
+    (case,) = read(tmp_path, r)
+    assert all(layout.sequence_parallel is sp for layout in case.layout_choices)
+    if not sp:
+        assert "sp=false (the source, 2022-01, predates sequence parallelism, 2022-05)" in case.assumed
+    stated = run(parallel__tp=8, parallel__dp=1, parallel__sp=True)
+    stated["source"] = {"title": title}
+    (case,) = read(tmp_path, stated)
+    assert all(layout.sequence_parallel for layout in case.layout_choices)  # a stated value wins

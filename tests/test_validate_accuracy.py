@@ -34,8 +34,9 @@ def test_iteration_time_accuracy(report):
     # no worse than before the modern stacks' terms (5.08% / 17.81% at the time they landed). The TP overlap of
     # each collective with its own GEMM (stage.tp_overlap_share) moved the median to 5.11%: Megatron's H100
     # weak-scaling rows with --tp-comm-overlap now show the reduce-scatter the short output projection cannot hide.
+    # MT-NLG read without sequence parallelism (its 2022-01 source predates it) moved the p90 to 16.98%.
     assert t["median_abs_error_pct"] <= 5.15
-    assert t["p90_abs_error_pct"] <= 17.9
+    assert t["p90_abs_error_pct"] <= 17.0
 
 
 def test_memory_accuracy(report):
