@@ -698,6 +698,53 @@ def test_least_schedule_time_is_the_least_schedule_over_every_split(monkeypatch)
         monkeypatch.setattr(B, "SCHEDULE_STEPS", 64)
 
 
+def test_least_schedule_with_tail_is_the_least_schedule_plus_tail_over_every_split(monkeypatch):
+    """least_schedule_with_tail against every split of the chunks over the stages (stage s holding n chunks takes
+    c_s + n a_s and has a DP tail of reaches[s][n v]): never above the best split's k max t + sum t / v + max
+    tail, equal to it when the steps are not cut short, never below least_schedule_time plus the least tail of
+    any split taken apart; with a target, at or above it exactly where the best split is."""
+    from planner.search import mixed_pipeline_bounds as B
+
+    rng = random.Random(13)
+    above = 0
+    for _ in range(300):
+        P, v = rng.randint(1, 4), rng.choice([1, 2])
+        L = rng.randint(max(P, 3), 10)
+        a = [rng.uniform(0.5, 3.0) for _ in range(P)]
+        c = [rng.uniform(0.0, 2.0) for _ in range(P)]
+        caps = [rng.randint(1, L) for _ in range(P)]
+        reaches = []
+        for _ in range(P):
+            steps = [rng.choice([0.0, rng.uniform(0.0, 4.0)]) for _ in range(L * v)]
+            tail = list(itertools.accumulate(steps, initial=rng.uniform(0.0, 3.0)))
+            reaches.append(tuple([tail[0], *tail]))  # reach[0] = reach[1]; reach[n] for n layers
+        k = rng.choice([0.0, 1.0, 3.0, 15.0])
+        values = [
+            (
+                max(ci + n * x for ci, n, x in zip(c, split, a)),
+                sum(ci + n * x for ci, n, x in zip(c, split, a)),
+                max(r[n * v] for r, n in zip(reaches, split)),
+            )
+            for split in _splits(L, caps)
+        ]
+        if not values:
+            continue
+        T = min(top for top, _, _ in values) * rng.choice([1.0, 0.9, 0.5])
+        best = min(k * top + total / v + tail for top, total, tail in values)
+        apart = B.least_schedule_time(a, c, caps, L, T, k, v) + min(tail for _, _, tail in values)
+        got = B.least_schedule_with_tail(a, c, caps, L, T, k, v, 0.0, reaches)
+        assert apart - 1e-9 <= got <= best * (1 + 1e-9)
+        above += got > apart * (1 + 1e-9)
+        target = best * rng.choice([0.9, 0.99, 1.01, 1.1])  # (not at best: float rounding)
+        with_target = B.least_schedule_with_tail(a, c, caps, L, T, k, v, 0.0, reaches, target)
+        assert with_target <= best * (1 + 1e-9)
+        monkeypatch.setattr(B, "SCHEDULE_STEPS", 10**6)
+        assert B.least_schedule_with_tail(a, c, caps, L, T, k, v, 0.0, reaches) == pytest.approx(best, rel=1e-9)
+        assert (B.least_schedule_with_tail(a, c, caps, L, T, k, v, 0.0, reaches, target) >= target) == (best >= target)
+        monkeypatch.setattr(B, "SCHEDULE_STEPS", 64)
+    assert above > 20  # the joint bound is above the two bounded apart on many of them
+
+
 def test_box_schedule_time_is_below_every_candidate_of_the_box(monkeypatch):
     """box_schedule_time against every stage-count vector of a box and every split of the chunks over its stages
     (a stage of group g takes y_g + chunks * v * a_g, the first also the embedding and the last the logits, in

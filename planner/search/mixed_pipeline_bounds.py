@@ -461,6 +461,39 @@ def least_schedule_time(a, c, caps, L: int, T: float, k: float, v: int, work_flo
     return _least_over_steps(at, T, list(zip(a, c, caps)), k, v, floor)
 
 
+def least_schedule_with_tail(
+    a, c, caps, L: int, T: float, k: float, v: int, work_floor: float, reaches, target: float | None = None
+) -> float:
+    """A lower bound on k * max_s t_s + sum_s t_s / v + max_s tail_s (least_schedule_time plus the largest DP tail
+    of the stages, which the iteration adds: planner.cost.estimate.evaluate_stages) with the tail and the split
+    bounded together. Stage s holding n layers has a tail of at least reaches[s][n] (TailProfile.reach, growing
+    with n), so with the largest tail at most tau it holds at most the n with reaches[s][n] <= tau (in whole chunks
+    of v: ``caps`` and ``L`` count chunks, ``reaches`` layers), and the schedule takes at least
+    least_schedule_time under those caps, plus tau. Bounded apart, the least tail of any split and the least
+    schedule of any split add up to less where the split with the least schedule puts the most layers on stages
+    with large tails (a mix of GPUs whose DP rings differ). The least over tau lies at one of the reach values
+    (the caps only step up there); they are walked upwards from the least tail at which every stage holds a layer
+    until tau plus the schedule with no tail cap reaches the least found. With ``target``: where some level is
+    below it, the walk stops there and the bound returned is that first floor (the schedule with no tail cap plus
+    the least level), valid but weaker."""
+    free = least_schedule_time(a, c, caps, L, T, k, v, work_floor)
+    tails = [reach[1:] for reach in reaches]
+    first = max(values[v - 1] for values in tails)  # every stage holds at least one chunk
+    levels = [x for x in merged_levels(tails) if x >= first]
+    best = float("inf")
+    for tau in levels:
+        if tau + free >= best:
+            break
+        held = [min(cap, bisect.bisect_right(values, tau) // v) for cap, values in zip(caps, tails)]
+        if min(held) < 1 or sum(held) < L:
+            continue
+        value = least_schedule_time(a, c, held, L, T, k, v, work_floor) + tau
+        if target is not None and value < target:
+            return free + first
+        best = min(best, value)
+    return best
+
+
 def _least_over_steps(at, T: float, steps, k: float, v: int, work: float) -> float:
     """The least of at(M) over M >= T for least_schedule_time and box_schedule_time: at(M) = k M + (a least work
     that only falls where some room steps up) / v, with ``steps`` (u, c, most) per row, whose room steps up at
@@ -667,6 +700,10 @@ def refined_bound(
     if bound >= target:
         return bound
     if target < float("inf"):
+        reaches = [r.tail_profile.reach for r in rows]
+        joint = least_schedule_with_tail(a, cst, caps, L, T, mb - 1 / v, v, work, reaches, target)
+        if joint >= target:
+            return joint  # the schedule and the DP tail of the splits that hold the layers reach the target
         times = [functools.partial(_layer_time, x, y, windows, ci) for x, y, ci in zip(xs, ys, cst)]
         if not _hold_within_tail(rows, layer_caps, layers, times, T, mb - 1 / v, target - work / v):
             return target  # the stages cannot hold the layers with every stage's time and DP tail within target
