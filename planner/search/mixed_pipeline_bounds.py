@@ -10,6 +10,7 @@ from __future__ import annotations
 import bisect
 import functools
 import heapq
+import itertools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
@@ -462,21 +463,26 @@ def least_schedule_time(a, c, caps, L: int, T: float, k: float, v: int, work_flo
 
 
 def least_schedule_with_tail(
-    a, c, caps, L: int, T: float, k: float, v: int, work_floor: float, reaches, target: float | None = None
+    times, L: int, T: float, k: float, v: int, work_floor: float, reaches, target: float | None = None
 ) -> float:
-    """A lower bound on k * max_s t_s + sum_s t_s / v + max_s tail_s (least_schedule_time plus the largest DP tail
-    of the stages, which the iteration adds: planner.cost.estimate.evaluate_stages) with the tail and the split
-    bounded together. Stage s holding n layers has a tail of at least reaches[s][n] (TailProfile.reach, growing
-    with n), so with the largest tail at most tau it holds at most the n with reaches[s][n] <= tau (in whole chunks
-    of v: ``caps`` and ``L`` count chunks, ``reaches`` layers), and the schedule takes at least
-    least_schedule_time under those caps, plus tau. Bounded apart, the least tail of any split and the least
-    schedule of any split add up to less where the split with the least schedule puts the most layers on stages
-    with large tails (a mix of GPUs whose DP rings differ). The least over tau lies at one of the reach values
-    (the caps only step up there); they are walked upwards from the least tail at which every stage holds a layer
-    until tau plus the schedule with no tail cap reaches the least found. With ``target``: where some level is
-    below it, the walk stops there and the bound returned is that first floor (the schedule with no tail cap plus
-    the least level), valid but weaker."""
-    free = least_schedule_time(a, c, caps, L, T, k, v, work_floor)
+    """A lower bound on k * max_s t_s + sum_s t_s / v + max_s tail_s (the schedule, as least_schedule_time, plus
+    the largest DP tail of the stages, which the iteration adds: planner.cost.estimate.evaluate_stages) over the
+    splits of L layers (chunks of v: ``times`` and ``L`` count chunks, ``reaches`` layers) with the bottleneck,
+    the stage times and the tails bounded together. ``times[s][q - 1]``: a floor on stage s's seconds per
+    micro-batch with q chunks (growing with q; inf where it cannot hold them), so with max_s t_s <= M it holds at
+    most the q with times[s][q - 1] <= M (least_schedule_of_times). Stage s holding n layers has a DP tail of at
+    least reaches[s][n] (TailProfile.reach, growing with n), so with the largest tail at most tau it holds at most
+    the chunks whose tail is within tau, and the schedule under those caps, plus tau, bounds every split whose
+    tail is tau. Bounded apart, the least tail of any split and the least schedule of any split add up to less
+    where the split with the least schedule puts the most layers on stages with large tails (GPUs whose DP rings
+    differ) or where memory forces recompute on the stages that would take the most layers. The least over tau
+    lies at one of the reach values (the caps only step up there); they are walked upwards from the least tail
+    at which every stage holds a chunk until tau plus the schedule with no tail cap reaches the least found. With
+    ``target``: where some level is below it, the walk stops there and the bound returned is that first floor
+    (the schedule with no tail cap plus the least level), valid but weaker."""
+    hulls = [_hull_increments(t) for t in times]
+    full = [len(t) for t in times]
+    free = least_schedule_of_times(times, hulls, full, L, T, k, v, work_floor)
     tails = [reach[1:] for reach in reaches]
     first = max(values[v - 1] for values in tails)  # every stage holds at least one chunk
     levels = [x for x in merged_levels(tails) if x >= first]
@@ -484,14 +490,70 @@ def least_schedule_with_tail(
     for tau in levels:
         if tau + free >= best:
             break
-        held = [min(cap, bisect.bisect_right(values, tau) // v) for cap, values in zip(caps, tails)]
+        held = [min(most, bisect.bisect_right(values, tau) // v) for most, values in zip(full, tails)]
         if min(held) < 1 or sum(held) < L:
             continue
-        value = least_schedule_time(a, c, held, L, T, k, v, work_floor) + tau
+        value = least_schedule_of_times(times, hulls, held, L, T, k, v, work_floor) + tau
         if target is not None and value < target:
             return free + first
         best = min(best, value)
     return best
+
+
+def least_schedule_of_times(times, hulls, most, L: int, T: float, k: float, v: int, work_floor: float) -> float:
+    """least_schedule_time for stage times given as floors by count: stage s takes at least times[s][q - 1] with
+    q chunks (growing with q), holds at most most[s] of them, and T <= max_s t_s. With max_s t_s <= M it holds at
+    most the q with times[s][q - 1] <= M, and sum_s t_s is at least W(M), the least sum over the splits under
+    those caps, taken on each stage's lower convex envelope (``hulls``: _hull_increments) so that the cheapest
+    next chunk of any stage first gives it (at most the least over the true times). W only falls where a cap
+    steps up (M at one of the times), and k M + W(M) / v grows between those steps, so the least lies at T or at
+    a step: walked upwards as _least_over_steps does."""
+    S = len(times)
+    if S > L:
+        return float("inf")
+    base = sum(t[0] for t in times)
+
+    def work(held) -> float:
+        extra = L - S
+        if not extra:
+            return base
+        rest = sorted(itertools.chain.from_iterable(h[: n - 1] for h, n in zip(hulls, held)))
+        return base + sum(rest[:extra]) if len(rest) >= extra else float("inf")
+
+    def at(M: float) -> float:
+        held = [min(n, bisect.bisect_right(t, M * (1 + 1e-12))) for t, n in zip(times, most)]
+        if min(held) < 1 or sum(held) < L:
+            return float("inf")
+        return k * M + max(work_floor, work(held)) / v
+
+    floor = max(work_floor, work(most))
+    best = at(T)
+    steps = sorted({x for t, n in zip(times, most) for x in t[:n] if T < x < float("inf")})
+    for i, M in enumerate(steps):
+        if i >= SCHEDULE_STEPS:
+            return min(best, k * M + floor / v)
+        if k * M + floor / v >= best:
+            return best
+        best = min(best, at(M))
+    return best
+
+
+def _hull_increments(values) -> list[float]:
+    """The increments q -> q + 1 of the lower convex envelope of q -> values[q - 1] (q = 1.. up to the first inf):
+    growing, and values[0] plus the first q - 1 of them is at most values[q - 1]."""
+    pts: list[tuple[int, float]] = []
+    for q, y in enumerate(values, 1):
+        if y == float("inf"):
+            break
+        while len(pts) >= 2 and (pts[-1][1] - pts[-2][1]) * (q - pts[-1][0]) >= (y - pts[-1][1]) * (
+            pts[-1][0] - pts[-2][0]
+        ):
+            pts.pop()
+        pts.append((q, y))
+    out: list[float] = []
+    for (q0, y0), (q1, y1) in zip(pts, pts[1:]):
+        out += [(y1 - y0) / (q1 - q0)] * (q1 - q0)
+    return out
 
 
 def _least_over_steps(at, T: float, steps, k: float, v: int, work: float) -> float:
@@ -700,14 +762,42 @@ def refined_bound(
     if bound >= target:
         return bound
     if target < float("inf"):
+        floors = _stage_time_floors(ctx, c, sms, rows, (a, xs, ys, windows), cst, caps, kind_memory)
         reaches = [r.tail_profile.reach for r in rows]
-        joint = least_schedule_with_tail(a, cst, caps, L, T, mb - 1 / v, v, work, reaches, target)
+        joint = least_schedule_with_tail(floors, L, T, mb - 1 / v, v, work, reaches, target)
         if joint >= target:
-            return joint  # the schedule and the DP tail of the splits that hold the layers reach the target
+            return joint  # the schedule, the memory and the DP tail of the splits that hold the layers reach it
         times = [functools.partial(_layer_time, x, y, windows, ci) for x, y, ci in zip(xs, ys, cst)]
         if not _hold_within_tail(rows, layer_caps, layers, times, T, mb - 1 / v, target - work / v):
             return target  # the stages cannot hold the layers with every stage's time and DP tail within target
     return bound
+
+
+def _stage_time_floors(ctx: MixedContext, c: HeteroCandidate, sms, rows, per_layer, cst, caps, kind_memory):
+    """Per stage, floors on its seconds per micro-batch holding q = 1..caps_s chunks of v layers (growing with q;
+    inf where it cannot hold them) for least_schedule_with_tail: the largest of cst_s + q a_s (``per_layer``'s a:
+    seconds per chunk), _layer_time at q v layers (the fewest MoE layers any q v consecutive ones have) and the
+    recompute its memory forces: kind_memory (dense and MoE layers, _kind_memory_times) or, with one kind,
+    quick.layer_slack over the stage's memory terms (the ceiling relaxed, as least_forced_work)."""
+    a, xs, ys, windows = per_layer
+    v = c.vpp
+    heavy = heavy_kind(ctx.job.model)[0]
+    out = []
+    for s, (sm, g) in enumerate(zip(sms, c.stage_groups)):
+        if kind_memory is None:
+            room, alpha, beta, _ = ctx.stage_terms(sm, g, s)
+            rc = sm.kinds[heavy].recompute_floor()
+        floors = []
+        for q in range(1, caps[s] + 1):
+            n = q * v
+            t = max(cst[s] + q * a[s], _layer_time(xs[s], ys[s], windows, cst[s], n))
+            if kind_memory is not None:
+                t = max(t, cst[s] + kind_memory[s][n - 1]) if n <= len(kind_memory[s]) else float("inf")
+            elif beta <= alpha:  # (a recomputed layer frees at most what it keeps: as least_forced_work)
+                t = max(t, cst[s] + layer_slack(n, room, alpha, beta, rows[s].a, rc))
+            floors.append(t)
+        out.append(floors)
+    return out
 
 
 def _layer_time(x: float, y: float, windows, const: float, n: int) -> float:
