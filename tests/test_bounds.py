@@ -395,7 +395,8 @@ def assert_bounds_hold(ctx, sample) -> None:
 @pytest.mark.parametrize("zero", [1, 3])
 def test_the_dp_tail_floor_holds_for_every_stage_of_any_layer_mix(zero):
     """MixedContext.tail_floor (and the ZeRO-2/3 line) of an MoE model with a dense first layer: at most the exposed
-    DP tail plus the stage's recompute seconds over vpp (what the bound also counts in sum_s t_s / vpp), and the
+    DP tail and the optimizer step (what the iteration adds after the stage's last backward) plus the stage's
+    recompute seconds over vpp (what the bound also counts in sum_s t_s / vpp), and the
     ZeRO line at most the per-micro-batch ZeRO traffic, of every stage at every layer split and recompute count,
     whatever mix of dense and MoE layers the stage holds, and so is the line with each kind's own slope
     (MixedContext.sharded_kinds, ZeRO-3: its MoE slope above the any-mix one, so the check bites); the floors are
@@ -419,7 +420,8 @@ def test_the_dp_tail_floor_holds_for_every_stage_of_any_layer_mix(zero):
     for split in compositions(L, 2):
         for rec in itertools.product(*(range(n + 1) for n in split)):
             for s, plan in enumerate(split_kinds(j, split, rec, False)):
-                exposed = sm.iteration_tail(s, plan)[0]
+                exposed, step = sm.iteration_tail(s, plan)
+                exposed += step
                 compute = sm.compute_form(s == 0, s == 1)
                 recompute_s = compute.at(plan) - compute.at(StagePlan(plan.dense, plan.moe))
                 for v in (1, 2, never):
@@ -441,11 +443,11 @@ def test_the_tail_profile_holds_for_every_run_of_layers(freq):
     """mixed_context.tail_profile of an MoE model with a dense first layer and an MoE layer every ``freq`` layers:
     for every stage position s of a 3-stage pipeline and every run of n consecutive layers a stage there could hold
     (the cost model counts a stage's layer kinds as one run at any vpp: split_kinds; it starts at layer s or later,
-    every stage before it holding one), its floor at n is at most the stage's exposed DP tail; it is above the
-    floor of one line for any mix of the kinds (_any_mix_line) somewhere; and with an MoE layer everywhere past the
+    every stage before it holding one), its floor at n is at most the stage's exposed DP tail plus its optimizer
+    step; it is above the floor of one line for any mix of the kinds (_any_mix_line) somewhere; and with an MoE layer everywhere past the
     dense one (freq 1) a later stage's profile (MoE layers only: moe_windows from its first layer) is above the one
     of a stage that may start anywhere somewhere (with freq 2 it may be too: near the model's end)."""
-    from planner.search.mixed_context import _any_mix_line
+    from planner.search.mixed_context import _any_mix_line, moe_window_arrays, tail_lines, tail_profile, window_start
 
     model = {**MOE6, "num_layers": 6, "moe": {**MOE6["moe"], "moe_layer_freq": freq}}
     j = parse_job(
@@ -464,14 +466,20 @@ def test_the_tail_profile_holds_for_every_run_of_layers(freq):
         profile, anywhere = ctx.tail_profile(sm, s), ctx.tail_profile(sm, s, start=0)
         first, last = s == 0, s == 2
         compute, forward = sm.compute_form(first, last), sm.forward_form(first, last)
-        mix = [_any_mix_line(x, compute, forward, j.model, False) for x in sm.tail_forms(first, last).parts()]
+        tail = sm.tail_forms(first, last)
+        mix = [_any_mix_line(x, compute, forward, j.model, False) for x in tail.parts()]
+        step = tail.optimizer  # (the step's line: its least per layer of either kind)
+        mix.append((step.const, min(step.dense, step.moe)))
+        paid = (sm.dims.vpp or 1) <= ctx.recompute_pays(sm, s)
+        dp_only = tail_profile(tail_lines(sm, s, paid)[:-1], moe_window_arrays(ctx, window_start(j.model, s)))
         for n in range(1, L - s + 1):
+            least_step = step.const + n * min(step.dense, step.moe)
+            assert least_step > 0 and profile.at[n] >= (dp_only.at[n] + least_step) * (1 - 1e-9)  # the step counts
             above_mix |= profile.at[n] > sum(max(0.0, c + p * n) for c, p in mix) * SLACK + 1e-12
             above_anywhere |= profile.at[n] > anywhere.at[n] * SLACK + 1e-12
             for start in range(s, L - n + 1):
                 moe = j.model.moe_layers_before(start + n) - j.model.moe_layers_before(start)  # (split_kinds)
-                exposed = sm.iteration_tail(s, StagePlan(n - moe, moe))[0]
-                assert profile.at[n] <= exposed * SLACK + 1e-12, (s, start, n)
+                assert profile.at[n] <= sum(sm.iteration_tail(s, StagePlan(n - moe, moe))) * SLACK + 1e-12, (s, n)
     assert above_mix
     assert above_anywhere or freq != 1
 

@@ -572,12 +572,19 @@ def kind_memory_times(
 
 
 def tail_lines(sm: StageModel, s: int, paid: bool) -> tuple[dict[str, tuple[float, float]], ...]:
-    """Stage s's exposed DP tail as parts max(0, traffic - share * window) (reduction behind the backward, gather
-    behind the forward: TailForms), each as its _kind_lines without recompute where the bound pays for it
-    (``paid``: see MixedContext.tail_floor), else with every layer recomputed."""
+    """What stage s adds after its last backward, as parts: its exposed DP tail, max(0, traffic - share * window)
+    (reduction behind the backward, gather behind the forward: TailForms), each as its _kind_lines without
+    recompute where the bound pays for it (``paid``: see MixedContext.tail_floor), else with every layer
+    recomputed; and its optimizer step (TailForms.optimizer, c + d * p_dense + e * p_moe). The iteration adds the
+    largest exposed tail and the largest step of the stages (planner.cost.estimate.evaluate_stages), at least
+    the largest sum of the two on one stage, so a bound may take that sum as the stage's tail."""
     first, last = s == 0, s == sm.dims.pp - 1
     compute, forward = sm.compute_form(first, last), sm.forward_form(first, last)
-    return tuple(_kind_lines(x, compute, forward, sm.job.model, not paid) for x in sm.tail_forms(first, last).parts())
+    tail = sm.tail_forms(first, last)
+    parts = tuple(_kind_lines(x, compute, forward, sm.job.model, not paid) for x in tail.parts())
+    step, count = tail.optimizer, layer_counts(sm.job.model)
+    optimizer = {"dense": (step.const, step.dense), "moe": (step.const + step.any_moe, step.moe)}
+    return (*parts, {k: v for k, v in optimizer.items() if count[k]})
 
 
 class TailProfile(NamedTuple):
