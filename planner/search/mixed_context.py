@@ -588,19 +588,20 @@ def tail_lines(sm: StageModel, s: int, paid: bool) -> tuple[dict[str, tuple[floa
 
 
 class TailProfile(NamedTuple):
-    """A stage's DP tail floor by its layer count n = 0..num_layers (tail_profile), and ``reach[n]``: the least of
-    it over n..num_layers (grows with n), which tells the most layers a stage can hold within a tail."""
+    """A stage's tail floor (its exposed DP tail and optimizer step: tail_lines) by its layer count n = 0..num_layers
+    (tail_profile), and ``reach[n]``: the least of it over n..num_layers (grows with n), which tells the most layers
+    a stage can hold within a tail."""
 
     at: tuple[float, ...]
     reach: tuple[float, ...]
 
 
 def tail_profile(lines, windows: tuple[np.ndarray, np.ndarray]) -> TailProfile:
-    """The floor of a stage's exposed DP tail (tail_lines) when it holds n consecutive layers, for every n: those
-    hold e MoE layers with fewest[n] <= e <= most[n] (moe_windows) and n - e dense ones, and each part is linear in
-    e for e >= 1 (_kind_lines), so its least value over e lies at fewest[n], most[n] or 1; the parts' least values
-    add up to at most the tail's. An MoE model whose few dense layers carry little traffic thus no longer has the
-    tail of a stage of dense layers only."""
+    """The floor of a stage's tail (tail_lines: its exposed DP tail and optimizer step) when it holds n consecutive
+    layers, for every n: those hold e MoE layers with fewest[n] <= e <= most[n] (moe_windows) and n - e dense ones,
+    and each part is linear in e for e >= 1 (_kind_lines), so its least value over e lies at fewest[n], most[n] or
+    1; the parts' least values add up to at most the tail's. An MoE model whose few dense layers carry little
+    traffic thus no longer has the tail of a stage of dense layers only."""
     fewest, most = windows
     n = np.arange(len(fewest), dtype=float)
     total = np.zeros(len(fewest))
