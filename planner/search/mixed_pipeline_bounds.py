@@ -266,7 +266,7 @@ def box_schedule_time(a, lo, hi, ys, L: int, T: float, k: float, v: int, fixed: 
 
     floor = k * T + work_floor / v  # schedule_bound(T, work_floor, m, v)
     steps = [(v * x, y, L // v) for x, _, _, y in rows]  # a group's room grows by a chunk per v a_g seconds
-    return max(floor, _least_over_steps(at, T, steps, k, v, work_floor))
+    return max(floor, _least_over_steps(at, T, _linear_steps(T, steps), k, v, work_floor))
 
 
 def whole_chunk_bottleneck(a, hi, ends: Ends, L: int, send, v: int, start: float, relaxed=()) -> float:
@@ -459,7 +459,7 @@ def least_schedule_time(a, c, caps, L: int, T: float, k: float, v: int, work_flo
             return float("inf")
         return k * M + max(work_floor, base + min_work(a, L, held)) / v
 
-    return _least_over_steps(at, T, list(zip(a, c, caps)), k, v, floor)
+    return _least_over_steps(at, T, _linear_steps(T, zip(a, c, caps)), k, v, floor)
 
 
 def least_schedule_with_tail(
@@ -526,16 +526,8 @@ def least_schedule_of_times(times, hulls, most, L: int, T: float, k: float, v: i
             return float("inf")
         return k * M + max(work_floor, work(held)) / v
 
-    floor = max(work_floor, work(most))
-    best = at(T)
     steps = sorted({x for t, n in zip(times, most) for x in t[:n] if T < x < float("inf")})
-    for i, M in enumerate(steps):
-        if i >= SCHEDULE_STEPS:
-            return min(best, k * M + floor / v)
-        if k * M + floor / v >= best:
-            return best
-        best = min(best, at(M))
-    return best
+    return _least_over_steps(at, T, steps, k, v, max(work_floor, work(most)))
 
 
 def _hull_increments(values) -> list[float]:
@@ -557,28 +549,37 @@ def _hull_increments(values) -> list[float]:
 
 
 def _least_over_steps(at, T: float, steps, k: float, v: int, work: float) -> float:
-    """The least of at(M) over M >= T for least_schedule_time and box_schedule_time: at(M) = k M + (a least work
-    that only falls where some room steps up) / v, with ``steps`` (u, c, most) per row, whose room steps up at
-    M = c + q u for q = 1..most. Between steps at(M) grows, so its least lies at T or at a step; the steps are
-    walked upwards while k M + work / v (at's floor at M, ``work`` the least work with no bottleneck) is below the
-    least found, at most SCHEDULE_STEPS of them (then that floor at the next step stands for the rest)."""
+    """The least of at(M) over M >= T for least_schedule_time, least_schedule_of_times and box_schedule_time:
+    at(M) = k M + (a least work that only falls where some room steps up) / v, ``steps`` the values M > T where
+    one does, ascending. Between steps at(M) grows, so its least lies at T or at a step; the steps are walked
+    upwards while k M + work / v (at's floor at M, ``work`` the least work with no bottleneck) is below the least
+    found, at most SCHEDULE_STEPS of them (then that floor at the next step stands for the rest)."""
     best = at(T)
+    for i, M in enumerate(steps):
+        if i >= SCHEDULE_STEPS:
+            return min(best, k * M + work / v)
+        if k * M + work / v >= best:
+            return best
+        best = min(best, at(M))
+    return best
+
+
+def _linear_steps(T: float, rows):
+    """The values M > T at which the room of some row (u, c, most) steps up, M = c + q u for q = 1..most,
+    ascending and without repeats (generated as the walk asks for them)."""
     line = []  # the next step of each row above T: (M, q, u, c, most)
-    for u, c, most in steps:
+    for u, c, most in rows:
         q = max(1, math.floor((T - c) / u + 1e-9) + 1)
         if q <= most:
             line.append((c + q * u, q, u, c, most))
     heapq.heapify(line)
-    for _ in range(SCHEDULE_STEPS):
-        if not line or k * line[0][0] + work / v >= best:
-            return best
+    while line:
         M = line[0][0]
         while line and line[0][0] <= M:
             _, q, u, c, most = heapq.heappop(line)
             if q < most:
                 heapq.heappush(line, (c + (q + 1) * u, q + 1, u, c, most))
-        best = min(best, at(M))
-    return min(best, k * line[0][0] + work / v) if line else best
+        yield M
 
 
 def kind_bottleneck(xs, ys, c, caps, D: int, E: int) -> float:
