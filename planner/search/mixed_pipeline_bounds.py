@@ -466,11 +466,12 @@ def least_schedule_with_tail(
     times, L: int, T: float, k: float, v: int, work_floor: float, reaches, target: float | None = None
 ) -> float:
     """A lower bound on k * max_s t_s + sum_s t_s / v + max_s tail_s (the schedule, as least_schedule_time, plus
-    the largest DP tail of the stages, which the iteration adds: planner.cost.estimate.evaluate_stages) over the
+    the largest tail of the stages, their exposed DP communication and optimizer step, which the iteration adds:
+    planner.cost.estimate.evaluate_stages and mixed_context.tail_lines) over the
     splits of L layers (chunks of v: ``times`` and ``L`` count chunks, ``reaches`` layers) with the bottleneck,
     the stage times and the tails bounded together. ``times[s][q - 1]``: a floor on stage s's seconds per
     micro-batch with q chunks (growing with q; inf where it cannot hold them), so with max_s t_s <= M it holds at
-    most the q with times[s][q - 1] <= M (least_schedule_of_times). Stage s holding n layers has a DP tail of at
+    most the q with times[s][q - 1] <= M (least_schedule_of_times). Stage s holding n layers has a tail of at
     least reaches[s][n] (TailProfile.reach, growing with n), so with the largest tail at most tau it holds at most
     the chunks whose tail is within tau, and the schedule under those caps, plus tau, bounds every split whose
     tail is tau. Bounded apart, the least tail of any split and the least schedule of any split add up to less
