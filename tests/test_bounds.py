@@ -223,8 +223,16 @@ def boxes_points(lo, hi, L):
 
 def brute_mixed(j, c, ctx, margin) -> Brute:
     out = Brute()
+    for _, rec, est in candidate_plans(j, c, ctx, margin):
+        out.add(est, sum(rec))
+    return out
+
+
+def candidate_plans(j, c, ctx, margin):
+    """(chunks per stage, recompute counts, Estimate) of every plan of one mixed candidate: every split of the
+    layers in whole chunks of vpp (interleaved) and every recompute count per stage."""
     L = j.model.num_layers
-    for chunks in compositions(L // c.vpp, c.pp):  # interleaved: every stage whole chunks of vpp layers
+    for chunks in compositions(L // c.vpp, c.pp):
         split = tuple(c.vpp * n for n in chunks)
         for rec in itertools.product(*[range(n + 1) for n in split]):
             full = all(r == n for r, n in zip(rec, split))
@@ -235,8 +243,7 @@ def brute_mixed(j, c, ctx, margin) -> Brute:
                 [StageModel(j, dims.stage_dims(s), ctx.costs(g)) for s, g in enumerate(c.stage_groups)],
             )
             plans = split_kinds(j, split, dims.stage_recompute, full)
-            out.add(evaluate_stages(j, dims, sms, plans, margin), sum(rec))
-    return out
+            yield chunks, rec, evaluate_stages(j, dims, sms, plans, margin)
 
 
 @pytest.mark.parametrize("model", [GPT6, MOE6], ids=["dense", "moe"])
@@ -347,25 +354,12 @@ def test_stage_time_floors_hold_for_every_plan_that_fits(model, monkeypatch):
         if not seen:
             continue  # cut before (the layers cannot fit)
         (floors,) = seen
-        L = j.model.num_layers
-        for chunks in compositions(L // c.vpp, c.pp):
-            split = tuple(c.vpp * n for n in chunks)
-            for rec in itertools.product(*[range(n + 1) for n in split]):
-                full = all(r == n for r, n in zip(rec, split))
-                dims = c.dims(j, split, None if full or not any(rec) else rec, "full" if full else c.recompute)
-                stage_models = [StageModel(j, dims.stage_dims(s), ctx.costs(g)) for s, g in enumerate(c.stage_groups)]
-                est = evaluate_stages(
-                    j,
-                    dims,
-                    with_group_sends(j, c.stage_groups, stage_models),
-                    split_kinds(j, split, dims.stage_recompute, full),
-                    ctx.opts.memory_margin,
-                )
-                if not est.fits:
-                    continue
-                checked += 1
-                for st, q, f in zip(est.stages, chunks, floors):
-                    assert q <= len(f) and f[q - 1] <= st.microbatch_time_s * SLACK, (c.groups, split, rec)
+        for chunks, rec, est in candidate_plans(j, c, ctx, ctx.opts.memory_margin):
+            if not est.fits:
+                continue
+            checked += 1
+            for st, q, f in zip(est.stages, chunks, floors):
+                assert q <= len(f) and f[q - 1] <= st.microbatch_time_s * SLACK, (c.groups, chunks, rec)
         assert all(x <= y for f in floors for x, y in zip(f, f[1:]))
     assert checked
 

@@ -6,7 +6,6 @@ independent checker (tests/invariants_mixed.py) and a plan that `planner estimat
 
 import copy
 import dataclasses
-import itertools
 import json
 import random
 import subprocess
@@ -16,13 +15,14 @@ from pathlib import Path
 import pytest
 import yaml
 from invariants_mixed import check_mixed_plan
+from test_bounds import candidate_plans
 from test_hetero import SMALL, SMALL_GPU, brute_force_best, compositions, interleaving_degrees, one_gpu_node_groups
 
 import planner.search.mixed_pipelines as mixed_pipelines
-from planner.cost.estimate import estimate, evaluate_stages, hetero_stage_models, neighbour_links, with_group_sends
+from planner.cost.estimate import estimate, hetero_stage_models, neighbour_links
 from planner.cost.provider import cost_source
 from planner.cost.schedule import pipeline_time
-from planner.cost.stage import StageModel, split_kinds
+from planner.cost.stage import StageModel
 from planner.errors import SpecError
 from planner.gate import layout_input
 from planner.load import parse_job
@@ -238,22 +238,8 @@ def test_frameworks_without_interleaving_keep_vpp_one():
 
 def brute_candidate(job, c, ctx) -> float:
     """Best fitting time of one candidate over its valid splits (whole chunks) and recompute counts."""
-    best = float("inf")
-    L = job.model.num_layers
-    for chunks in compositions(L // c.vpp, c.pp):
-        split = tuple(c.vpp * n for n in chunks)
-        for rec in itertools.product(*[range(n + 1) for n in split]):
-            full = all(r == n for r, n in zip(rec, split))
-            dims = c.dims(job, split, None if full or not any(rec) else rec, "full" if full else c.recompute)
-            sms = with_group_sends(
-                job,
-                c.stage_groups,
-                [StageModel(job, dims.stage_dims(s), ctx.costs(g)) for s, g in enumerate(c.stage_groups)],
-            )
-            est = evaluate_stages(job, dims, sms, split_kinds(job, split, dims.stage_recompute, full), 0.05)
-            if est.fits:
-                best = min(best, est.iteration_time_s)
-    return best
+    fitting = [est.iteration_time_s for _, _, est in candidate_plans(job, c, ctx, 0.05) if est.fits]
+    return min(fitting, default=float("inf"))
 
 
 BOUND_JOB = dict(layers=6, nodes=2, gbs=8, links=[{"groups": [0, 1], "gbps": 25}])

@@ -91,6 +91,13 @@ class Affine:
         """What fully recomputing one layer of ``kind`` adds on top."""
         return self.r_moe if kind == "moe" else self.r_dense
 
+    def kind_line(self, kind: str, recomputed: bool = False) -> tuple[float, float]:
+        """(constant, per layer) of the form on a stage of n >= 1 layers of ``kind``, none of them recomputed (with
+        ``recomputed``, every one): the indicators those layers switch on go into the constant."""
+        on = (self.any_moe if kind == "moe" else 0.0) + (self.any_recomputed if recomputed else 0.0)
+        per = self.per_layer(kind) + (self.per_recomputed(kind) if recomputed else 0.0)
+        return self.const + on, per
+
     def __add__(self, other: Affine) -> Affine:
         return Affine(
             self.const + other.const,
@@ -235,14 +242,7 @@ class Overlap:
         fully recomputed (the longest window; with ``recomputed`` False, none), given the stage's compute and
         forward forms: read off the forms' coefficients, indicators on."""
         traffic, window = self.traffic.total(), self._window(compute, forward)
-
-        def line(form: Affine) -> tuple[float, float]:
-            if not recomputed:
-                return form.const + (form.any_moe if kind == "moe" else 0.0), form.per_layer(kind)
-            on = form.any_recomputed + (form.any_moe if kind == "moe" else 0.0)
-            return form.const + on, form.per_layer(kind) + form.per_recomputed(kind)
-
-        (t0, t1), (w0, w1) = line(traffic), line(window)
+        (t0, t1), (w0, w1) = traffic.kind_line(kind, recomputed), window.kind_line(kind, recomputed)
         return t0 - self.share * w0, t1 - self.share * w1
 
     def hidden_by_recompute(self, compute: Affine, forward: Affine, kind: str) -> tuple[float, float]:

@@ -582,9 +582,8 @@ def tail_lines(sm: StageModel, s: int, paid: bool) -> tuple[dict[str, tuple[floa
     compute, forward = sm.compute_form(first, last), sm.forward_form(first, last)
     tail = sm.tail_forms(first, last)
     parts = tuple(_kind_lines(x, compute, forward, sm.job.model, not paid) for x in tail.parts())
-    step, count = tail.optimizer, layer_counts(sm.job.model)
-    optimizer = {"dense": (step.const, step.dense), "moe": (step.const + step.any_moe, step.moe)}
-    return (*parts, {k: v for k, v in optimizer.items() if count[k]})
+    count = layer_counts(sm.job.model)
+    return (*parts, {k: tail.optimizer.kind_line(k) for k in ("dense", "moe") if count[k]})
 
 
 class TailProfile(NamedTuple):

@@ -738,7 +738,8 @@ def refined_bound(
     light = fam.kind_counts[0] * min(xs)
     work = max(work, sum(cst) + light + memory_work(ctx, c, sms, ys, fam.kinds is None))
     # the largest DP tail: at least each stage's least, and the layers must sit somewhere (stages_tail_bottleneck)
-    tail = max(max(r.tail for r in rows), stages_tail_bottleneck([r.tail_profile.reach for r in rows], layers, v))
+    reaches = [r.tail_profile.reach for r in rows]
+    tail = max(max(r.tail for r in rows), stages_tail_bottleneck(reaches, layers, v))
     mb = sms[0].mb
     rest = work / v + tail  # schedule_bound at T = 0, plus the tail; each second of T adds mb - 1/v
     probe = (target - rest) / (mb - 1 / v) if mb - 1 / v > 0 and target < float("inf") else None
@@ -765,7 +766,6 @@ def refined_bound(
         return bound
     if target < float("inf"):
         floors = _stage_time_floors(ctx, c, sms, rows, (a, xs, ys, windows), cst, caps, kind_memory)
-        reaches = [r.tail_profile.reach for r in rows]
         joint = least_schedule_with_tail(floors, L, T, mb - 1 / v, v, work, reaches, target)
         if joint >= target:
             return joint  # the schedule, the memory and the DP tail of the splits that hold the layers reach it
