@@ -350,18 +350,16 @@ class _TpChoiceNode:
         layers in memory, over the ZeRO stages (one for the whole pipeline), each group at the roomiest of its
         choices (_memory_rows): memory_floor, and kind_memory_floor for a model with dense and MoE layers, as
         _memory_floor for a family; inf where no ZeRO stage has the room, 0 where a group has no depth-3 model."""
-        L = ctx.job.model.num_layers
+        model = ctx.job.model
         floor = float("inf")
-        heavy = heavy_kind(ctx.job.model)[1]
         for per_zero in zip(*(self._memory_rows(ctx, c) for _, c in self._choices(ctx))):
-            if sum(room for room, _, _ in per_zero) < L:
+            if sum(room for room, _, _ in per_zero) < model.num_layers:
                 continue
             if any(row is None for _, row, _ in per_zero):
                 return 0.0
-            zfloor = _cached_memory_floor(tuple(row for _, row, _ in per_zero), heavy)
-            if zfloor < floor and all(times is not None for _, _, times in per_zero):  # dense and MoE layers
-                zfloor = max(zfloor, _cached_kind_memory_floor(tuple(t for _, _, t in per_zero), L))
-            floor = min(floor, zfloor)
+            kinds = tuple(t for _, _, t in per_zero)
+            rows = tuple(row for _, row, _ in per_zero)
+            floor = min(floor, _memory_floors(model, rows, None if None in kinds else kinds, floor))
         return floor
 
     def _memory_rows(self, ctx: MixedContext, choices) -> tuple[tuple[float, tuple | None, tuple | None], ...]:
@@ -753,10 +751,17 @@ def _memory_floor(zt: tuple[ZeroTerms, ...], afters, his, v: int) -> float:
     if not zt or any(t is None for t in terms):
         return 0.0
     rows = tuple((k, (t,)) for k, t in zip(his, terms))
-    floor = _cached_memory_floor(rows, heavy_kind(zt[0].sm.job.model)[1])
     times = [z.kind_times(after, v) for z, after in zip(zt, afters)]
-    if floor < float("inf") and all(t is not None for t in times):  # a model with dense and MoE layers
-        floor = max(floor, _cached_kind_memory_floor(tuple(zip(his, times)), zt[0].sm.job.model.num_layers))
+    return _memory_floors(zt[0].sm.job.model, rows, None if None in times else tuple(zip(his, times)))
+
+
+def _memory_floors(model, rows, kind_rows, below: float = float("inf")) -> float:
+    """The memory floor of ``rows`` (memory_floor over the heavy layers), raised where it is below ``below`` by the
+    kind floor of ``kind_rows`` (kind_memory_floor, for a model with dense and MoE layers; None otherwise): the
+    dense layers' activations need room too. The one rule _memory_floor and _TpChoiceNode.memory_floor share."""
+    floor = _cached_memory_floor(rows, heavy_kind(model)[1])
+    if floor < below and kind_rows is not None:
+        floor = max(floor, _cached_kind_memory_floor(kind_rows, model.num_layers))
     return floor
 
 
