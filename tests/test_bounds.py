@@ -215,6 +215,12 @@ def candidates_with_bounds(ctx) -> list:
     return found
 
 
+def search_context(j) -> MixedContext:
+    """The mixed search's context of job ``j``: every ZeRO stage of the mixed search, micro-batches up to 2."""
+    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2)
+    return MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
+
+
 def boxes_points(lo, hi, L):
     for ks in itertools.product(*[range(a, b + 1) for a, b in zip(lo, hi)]):
         if sum(ks) <= L:
@@ -250,8 +256,7 @@ def candidate_plans(j, c, ctx, margin):
 def test_mixed_pipeline_bounds_hold_for_every_plan(model):
     """MOE6 has a dense first layer: the memory caps, DP tail and ZeRO lines hold for any mix of the two kinds."""
     j = mixed_job(model)
-    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2)
-    ctx = MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
+    ctx = search_context(j)
     found = candidates_with_bounds(ctx)
     rng = random.Random(5)
     sample = rng.sample(found, min(60, len(found)))
@@ -266,8 +271,7 @@ def test_layer_kinds_tighten_the_mixed_bounds():
     from dataclasses import replace
 
     j = mixed_job(MOE6)
-    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2)
-    ctx = MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
+    ctx = search_context(j)
     L = j.model.num_layers
     tighter = 0
     for _, fam, c in candidates_with_bounds(ctx):
@@ -288,8 +292,7 @@ def test_stages_past_the_dense_layers_hold_moe_layers_only():
 
     j = mixed_job(MOE6)
     assert j.model.all_moe_from == 1
-    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2)
-    ctx = MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
+    ctx = search_context(j)
     L = j.model.num_layers
     raised = []
     for bounds, fam, c in candidates_with_bounds(ctx):
@@ -309,15 +312,14 @@ def test_the_refined_bound_prices_stages_past_the_dense_layers_at_moe_layers():
     from planner.spec import ModelSpec
 
     j = mixed_job(MOE6)
-    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2)
-    ctx = MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
+    ctx = search_context(j)
     cache: dict = {}
     found = [(b, fam, c, mixed_pipelines._stage_models(ctx, c, cache)) for b, fam, c in candidates_with_bounds(ctx)]
     with_rule = [refined_bound(ctx, fam, c, sms) for _, fam, c, sms in found]
     rule = ModelSpec.all_moe_from
     try:
         ModelSpec.all_moe_from = property(lambda self: self.num_layers)  # no stage is known to hold MoE layers only
-        bare = MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
+        bare = search_context(j)
         without = [refined_bound(bare, fam, c, sms) for _, fam, c, sms in found]
     finally:
         ModelSpec.all_moe_from = rule
@@ -334,8 +336,7 @@ def test_stage_time_floors_hold_for_every_plan_that_fits(model, monkeypatch):
     from planner.search import mixed_pipeline_bounds as B
 
     j = mixed_job(model)
-    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2)
-    ctx = MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
+    ctx = search_context(j)
     seen = []
     floors_of = B._stage_time_floors
 
@@ -975,13 +976,6 @@ def test_memory_floor_is_below_every_whole_layer_split_that_fits():
     assert lifted
 
 
-def moe6_context() -> MixedContext:
-    """The search context of mixed_job(MOE6), every ZeRO stage of the mixed search, micro-batches up to 2."""
-    j = mixed_job(MOE6)
-    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2)
-    return MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
-
-
 def tp_choice_nodes(ctx):
     """Every _TpChoiceNode of ctx's search tree: the roots and, below each, the nodes its TP choices open."""
     stack = [grp for _, grp, _ in mixed_pipelines._families(ctx)]
@@ -997,7 +991,7 @@ def test_tp_choice_nodes_count_the_layer_kinds_apart():
     counted apart (_TpChoiceNode._kind_mix: per kind the best throughput of a row's choices, the least MoE-to-dense
     ratio over every choice): at least its bound pricing every layer at the cheaper kind, above it somewhere.
     That the bounds on the way to a candidate hold for its every plan is test_mixed_pipeline_bounds_hold_for_every_plan."""
-    ctx = moe6_context()
+    ctx = search_context(mixed_job(MOE6))
     raised = nodes = 0
     for node in tp_choice_nodes(ctx):
         nodes += 1
@@ -1017,7 +1011,7 @@ def test_tp_choice_nodes_bound_the_groups_memory():
     """A _TpChoiceNode's bound with its groups' memory (each group at the roomiest of its TP choices, per ZeRO
     stage) is at least its bound without, and above it somewhere (inf where no ZeRO stage holds the layers).
     That it holds for every plan below the node is test_the_highest_bounds_on_the_way_hold_for_every_plan."""
-    ctx = moe6_context()
+    ctx = search_context(mixed_job(MOE6))
     raised = nodes = 0
     for node in tp_choice_nodes(ctx):
         nodes += 1
@@ -1044,8 +1038,7 @@ def test_a_tp_choice_nodes_memory_floor_is_below_every_family_under_it(model):
             "training": {"seq_length": 8192, "global_batch_size": 4, "attention": "eager"},
         }
     )
-    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2)
-    ctx = MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
+    ctx = search_context(j)
     L = j.model.num_layers
     checked = equal = 0
     for node in tp_choice_nodes(ctx):
@@ -1099,8 +1092,7 @@ def test_the_highest_bounds_on_the_way_hold_for_every_plan():
     brute-force best plan. (A sample of all candidates, test_mixed_pipeline_bounds_hold_for_every_plan, misses
     them: e.g. a TP node's MoE seconds taken at a row's worst choice instead of its best.)"""
     j = mixed_job(MOE6)
-    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2)
-    ctx = MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
+    ctx = search_context(j)
     cache: dict = {}
     scored = []
     for bounds, fam, c in candidates_with_bounds(ctx):
