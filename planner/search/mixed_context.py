@@ -239,22 +239,40 @@ class ZeroTerms:
     least DP tail, and the most layers a stage can hold by how many micro-batches it keeps in flight
     (``room``, per interleaving degree)."""
 
-    slope: float
-    first: float
-    last: float
     sm: StageModel | None  # the group's model at depth 3 (None: too few layers for one)
     middle_room: float
     caps: dict[int, list[int]] = field(default_factory=dict)  # by vpp: prefix sums over stages 1, 2, ... from the end
     memory: dict[float, tuple] = field(default_factory=dict)  # memory_terms by in-flight count
     kind_memory: dict[float, tuple] = field(default_factory=dict)  # kind_times by in-flight count
+    inflight: dict[tuple[int, int], float] = field(default_factory=dict)  # least_inflight by (after, vpp)
     windows: tuple | None = None  # moe_windows of a model with dense and MoE layers
     capacity_gib: float = 0.0  # the group's usable GPU memory (MixedContext.capacity)
-    # (dense, MoE) slopes where each kind has its own (MixedContext.sharded_kinds at all three stages: the least of
-    # each; the dense one may be below 0 and ``slope``), else None and ``slope`` stands for both kinds
-    kind_slopes: tuple[float, float] | None = None
-    # works out the DP tail terms reach reads (_zero_tails) when a bound first reads them: many families are cut
-    # before
+    # work out the traffic lines (_zero_lines) and the DP tail terms reach reads (_zero_tails) when a bound first
+    # reads them: a TP-choice node only reads the memory terms, and many families are cut before their tails
+    make_lines: Callable[[], tuple] | None = field(default=None, repr=False, compare=False)
     make_tails: Callable[[], tuple] | None = field(default=None, repr=False, compare=False)
+
+    @functools.cached_property
+    def _lines(self) -> tuple[float, float, float, tuple[float, float] | None]:
+        return self.make_lines() if self.make_lines is not None else (0.0, 0.0, 0.0, None)
+
+    @property
+    def slope(self) -> float:
+        return self._lines[0]
+
+    @property
+    def first(self) -> float:
+        return self._lines[1]
+
+    @property
+    def last(self) -> float:
+        return self._lines[2]
+
+    @property
+    def kind_slopes(self) -> tuple[float, float] | None:
+        """(dense, MoE) slopes where each kind has its own (MixedContext.sharded_kinds at all three stages: the
+        least of each; the dense one may be below 0 and ``slope``), else None and ``slope`` stands for both."""
+        return self._lines[3]
 
     @functools.cached_property
     def _tails(self) -> tuple[tuple[float, ...], tuple[float, ...], float]:
@@ -292,7 +310,11 @@ class ZeroTerms:
     def least_inflight(self, after: int, vpp: int) -> float:
         """The fewest micro-batches a stage of this group with at least ``after`` stages after it keeps in flight
         (see room)."""
-        return inflight_microbatches(0, after + 1, vpp, self.sm.mb)
+        key = (after, vpp)
+        hit = self.inflight.get(key)
+        if hit is None:
+            hit = self.inflight[key] = inflight_microbatches(0, after + 1, vpp, self.sm.mb)
+        return hit
 
     def memory_terms(self, after: int, vpp: int = 1) -> tuple[float, ...] | None:
         """(room, alpha, beta, a, rc) of the roomiest stage of this group when at least ``after`` stages follow it
@@ -343,22 +365,31 @@ def _zero_terms(
     job = ctx.job
     L = job.model.num_layers
     if L < 3:
-        return ZeroTerms(0.0, 0.0, 0.0, None, 0.0)
+        return ZeroTerms(None, 0.0)
     dims = pipeline_dims(job, (g, g, g), (tp, tp, tp), dp, cp, mbs, zero, base, ep=ep)
     sm = StageModel(job, dims.stage_dims(0), ctx.costs(g), ctx.form_caches)
-    lines = [ctx.sharded_line(sm, s) for s in range(3)]
     room = quick.stage_memory_term(sm, ctx.capacity(g), 1)[0]
-    cap = ctx.capacity(g)
-    tails = {"make_tails": functools.partial(_zero_tails, ctx, sm, L)}
     windows = moe_windows(ctx) if all(layer_counts(job.model).values()) else None
+    return ZeroTerms(
+        sm,
+        room,
+        capacity_gib=ctx.capacity(g),
+        windows=windows,
+        make_lines=functools.partial(_zero_lines, ctx, sm),
+        make_tails=functools.partial(_zero_tails, ctx, sm, L),
+    )
+
+
+def _zero_lines(ctx: MixedContext, sm: StageModel) -> tuple[float, float, float, tuple[float, float] | None]:
+    """ZeroTerms' (slope, first, last, kind_slopes): the ZeRO-2/3 traffic lines of the first, a middle and the last
+    stage (MixedContext.sharded_line); no slope where a middle stage's line could fall below it."""
+    lines = [ctx.sharded_line(sm, s) for s in range(3)]
     if lines[1][1] < 0:
-        return ZeroTerms(0.0, 0.0, 0.0, sm, room, capacity_gib=cap, windows=windows, **tails)
+        return 0.0, 0.0, 0.0, None
     first, last = min(0.0, lines[0][1]), min(0.0, lines[2][1])
     kinds = [ctx.sharded_kinds(sm, s) for s in range(3)]
     slopes = None if None in kinds else (min(d for d, _ in kinds), min(e for _, e in kinds))
-    return ZeroTerms(
-        min(z for z, _ in lines), first, last, sm, room, capacity_gib=cap, windows=windows, kind_slopes=slopes, **tails
-    )
+    return min(z for z, _ in lines), first, last, slopes
 
 
 def _zero_tails(ctx: MixedContext, sm: StageModel, L: int) -> tuple[tuple[float, ...], tuple[float, ...], float]:
@@ -560,14 +591,17 @@ def kind_memory_times(
             kink = (room - n * ad) / (ae - ad)  # where the layers start to need recompute
             points.update(e for e in (math.floor(kink), math.ceil(kink)) if lo <= e <= hi)
         best = float("inf")
-        for e in points:
+        for e in points:  # (comparisons, not min(): called for every group model the bounds build)
             over = (n - e) * ad + e * ae - room
             if over > 0 and rho == float("inf"):
                 continue
-            best = min(best, (n - e) * x + e * y + (rho * over if over > 0 else 0.0))
+            value = (n - e) * x + e * y + (rho * over if over > 0 else 0.0)
+            if value < best:
+                best = value
         times.append(best)
     for i in range(len(times) - 2, -1, -1):
-        times[i] = min(times[i], times[i + 1])
+        if times[i + 1] < times[i]:
+            times[i] = times[i + 1]
     return tuple(times)
 
 
