@@ -134,8 +134,8 @@ def test_mixed_gap_from_heuristic_replicas_is_named(monkeypatch):
 
     heuristic = R._heuristic_shape
 
-    def nothing_exact(*args):
-        est, infeasible, _ = heuristic(*args)
+    def nothing_exact(*args, **kwargs):
+        est, infeasible, _ = heuristic(*args, **kwargs)
         return est, infeasible, False
 
     monkeypatch.setattr(R, "_heuristic_shape", nothing_exact)

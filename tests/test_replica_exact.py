@@ -2,6 +2,7 @@
 planner/search/replica_partition.py against every layer split, per-replica recompute and micro-batch split."""
 
 import itertools
+from types import SimpleNamespace
 
 import pytest
 from strategies import SMALL_MOE
@@ -250,3 +251,39 @@ def test_a_proven_shape_is_not_solved_again_below_a_lower_cut(monkeypatch):
     assert len(calls) == 2
     higher, proven, _ = replicas._exact_once(ctx, cand, None, 120.0, 1, first.iteration_time_s * 1.5, work)
     assert len(calls) == 3 and proven and higher.iteration_time_s == first.iteration_time_s  # a higher cut: solved
+
+
+def test_the_first_look_is_the_same_on_a_slow_machine(monkeypatch):
+    """The first look at the replica plans is bounded by a count of steps (mixed_pipelines.REPLICA_LOOK), its
+    candidates split greedily (no CP-SAT with a time limit), so it finds the same plans on any machine: with a clock
+    that runs 20 ms per reading (a machine many times slower, whose look a budget of seconds would cut after a few
+    steps) as with one that stands still. A suite job (bench_hetero --suite, seed 0, job 8) whose look takes about
+    160 steps and evaluates about 20 candidates."""
+    from planner.search import mixed_pipelines, replicas
+
+    job = parse_job(
+        {
+            "model": "gpt3-5b",
+            "cluster": [
+                {"gpu": "mi250x", "nodes": 19, "gpus_per_node": 8},
+                {"gpu": "h800", "nodes": 71, "gpus_per_node": 8},
+            ],
+            "training": {"seq_length": 16384, "global_batch_size": 256, "precision": "bf16", "optimizer": "adam"},
+        }
+    )
+
+    def look(tick: float):
+        clock = {"now": 0.0}
+
+        def monotonic() -> float:
+            clock["now"] += tick
+            return clock["now"]
+
+        monkeypatch.setattr(replicas, "time", SimpleNamespace(monotonic=monotonic))
+        ctx = MixedContext(job, SearchOptions(), None, cost_source(job), group_order(job.cluster))
+        rs = replicas.search_replicas(ctx, float("inf"), 3600.0, 1, exact_pass=False, look=mixed_pipelines.REPLICA_LOOK)
+        return [(cand, est.iteration_time_s, exact) for cand, est, exact in rs.found], rs.low, rs.unexplored
+
+    still, slow = look(0.0), look(0.02)
+    assert len(still[0]) > 5
+    assert slow == still

@@ -133,9 +133,6 @@ class MixedCaches:
     stage_bound: dict = field(default_factory=dict)  # mixed_pipeline_bounds: per-position bound rows
     space_size: dict = field(default_factory=dict)  # mixed_pipelines: candidates below a family
     group_space_size: dict = field(default_factory=dict)  # mixed_pipelines: candidates below a TP-choice node
-    group_terms: dict = field(default_factory=dict)  # mixed_pipelines: a fixed group's layer throughput
-    free_group_terms: dict = field(default_factory=dict)  # mixed_pipelines: a group whose TP is still open
-    kind_rows: dict = field(default_factory=dict)  # mixed_pipelines: a TP-choice node row's layer kinds
     memory_rows: dict = field(default_factory=dict)  # mixed_pipelines: a TP-choice node row's memory room and floor
     depths: dict = field(default_factory=dict)  # mixed_pipelines: the depths that take a vpp, by (vpp, mb)
     replica_floor: dict = field(default_factory=dict)  # replicas.pipeline_floor, by ReplicaCandidate.key

@@ -36,7 +36,7 @@ import itertools
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from planner.cost.estimate import evaluate_stages, hetero_stage_models, with_group_sends
 from planner.cost.provider import cost_source
@@ -92,11 +92,14 @@ HETERO_ZERO = (1, 0, 3)
 # whose refined bound is within this share of the search frontier is solved at once (to start or sharpen the cut);
 # every other candidate waits in line for its refined bound. Changes only the order.
 DIVE = 0.05
-# The first look at the replica plans (before the mixed pipelines) gets this share of the mixed pipelines' time.
-# Where a replica plan is the best, the look finds it among its first shapes (0.2 s of a 30-s limit is enough on
-# every suite job where that holds); where it is not, a longer look only delays the mixed search (Llama 4 Maverick
-# on four types: a 1.8-s look found a plan 14x slower than the best).
-REPLICA_LOOK = 0.01
+# The first look at the replica plans (before the mixed pipelines) takes at most this many steps of their
+# best-first search (search_replicas' ``look``), its candidates split greedily: a count, not seconds, so that the
+# first cut of the mixed pipelines, and with it their solve and prune counts, is the same on any machine. Where a
+# replica plan is the best, the look finds it in its first steps (on the suite, the look's last improvement comes
+# within 1,000 steps on 45 of 50 mixed jobs, 0.03-2.4 s including the shape enumeration); where it is not, a
+# longer look only delays the mixed search (Llama 4 Maverick on four types: 23,731 steps to a plan 14x slower than
+# the best).
+REPLICA_LOOK = 1000
 
 
 @dataclass(frozen=True)
@@ -253,6 +256,9 @@ class _TpChoiceNode:
     # line, before it builds its family. (Above the leaves, the memory terms at the roomiest of several choices cut
     # few nodes and build the models of every choice.)
     memory: bool = False
+    # the row terms of the nodes of one root, which share its degrees (memoized per root: cheap keys): (group, TP)
+    # -> _terms, ("free", i) -> _free, ("kind", choices, hi) -> _kind_row
+    memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     def max_pp(self, ctx: MixedContext) -> int:
         """The most stages a pipeline of vpp model chunks per stage can have: one chunk of vpp layers each."""
@@ -261,11 +267,10 @@ class _TpChoiceNode:
     def _terms(self, ctx: MixedContext, u) -> tuple[float, tuple[float, float], float]:
         """(per-layer seconds, (embedding, logits) seconds, pipeline-send seconds) bounds of group u[0] at TP u[1]
         (the sends of all vpp model chunks of a stage)."""
-        key = (u, self.dp, self.cp, self.ep, self.mbs, self.base, self.vpp)
-        hit = ctx.caches.group_terms.get(key)
+        hit = self.memo.get(u)
         if hit is None:
             g, tp = u
-            hit = ctx.caches.group_terms[key] = (
+            hit = self.memo[u] = (
                 per_layer_bound(ctx, g, tp, self.cp, self.mbs, self.base, self.ep),
                 end_costs(ctx, u, u, self.cp, self.mbs),
                 self.vpp * send_bound(ctx, g, tp, self.cp, self.dp, self.mbs),
@@ -276,12 +281,12 @@ class _TpChoiceNode:
         """box_bound terms (a, (emb, logits), send, lo, hi) valid for group i at any of its choices: not required
         (lo = 0), the ends at their least, sends left out, and its layer throughput (box_bound's k_g/a_g) at its
         best TP: passed as its fastest per-layer time a with hi stages, hi/a being that best throughput."""
-        key = (i, self.dp, self.cp, self.ep, self.mbs, self.base, self.vpp)
-        if key not in ctx.caches.free_group_terms:
+        key = ("free", i)
+        if key not in self.memo:
             g = ctx.order[i]
             terms = [(self._terms(ctx, (g, tp)), self.kmax_of[g][tp]) for tp in self.tp_opts[i] if tp]
             fast = min(x[0] for x, _ in terms) if terms else 0.0
-            ctx.caches.free_group_terms[key] = (
+            self.memo[key] = (
                 (
                     fast,
                     (min(x[1][0] for x, _ in terms), min(x[1][1] for x, _ in terms)),
@@ -292,7 +297,7 @@ class _TpChoiceNode:
                 if terms
                 else None
             )
-        return ctx.caches.free_group_terms[key]
+        return self.memo[key]
 
     def bound(self, ctx: MixedContext, target: float = float("inf"), memory: bool = True) -> float:
         """Valid for every family of the group: fixed used groups exactly (at least one stage), free ones relaxed
@@ -405,12 +410,12 @@ class _TpChoiceNode:
         """(dense, MoE seconds per layer at which the row's hi stages have the best throughput of its choices (hi /
         x = the most k_tp / x_tp), least MoE-to-dense ratio, least dense and MoE seconds) of a row standing for
         its (group, TP) choices, memoized."""
-        key = (choices, hi, self.dp, self.cp, self.mbs, self.base, self.ep, self.vpp)
-        hit = ctx.caches.kind_rows.get(key)
+        key = ("kind", choices, hi)
+        hit = self.memo.get(key)
         if hit is None:
             kinds = [kind_layer_bounds(ctx, g, tp, self.cp, self.mbs, self.base, self.ep) for g, tp in choices]
             stages = [self.kmax_of[g][tp] for g, tp in choices]
-            hit = ctx.caches.kind_rows[key] = (
+            hit = self.memo[key] = (
                 hi / max(k / x for (x, _), k in zip(kinds, stages)),
                 hi / max(k / y for (_, y), k in zip(kinds, stages)),
                 min(y / x for x, y in kinds),
@@ -471,6 +476,7 @@ class _TpChoiceNode:
                 fixed,
                 self.ep,
                 self.vpp,
+                memo=self.memo,
             )
             out.append((node.bound(ctx, memory=False), node, None))
         return out
@@ -951,16 +957,16 @@ def search_hetero(
     # mixed pipelines. The replica search proper comes after them, cut by the best plan of either kind.
     with_replicas = replicas and len(job.cluster) > 1 and opts.framework is None  # stock frameworks: one count
 
-    def replica_pass(incumbent: float, stop: float, exact_pass: bool = True, look_s: float | None = None):
-        rs = search_replicas(ctx, incumbent, stop, workers, progress, best, top, exact_pass, look_s)
+    def replica_pass(incumbent: float, stop: float, exact_pass: bool = True, look: int | None = None):
+        rs = search_replicas(ctx, incumbent, stop, workers, progress, best, top, exact_pass, look)
         for cand, est, exact in rs.found:
             keep_top(best, Plan(cand, est, "optimal" if exact else "feasible"), top)
         return rs
 
     if with_replicas:
         # its shape enumeration (kept for the replica search proper) may take up to the mixed pipelines' deadline;
-        # the look itself REPLICA_LOOK of the mixed share after it
-        replica_pass(float("inf"), deadline, exact_pass=False, look_s=REPLICA_LOOK * time_limit_s * share)
+        # the look itself at most REPLICA_LOOK steps after it
+        replica_pass(float("inf"), deadline, exact_pass=False, look=REPLICA_LOOK)
 
     timed_out = False
 

@@ -373,13 +373,14 @@ def _pipeline_floor(ctx, cand: ReplicaCandidate) -> float:
     return lo
 
 
-def _heuristic_shape(ctx, cand: ReplicaCandidate, remaining: float, workers: int):
+def _heuristic_shape(ctx, cand: ReplicaCandidate, remaining: float, workers: int, greedy_only: bool = False):
     """(the best replica plan of one shape and ZeRO stage or None, whether the shape is proven infeasible, whether
     the plan is the shape's optimum). Module docstring, steps 1-3. With one stage the split is forced, each
     replica's fewest recomputed layers that fit is its fastest choice (a replica's time grows with its recompute
     count and the others do not depend on it), and the micro-batch counts are the integer optimum of the
     replicas' linear times (_balance): the evaluation is exact, and a replica that cannot fit proves the shape
-    infeasible."""
+    infeasible. ``greedy_only``: a replica whose greedy splits fit nothing gets no CP-SAT split (whose result
+    would depend on the time it is given) and adds no split."""
     job = ctx.job
     shape = (cand.tp, cand.cp, cand.pp, cand.mbs)
     M = job.training.global_batch_size // cand.mbs
@@ -403,7 +404,7 @@ def _heuristic_shape(ctx, cand: ReplicaCandidate, remaining: float, workers: int
         plans = None
         if not ctx.opts.even_layers:  # the balanced splits of the homogeneous search, then CP-SAT
             plans = quick.greedy_partition(sm, ctx.capacity(g)) or quick.greedy_recompute_partition(sm, ctx.capacity(g))
-        if plans is None:
+        if plans is None and not greedy_only:
             plans = solve_partition(
                 sm,
                 ctx.capacity(g),
@@ -548,7 +549,7 @@ def search_replicas(
     top_plans=(),
     top: int = 1,
     exact_pass: bool = True,
-    look_s: float | None = None,
+    look: int | None = None,
 ) -> ReplicaSearch:
     """Replica plans faster than ``incumbent_s``, best-first until the bound reaches the K-th best time known or
     the deadline passes, and the smallest bounds of the replica shapes that could beat ``incumbent_s``: no replica
@@ -556,10 +557,11 @@ def search_replicas(
     most ``top`` distinct plans, planner.search.result.keep_top); the K-th best is read from a copy of it with the
     replica plans found so far. ``exact_pass`` False: no exact pass over the pipelined shapes (a quick look for a
     first plan; what it leaves open is in ``low``). ``progress(done, total, what)``: shapes evaluated or ruled
-    out. ``look_s``: the evaluation stops this many seconds after the shapes are enumerated (or at ``deadline``)."""
+    out. ``look``: a first look of at most this many steps (a shape opened into its ZeRO stages, a candidate's
+    pipeline floor worked out, or a candidate evaluated), each candidate from its greedy splits only
+    (_heuristic_shape's greedy_only): a count of work, not seconds, so that what it finds is the same on any
+    machine (the deadline aside)."""
     found_shapes, cut_short = shapes(ctx, deadline, incumbent_s)
-    if look_s is not None:
-        deadline = min(deadline, time.monotonic() + look_s)
     found_shapes.sort(key=lambda x: (x[0], x[1]))
     t = ctx.job.training
     grad_wire = 2.0 if t.grad_dtype == "bf16" else 4.0
@@ -584,13 +586,14 @@ def search_replicas(
     heap = [(bound, i, shape, work, None) for i, (bound, shape, work) in enumerate(found_shapes)]
     heapq.heapify(heap)
     tie = itertools.count(len(heap))
-    opened = 0
+    opened = steps = 0
     while heap:
         key, _, (tp, cp, pp, mbs, base, counts, ep), work, cand = heapq.heappop(heap)
         if key >= best:
             low = min(low, key)  # this one and all left in line cannot beat the best plan
             break
-        if time.monotonic() > deadline:
+        steps += 1
+        if time.monotonic() > deadline or (look is not None and steps > look):
             unexplored = min(unexplored, key)  # this one and all left in line are unexplored
             break
         if cand is None:
@@ -619,7 +622,7 @@ def search_replicas(
             if heap and key > heap[0][0]:
                 heapq.heappush(heap, (key, next(tie), (tp, cp, pp, mbs, base, counts, ep), work, cand))
                 continue
-        est, infeasible, exact = _heuristic_shape(ctx, cand, deadline - time.monotonic(), workers)
+        est, infeasible, exact = _heuristic_shape(ctx, cand, deadline - time.monotonic(), workers, look is not None)
         if not infeasible and not exact:  # a pipelined shape: the exact pass below may close it
             pending.append((key, len(pending), cand, work, est, len(found) if est is not None else None))
         if est is not None:
