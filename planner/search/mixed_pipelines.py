@@ -95,10 +95,10 @@ DIVE = 0.05
 # The first look at the replica plans (before the mixed pipelines) takes at most this many steps of their
 # best-first search (search_replicas' ``look``), its candidates split greedily: a count, not seconds, so that the
 # first cut of the mixed pipelines, and with it their solve and prune counts, is the same on any machine. Where a
-# replica plan is the best, the look finds it in its first steps (on the suite, the look's last improvement comes
-# within 1,000 steps on 45 of 50 mixed jobs, 0.03-2.4 s including the shape enumeration); where it is not, a
-# longer look only delays the mixed search (Llama 4 Maverick on four types: 23,731 steps to a plan 14x slower than
-# the best).
+# replica plan is the best, the look finds it in its first steps (bench_hetero --suite, seed 0: a look without a
+# bound makes its last improvement within 1,000 steps on 47 of the 52 jobs, and takes 0.03-2.7 s with the shape
+# enumeration); where it is not, a longer look only delays the mixed search (Llama 4 Maverick on four types:
+# 23,731 steps to a plan 14x slower than the best).
 REPLICA_LOOK = 1000
 
 
