@@ -923,6 +923,48 @@ def test_box_bound_with_layer_kinds_is_below_every_candidate_of_the_box():
     assert raised
 
 
+def test_a_floor_below_the_reach_of_box_bound_changes_nothing():
+    """box_bound_reach: with any floor below the reach box_bound is the bound without one (the callers skip the
+    second bound there), while floors above it change it often: random boxes in pipeline order
+    and any order, with and without layer kinds, relaxed rows, sends (dropped where one is above the bottleneck)
+    and interleaving."""
+    from planner.search.mixed_pipeline_bounds import Ends, KindMix, box_bound, box_bound_reach
+
+    rng = random.Random(41)
+    changed = 0
+    for _ in range(400):
+        G, m, v = rng.randint(1, 3), rng.choice([1, 2, 8]), rng.choice([1, 1, 2])
+        D, E = rng.randint(0, 3), rng.randint(1, 8)
+        L = (D + E) * v
+        xs = [rng.uniform(0.5, 2.0) for _ in range(G)]
+        ys = [x * rng.uniform(0.5, 4.0) for x in xs]
+        a = tuple(min(x, y) for x, y in zip(xs, ys))
+        send = tuple(rng.choice([0.0, rng.uniform(0.0, 0.5), rng.uniform(2.0, 9.0)]) for _ in range(G))
+        lo = tuple(rng.randint(1, 2) for _ in range(G))
+        hi = tuple(k + rng.randint(0, 3) for k in lo)
+        ends = [(rng.uniform(0, 0.5), rng.uniform(0, 1.0)) for _ in range(G)]
+        ordered = rng.random() < 0.5
+        relaxed = tuple(rng.random() < 0.3 for _ in range(G)) if not ordered else ()
+        if relaxed and not all(relaxed):  # a relaxed row need not hold a stage (its sends then may top the rest)
+            lo = tuple(0 if r else k for k, r in zip(lo, relaxed))
+        mix = None
+        if rng.random() < 0.6:
+            mix = KindMix.of(tuple(zip(xs, ys)), (0.0,) * G, tuple(ends), (D, E), ordered, None, D)
+        at = Ends.of(a, ends, 0, G - 1) if ordered else Ends.any_order(a, ends)
+        args = (a, lo, hi, at, L, m, send, v)
+        whole = rng.random() < 0.8
+        plain, reach = box_bound_reach(*args, mix=mix, whole=whole, relaxed=relaxed)
+        assert plain == box_bound(*args, mix=mix, whole=whole, relaxed=relaxed)
+        if plain == float("inf"):
+            continue
+        for floor in sorted(rng.uniform(0.0, 2.0 * reach) for _ in range(6)):
+            value = box_bound(*args, floor=floor, mix=mix, whole=whole, relaxed=relaxed)
+            if floor < reach:  # (a relaxed row's walk interpolates from where it starts: to rounding)
+                assert value == pytest.approx(plain, rel=1e-12), (args, mix, whole, relaxed, floor, reach)
+            changed += value > plain * (1 + 1e-12)
+    assert changed > 200
+
+
 def test_memory_floor_is_below_every_whole_layer_split_that_fits():
     """mixed_pipeline_bounds.memory_floor against every way stages hold whole heavy layers within their room,
     each recomputing just enough of them (r(n) = ceil((n alpha - room) / beta), at most n): the slowest stage,

@@ -145,6 +145,29 @@ def box_bound(
     group whose TP is still open: hi/a its best throughput), which holds a continuous share instead. ``max_stages``:
     the most stages a candidate has (default L // v: one chunk of v layers each; fewer where the interleaved schedule
     runs only at some depths)."""
+    return box_bound_reach(a, lo, hi, ends, L, m, send, v, floor, mix, whole, relaxed, max_stages)[0]
+
+
+def box_bound_reach(
+    a,
+    lo: tuple[int, ...],
+    hi: tuple[int, ...],
+    ends: Ends,
+    L: int,
+    m: int,
+    send=None,
+    v: int = 1,
+    floor: float = 0.0,
+    mix: KindMix | None = None,
+    whole: bool = False,
+    relaxed: tuple[bool, ...] = (),
+    max_stages: int | None = None,
+) -> tuple[float, float]:
+    """(box_bound, its reach): any floor below the reach gives the same bound, so a caller with a floor
+    (memory_floor) only works it out again above it. The reach is the bottleneck the bound settled on (a floor
+    below it leaves every step the same: the whole-chunk walks return the first bottleneck at or above where
+    they start at which the stages hold the layers), and below the largest send where the sends were dropped
+    (a floor above it would keep them)."""
     # a box in pipeline order knows which of its stages sit past the model's leading dense layers
     moe_positions = mix is not None and mix.moe and whole and ends.ordered and not any(relaxed)
     if moe_positions:
@@ -177,7 +200,8 @@ def box_bound(
             T = max(T, (mix.layers + mix.ends.emb_per_a + mix.ends.logits_per_a) / capped_rate(mix.dense, hi, cap))
         work = max(work, mix.work + sum(k * y for k, y in zip(lo, ys)))
     if most > T:  # the monotonicity above fails: drop the sends
-        return box_bound(a, lo, hi, ends, L, m, None, v, floor, mix, whole, relaxed, max_stages)
+        value, reach = box_bound_reach(a, lo, hi, ends, L, m, None, v, floor, mix, whole, relaxed, max_stages)
+        return value, min(reach, most)
     if whole:
         T = whole_chunk_bottleneck(a, hi, ends, L, send if sends else None, v, T, relaxed)
         if mix is not None and mix.moe:
@@ -188,8 +212,8 @@ def box_bound(
     total = ends.emb + ends.logits + work
     if whole and not any(relaxed):
         fixed = ends.emb + ends.logits + sum(k * y for k, y in zip(lo, ys))
-        return box_schedule_time(a, lo, hi, ys, L, T, m - 1 / v, v, fixed, total)
-    return schedule_bound(T, total, m, v)
+        return box_schedule_time(a, lo, hi, ys, L, T, m - 1 / v, v, fixed, total), T
+    return schedule_bound(T, total, m, v), T
 
 
 def capped_rate(a, hi, most: int) -> float:

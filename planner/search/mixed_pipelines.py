@@ -61,6 +61,7 @@ from planner.search.mixed_pipeline_bounds import (
     Ends,
     KindMix,
     box_bound,
+    box_bound_reach,
     kind_memory_floor,
     memory_floor,
     merged_levels,
@@ -322,7 +323,7 @@ class _TpChoiceNode:
         ends = Ends.any_order(a, ends)
         depths = _depths(ctx, self.vpp, self.mb) if self.vpp > 1 else ()
         deepest = depths[-1] if depths else None
-        plain = box_bound(
+        plain, reach = box_bound_reach(
             a, lo, hi, ends, L, self.mb, send, self.vpp, mix=mix, whole=True, relaxed=free, max_stages=deepest
         )
         if not memory or plain >= target:
@@ -330,7 +331,7 @@ class _TpChoiceNode:
         floor = self.memory_floor(ctx)
         if floor == float("inf"):
             return floor
-        if floor <= 0.0:
+        if floor < reach:  # (the bound with it is the bound without)
             return plain
         return max(
             plain,
@@ -571,7 +572,9 @@ class _Family:
         mix = self.mixes[sum(lo) >= 2]
         # two or more stages: ZeRO-2/3 traffic, and the DP tail of the slowest group to sync (read only where the
         # bound without it is below target: the tail terms are worked out when first read)
-        plain = box_bound(a, lo, hi, ends, L, self.mb, self.send, v, mix=mix, whole=True, max_stages=self.deepest)
+        plain, reach = box_bound_reach(
+            a, lo, hi, ends, L, self.mb, self.send, v, mix=mix, whole=True, max_stages=self.deepest
+        )
         if plain >= target:
             return plain
         tail = 0.0 if sum(lo) < 2 else self._box_tail(self.zt, hi, L)
@@ -581,6 +584,8 @@ class _Family:
         floor = _memory_floor(self.zt, afters[::-1], hi, v)
         if floor == float("inf"):
             return floor
+        if floor < reach:  # (the bound with it is the bound without)
+            return plain
         return (
             box_bound(a, lo, hi, ends, L, self.mb, self.send, v, floor, mix, whole=True, max_stages=self.deepest) + tail
         )
@@ -628,7 +633,9 @@ class _Family:
             if sum(z.room(0, k_hi, v) for z, k_hi in zip(zt, hi)) < L:
                 continue
             a, ends, mix = (self.a, self.bound_ends, plain_mix) if sum(lo) < 2 else terms
-            zbound = box_bound(a, lo, hi, ends, L, self.mb, self.send, v, mix=mix, whole=True, max_stages=self.deepest)
+            zbound, reach = box_bound_reach(
+                a, lo, hi, ends, L, self.mb, self.send, v, mix=mix, whole=True, max_stages=self.deepest
+            )
             tail = 0.0
             if sum(lo) >= 2 and zbound < min(best, target):  # (the tail terms are worked out when first read)
                 tail = self._box_tail(zt, hi, L)
@@ -637,12 +644,13 @@ class _Family:
                 floor = _memory_floor(zt, [0] * len(zt), hi, v)
                 if floor == float("inf"):
                     continue
-                zbound = (
-                    box_bound(
-                        a, lo, hi, ends, L, self.mb, self.send, v, floor, mix, whole=True, max_stages=self.deepest
+                if floor >= reach:  # (below its reach the floor changes nothing)
+                    zbound = (
+                        box_bound(
+                            a, lo, hi, ends, L, self.mb, self.send, v, floor, mix, whole=True, max_stages=self.deepest
+                        )
+                        + tail
                     )
-                    + tail
-                )
             best = min(best, zbound)
         return best
 
