@@ -19,7 +19,7 @@ CLI wall time and of the gap, the share proven optimal (gap <= 0.01%) and within
 slower than the best single-type one (a ratio above 1 + 1e-5); a job left open names the part of the space its gap
 comes from (search.gap_source). A CLI run still going at 3 x S + 120 s is killed
 and reported as such. Needs examples/hetero/; takes about 4-10 minutes at --time-limit 30 on 2 cores (seed 0:
-217 s at commit c96c4c1, 277 s at 064d840 on a slower day), under 1 s for --list
+217 s at commit c96c4c1, 279 s at e01c78a on a slower day), under 1 s for --list
 (which runs nothing; --save-jobs DIR writes each job's YAML). Exit 0 after a run, 2 on bad input.
 """
 
