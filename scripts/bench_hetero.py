@@ -17,7 +17,8 @@ included); each of its node groups is then planned alone as a one-group job (sam
 process, S each) for the best single-type time. Prints a row per job and the suite's summary: p50/p95/max of the
 CLI wall time and of the gap, the share proven optimal (gap <= 0.01%) and within 1%, and how many mixed plans are
 slower than the best single-type one (a ratio above 1 + 1e-5); a job left open names the part of the space its gap
-comes from (search.gap_source). A CLI run still going at 3 x S + 120 s is killed
+comes from (search.gap_source). Last, the CLI's start-up (least of 3 runs of `planner --help`) before and after the
+suite: a reference for comparing suites run on different days. A CLI run still going at 3 x S + 120 s is killed
 and reported as such. Needs examples/hetero/; takes about 4-10 minutes at --time-limit 30 on 2 cores (seed 0:
 217 s at commit c96c4c1, 279 s at e01c78a on a slower day), under 1 s for --list
 (which runs nothing; --save-jobs DIR writes each job's YAML). Exit 0 after a run, 2 on bad input.
@@ -152,6 +153,19 @@ def percentile(values: list[float], p: float) -> float | None:
     return ranked[max(0, math.ceil(p / 100 * len(ranked)) - 1)]
 
 
+def startup_seconds(runs: int = 3) -> float:
+    """Least wall seconds of `python -m planner --help` over ``runs`` runs: the CLI's start-up on this machine,
+    printed before and after the suite so that suites run on different days can be compared (a slower machine shows
+    in it as in every job)."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    best = float("inf")
+    for _ in range(runs):
+        t0 = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "planner", "--help"], capture_output=True, env=env, timeout=120)
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
 def run_cli(path: Path, time_limit: float) -> dict:
     """`planner plan PATH --json --top 1 --time-limit S` in its own process: wall time, status, gap, best time."""
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
@@ -220,6 +234,7 @@ def run_suite(jobs: list[SuiteJob], time_limit: float, seed: int, count: int) ->
     print("| # | job | CLI wall s | search s | status | gap | best mixed s | best single-type s (GPU) | mixed/single |")
     print("|---|---|---|---|---|---|---|---|---|", flush=True)
     rows = []
+    startup = startup_seconds()
     t_suite = time.perf_counter()
     single_secs = 0.0
     with tempfile.TemporaryDirectory(prefix="bench-hetero-") as tmp:
@@ -270,6 +285,10 @@ def run_suite(jobs: list[SuiteJob], time_limit: float, seed: int, count: int) ->
     print(
         f"suite wall time {time.perf_counter() - t_suite:.0f} s (CLI {sum(walls):.0f} s, single-type searches "
         f"{single_secs:.0f} s); * = a single-type search stopped before proving its plan"
+    )
+    print(
+        f"machine reference: CLI start-up (least of 3 runs of `planner --help`) {startup:.2f} s before the suite, "
+        f"{startup_seconds():.2f} s after"
     )
 
 
