@@ -110,7 +110,12 @@ def schedule_bound(bottleneck: float, total: float, m: int, v: int = 1) -> float
     return (m - 1 / v) * bottleneck + total / v
 
 
-def box_bound(
+def box_bound(*args, **kwargs) -> float:
+    """box_bound_reach's bound, without its reach."""
+    return box_bound_reach(*args, **kwargs)[0]
+
+
+def box_bound_reach(
     a,
     lo: tuple[int, ...],
     hi: tuple[int, ...],
@@ -124,7 +129,7 @@ def box_bound(
     whole: bool = False,
     relaxed: tuple[bool, ...] = (),
     max_stages: int | None = None,
-) -> float:
+) -> tuple[float, float]:
     """Iteration seconds no candidate with lo_g <= k_g <= hi_g stages per used group g beats (lo = hi: one
     candidate). Each stage of group g takes at least a_g seconds per layer and, when there are >= 2 stages,
     send_g seconds of pipeline sends per micro-batch (on its own links: a neighbour on another group is no
@@ -144,30 +149,12 @@ def box_bound(
     only where ``ends`` are ordered). ``relaxed``: per group, True where its row stands for several choices (a
     group whose TP is still open: hi/a its best throughput), which holds a continuous share instead. ``max_stages``:
     the most stages a candidate has (default L // v: one chunk of v layers each; fewer where the interleaved schedule
-    runs only at some depths)."""
-    return box_bound_reach(a, lo, hi, ends, L, m, send, v, floor, mix, whole, relaxed, max_stages)[0]
-
-
-def box_bound_reach(
-    a,
-    lo: tuple[int, ...],
-    hi: tuple[int, ...],
-    ends: Ends,
-    L: int,
-    m: int,
-    send=None,
-    v: int = 1,
-    floor: float = 0.0,
-    mix: KindMix | None = None,
-    whole: bool = False,
-    relaxed: tuple[bool, ...] = (),
-    max_stages: int | None = None,
-) -> tuple[float, float]:
-    """(box_bound, its reach): any floor below the reach gives the same bound, so a caller with a floor
-    (memory_floor) only works it out again above it. The reach is the bottleneck the bound settled on (a floor
-    below it leaves every step the same: the whole-chunk walks return the first bottleneck at or above where
-    they start at which the stages hold the layers), and below the largest send where the sends were dropped
-    (a floor above it would keep them)."""
+    runs only at some depths).
+    Returned with its reach: any floor below it gives the same bound, so a caller with a floor (memory_floor) only
+    works the bound out again above it. The reach is the bottleneck the bound settled on (a floor below it leaves
+    every step the same: the whole-chunk walks return the first bottleneck at or above where they start at which
+    the stages hold the layers), and below the largest send where the sends were dropped (a floor above it would
+    keep them)."""
     # a box in pipeline order knows which of its stages sit past the model's leading dense layers
     moe_positions = mix is not None and mix.moe and whole and ends.ordered and not any(relaxed)
     if moe_positions:
