@@ -794,12 +794,8 @@ def _stage_time_floors(ctx: MixedContext, c: HeteroCandidate, sms, rows, per_lay
     quick.layer_slack over the stage's memory terms (the ceiling relaxed, as least_forced_work)."""
     a, xs, ys, windows = per_layer
     v = c.vpp
-    heavy = heavy_kind(ctx.job.model)[0]
     out = []
-    for s, (sm, g) in enumerate(zip(sms, c.stage_groups)):
-        if kind_memory is None:
-            room, alpha, beta, _ = ctx.stage_terms(sm, g, s)
-            rc = sm.kinds[heavy].recompute_floor()
+    for s, (room, alpha, beta, _, rc, _) in enumerate(_heavy_memory(ctx, c, sms)):
         floors = []
         for q in range(1, caps[s] + 1):
             n = q * v
@@ -901,12 +897,24 @@ def memory_work(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], pe
     """least_forced_work over the candidate's stages: each stage's per-layer seconds of the heavy layers (the MoE
     layers of an MoE model, else all), its memory terms at its in-flight count (quick.stage_memory_term), its
     recompute seconds per layer and its layer cap. ``one_each``: every stage holds at least one (one kind)."""
-    heavy_name, need = heavy_kind(ctx.job.model)
-    stages = []
+    stages = [
+        (h, room, alpha, beta, rc, cap)
+        for h, (room, alpha, beta, _, rc, cap) in zip(per_layer, _heavy_memory(ctx, c, sms))
+    ]
+    return least_forced_work(stages, heavy_kind(ctx.job.model)[1], one_each)
+
+
+def _heavy_memory(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel]) -> list[tuple]:
+    """Per stage of the candidate, (room, alpha, beta, a, rc, cap): its memory terms at its in-flight count and its
+    layer cap (MixedContext.stage_terms), and one heavy layer's least seconds and recompute seconds (heavy_kind:
+    the MoE layer of an MoE model). What the memory bounds of a candidate's stages read."""
+    heavy = heavy_kind(ctx.job.model)[0]
+    out = []
     for s, (sm, g) in enumerate(zip(sms, c.stage_groups)):
         room, alpha, beta, cap = ctx.stage_terms(sm, g, s)
-        stages.append((per_layer[s], room, alpha, beta, sm.kinds[heavy_name].recompute_floor(), cap))
-    return least_forced_work(stages, need, one_each)
+        kind = sm.kinds[heavy]
+        out.append((room, alpha, beta, kind.layer_floor(), kind.recompute_floor(), cap))
+    return out
 
 
 def least_forced_work(stages, need: int, one_each: bool) -> float:
@@ -960,12 +968,9 @@ def _memory_bottleneck(
     above it, else a weaker valid bound. ``v``: the layers of a dense model come in whole chunks of v per stage."""
     m = ctx.job.model
     chunk = v if m.moe is None else 1  # an MoE model's heavy layers are only some of a stage's chunks
-    heavy_name, need = heavy_kind(m)
-    stages = []
-    for s, (sm, g) in enumerate(zip(sms, c.stage_groups)):
-        room, alpha, beta, _ = ctx.stage_terms(sm, g, s)
-        k = sm.kinds[heavy_name]
-        stages.append((room, alpha, beta, k.layer_floor(), k.recompute_floor(), cst[s]))
+    need = heavy_kind(m)[1]
+    terms = _heavy_memory(ctx, c, sms)
+    stages = [(room, alpha, beta, a, rc, const) for (room, alpha, beta, a, rc, _), const in zip(terms, cst)]
 
     def held(T: float) -> int:
         total = 0
