@@ -153,28 +153,35 @@ def percentile(values: list[float], p: float) -> float | None:
     return ranked[max(0, math.ceil(p / 100 * len(ranked)) - 1)]
 
 
+# the CLI as the suite runs it: this checkout's planner in a process of its own
+PLANNER = [sys.executable, "-m", "planner"]
+
+
+def cli_env() -> dict[str, str]:
+    """The environment of a CLI run: this checkout first on PYTHONPATH."""
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+
+
 def startup_seconds(runs: int = 3) -> float:
     """Least wall seconds of `python -m planner --help` over ``runs`` runs: the CLI's start-up on this machine,
     printed before and after the suite so that suites run on different days can be compared (a slower machine shows
     in it as in every job)."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
     best = float("inf")
     for _ in range(runs):
         t0 = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "planner", "--help"], capture_output=True, env=env, timeout=120)
+        subprocess.run(PLANNER + ["--help"], capture_output=True, env=cli_env(), timeout=120)
         best = min(best, time.perf_counter() - t0)
     return best
 
 
 def run_cli(path: Path, time_limit: float) -> dict:
     """`planner plan PATH --json --top 1 --time-limit S` in its own process: wall time, status, gap, best time."""
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
-    cmd = [sys.executable, "-m", "planner", "plan", str(path), "--json", "--top", "1"]
+    cmd = PLANNER + ["plan", str(path), "--json", "--top", "1"]
     cmd += ["--time-limit", f"{time_limit:g}"]
     cap = 3 * time_limit + 120
     t0 = time.perf_counter()
     try:
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=cap)
+        proc = subprocess.run(cmd, capture_output=True, text=True, env=cli_env(), timeout=cap)
     except subprocess.TimeoutExpired:
         return {"wall": time.perf_counter() - t0, "status": f"killed: still running at {cap:g} s"}
     out = {"wall": time.perf_counter() - t0}
