@@ -705,8 +705,8 @@ def refined_bound(
     fit at all. With interleaving the schedule is the interleaved one (schedule_bound) and the layers are counted
     in whole chunks of vpp per stage (a split that is not in whole chunks is not a plan). Only whether it reaches
     ``target`` is decided exactly (the bottleneck terms are probed at the value that would reach it, and where
-    they do not reach it, the DP tail of the stages that must hold the layers: _hold_within_tail), which is all
-    pruning needs. _group_bound decides first where it can."""
+    they do not reach it, the schedule, memory and DP tail of the splits that hold the layers together:
+    least_schedule_with_tail), which is all pruning needs. _group_bound decides first where it can."""
     quick = _group_bound(ctx, fam, c, sms)
     if quick >= target:
         return quick
@@ -780,9 +780,6 @@ def refined_bound(
         joint = least_schedule_with_tail(floors, L, T, mb - 1 / v, v, work, reaches, target)
         if joint >= target:
             return joint  # the schedule, the memory and the DP tail of the splits that hold the layers reach it
-        times = [functools.partial(_layer_time, x, y, windows, ci) for x, y, ci in zip(xs, ys, cst)]
-        if not _hold_within_tail(rows, layer_caps, layers, times, T, mb - 1 / v, target - work / v):
-            return target  # the stages cannot hold the layers with every stage's time and DP tail within target
     return bound
 
 
@@ -868,29 +865,6 @@ def _least_holding(holds, lo: float, hi: float, need: float, probe: float | None
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if holds(mid) >= need else (mid, hi)
     return lo
-
-
-def _hold_within_tail(rows, caps, L: int, times, T: float, k: float, limit: float) -> bool:
-    """Whether the stages can hold the L layers (at least one each, at most caps_s) with every stage s within
-    ``limit``: a plan whose stage s holds n layers takes at least k * max(T, times_s(n)) + work / v + tail_s(n)
-    (the schedule's (m - 1/v) max_s t_s with max_s t_s >= T and >= t_s, its sum_s t_s / v, and the DP tail, the
-    largest over the stages: planner.cost.estimate.evaluate_stages), so n is held only where k * max(T,
-    times_s(n)) + tail_s(n) <= limit = target - work / v. The stage time and its DP tail both grow with the layers
-    a stage holds, so a bound with the bottleneck and the least tail of any stage apart is low where the layers
-    must spread. The tail is read from the stage's TailProfile ``reach`` (grows with n, as times_s does): the
-    counts within the limit are 1..n_max, found by bisection."""
-    held = 0
-    for row, cap, time in zip(rows, caps, times):
-
-        def total(n: int, row=row, time=time) -> float:
-            return k * max(T, time(n)) + row.tail_profile.reach[n]
-
-        if total(1) > limit:
-            return False
-        held += _largest_within(total, 1, max(1, min(cap, L)), limit)
-        if held >= L:
-            return True
-    return False
 
 
 def memory_work(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], per_layer, one_each: bool) -> float:
