@@ -24,11 +24,13 @@ import itertools
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
-
-from ortools.sat.python import cp_model
+from typing import TYPE_CHECKING
 
 from planner.cost.forms import Affine, MemoryForms, StagePlan, TailForms, TimeForms, Traffic
 from planner.cost.stage import StageModel
+
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model
 
 MIN_UNITS, MAX_UNITS = 1e6, 1e9  # integer time units per second: between a microsecond and a nanosecond
 PRECISION = 1e-4  # relative rounding error the time unit allows (quick.RESOLUTION)
@@ -36,6 +38,14 @@ KIB = 1024.0
 MILLI = 1000  # overlaps with a fractional share are kept in thousandths of a time unit
 DUMP_ENV = "PLANNER_DUMP_CPSAT"
 _dumped = itertools.count(1)
+
+
+def cp_sat():
+    """OR-Tools' CP-SAT module, imported when a model is first built: the import takes about 0.4 s (it loads
+    pandas), which a search whose bounds settle every candidate never needs."""
+    from ortools.sat.python import cp_model
+
+    return cp_model
 
 
 @dataclass
@@ -76,7 +86,7 @@ class PartitionVars:
             self.recomputes[i],
         )
         coeffs = (form.dense, form.moe, form.r_dense, form.r_moe, form.any_moe, form.any_recomputed)
-        return cp_model.LinearExpr.weighted_sum(terms, [rounded(c) for c in coeffs]) + rounded(form.const)
+        return cp_sat().LinearExpr.weighted_sum(terms, [rounded(c) for c in coeffs]) + rounded(form.const)
 
     def traffic(self, traffic: Traffic, i: int, rounded) -> cp_model.LinearExpr:
         """Collectives of stage i: each collective's form rounded on its own, then counted."""
@@ -372,7 +382,7 @@ def build_partition_model(
     s0 = sms[0]
     d = s0.dims
     L, p, v, mb = s0.job.model.num_layers, d.pp, d.vpp, s0.mb
-    m = cp_model.CpModel()
+    m = cp_sat().CpModel()
     horizon_s = max(_time_horizon(x, L, p) for x in {id(x): x for x in sms}.values())
     span = v * mb + p + 2 * v  # the objective is at most span horizons
     unit = _time_unit(horizon_s, _tiebreak_weight(p, L), span, sms, d.zero_stage)
@@ -442,6 +452,7 @@ def solve_partition(
         folder = Path(os.environ[DUMP_ENV])
         folder.mkdir(parents=True, exist_ok=True)
         built.dump(folder / f"partition-{os.getpid()}-{next(_dumped):05d}.pbtxt")
+    cp_model = cp_sat()
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
     solver.parameters.num_workers = max(1, workers)

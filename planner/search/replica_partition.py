@@ -19,8 +19,6 @@ import math
 import time
 from dataclasses import dataclass
 
-from ortools.sat.python import cp_model
-
 from planner.cost.stage import StageModel
 from planner.search.partition import (
     PartitionVars,
@@ -35,6 +33,7 @@ from planner.search.partition import (
     _tiebreak_weight,
     _time_horizon,
     _time_unit,
+    cp_sat,
 )
 
 MAX_CHOICES = 4096  # micro-batch choices one shape may enumerate (more: the shape stays open)
@@ -156,6 +155,7 @@ def solve_split(
     s0 = per[0][0]
     job, d = s0.job, s0.dims
     L, p = job.model.num_layers, d.pp
+    cp_model = cp_sat()
     m = cp_model.CpModel()
     every = [sm for sms in per for sm in sms]
     horizon_s = max(_time_horizon(sm, L, p) for sm in {id(x): x for x in every}.values())
