@@ -55,3 +55,23 @@ def test_the_mixed_search_returns_a_faster_single_type_plan(monkeypatch, tmp_pat
     assert proc.returncode == 0, proc.stderr
     est = json.loads(proc.stdout)
     assert est["fits"] and est["iteration_time_s"] == pytest.approx(best.time, rel=1e-6)
+
+
+def test_the_baselines_price_with_the_mixed_jobs_providers():
+    # best_single_type given the mixed job's cost source searches each group with that group's provider, so the
+    # per-layer costs the mixed search memoized are read, not priced again; the plans are the same either way
+    from planner.cost.provider import cost_source
+
+    job = _job()
+    alone = best_single_type(job, SearchOptions(), 1, 60)
+    source = cost_source(job)
+    shared = best_single_type(job, SearchOptions(), 1, 60, costs=source)
+    assert shared[1] == alone[1]
+    assert shared[0].time == alone[0].time
+    assert shared[0].estimate.dims == alone[0].estimate.dims
+    # the searches priced on the source's providers, one per group, and on nothing else
+    assert sorted(source._groups) == list(range(len(job.cluster)))
+    assert all(source(g).kind_coeffs for g in range(len(job.cluster)))
+    entries = {g: len(source(g).kind_coeffs) for g in range(len(job.cluster))}
+    best_single_type(job, SearchOptions(), 1, 60, costs=source)
+    assert {g: len(source(g).kind_coeffs) for g in range(len(job.cluster))} == entries  # all read from the memo

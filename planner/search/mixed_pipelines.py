@@ -1060,7 +1060,7 @@ def search_hetero(
         single_beat = best[0].time if best else None
         beat = single_beat * (1 + RESOLUTION) if best else float("inf")
         single, group = best_single_type(
-            job, opts, workers, max(0.5, start + time_limit_s - time.monotonic()), progress, beat
+            job, opts, workers, max(0.5, start + time_limit_s - time.monotonic()), progress, beat, ctx.costs
         )
         # it is a mixed layout too (every stage on that group): a plan of the job, unless mixed layouts cannot
         # express it (then the report names the faster group), and a cut for the rest of the mixed search

@@ -12,6 +12,7 @@ import time
 from dataclasses import replace
 
 from planner.cost.estimate import estimate_hetero
+from planner.cost.provider import CostSource
 from planner.errors import SpecError
 from planner.parallel import ParallelDims, group_order
 from planner.search.mixed_context import pipeline_dims
@@ -21,11 +22,19 @@ from planner.spec import Job
 
 
 def best_single_type(
-    job: Job, opts: SearchOptions, workers: int, time_limit_s: float, progress=None, beat: float = float("inf")
+    job: Job,
+    opts: SearchOptions,
+    workers: int,
+    time_limit_s: float,
+    progress=None,
+    beat: float = float("inf"),
+    costs: CostSource | None = None,
 ) -> tuple[Plan | None, int | None]:
     """(plan, group) of the best homogeneous plan on one node group alone that is faster than ``beat``, or
     (None, None) if none fits or none is faster. Each group's search is capped by ``beat`` and by the best
-    single-type plan found before it. ``progress(done, total, what)``: each search's candidates."""
+    single-type plan found before it. ``progress(done, total, what)``: each search's candidates. ``costs``: the
+    mixed job's cost source, whose per-group providers (and the per-layer costs memoized on them) the searches
+    share: a group alone is priced as the same GPUs, model and training."""
     from planner.search.homogeneous import search
 
     out: tuple[Plan | None, int | None] = (None, None)
@@ -37,7 +46,10 @@ def best_single_type(
         what = f"candidates, group {g} ({job.cluster[g].gpu.name}) alone"
         each = None if progress is None else (lambda done, total, what=what: progress(done, total, what))
         cap = beat if out[0] is None else min(beat, out[0].time)
-        res = search(sub, top=1, time_limit_s=share, workers=workers, options=opts, progress=each, beat=cap)
+        provider = None if costs is None else costs(g)
+        res = search(
+            sub, top=1, time_limit_s=share, workers=workers, options=opts, progress=each, beat=cap, costs=provider
+        )
         time_limit_s -= time.monotonic() - t0
         if res.plans and (out[0] is None or res.plans[0].time < out[0].time):
             out = (res.plans[0], g)
