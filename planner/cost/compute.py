@@ -204,19 +204,32 @@ def layer_time(
         attn_b = 2 * core / roof.gemm_rate + roof.traffic(2 * 11.0 * scores)
     forward = gemm_f + cast_f + elem_f + attn_f + roof.overhead
     backward = 2 * gemm_f + cast_b + 2 * elem_f + attn_b + 2 * roof.overhead
-    if recompute == "full":
-        extra = forward
-    elif recompute == "op":
+    extra = recompute_from_forward(forward, recompute, flash)
+    if extra is None and recompute == "op":
         # per-op selective checkpointing re-runs the element-wise kernels and the matmuls whose outputs it did not
         # keep (F.op_checkpoint_recomputed_gemms), with their FP8 casts; the attention output is kept, so the
         # attention is not re-run
         redo = F.op_checkpoint_recomputed_gemms(model, tokens, tp, moe, ep)
         extra = roof.gemms(redo) + roof.fp8_casts(redo, closing)[0] + elem_f + roof.overhead
-    elif recompute == "selective" and not flash:
+    elif extra is None:  # selective without flash attention
         extra = attn_f  # Korthikanti et al. 2022: recompute only the attention core
-    else:
-        extra = 0.0  # flash attention already recomputes its scores inside the backward kernel
     return PassTime(forward, backward, extra)
+
+
+RECOMPUTE_MODES = ("none", "selective", "op", "full")  # what layer_time prices (spec.Layout.recompute)
+
+
+def recompute_from_forward(forward: float, recompute: str, flash: bool) -> float | None:
+    """A layer's extra recompute seconds where the forward alone gives them: full recompute runs the forward
+    again; none adds nothing, and neither does selective recompute under flash attention (the kernel already
+    recomputes its scores inside the backward). None for per-op and non-flash selective recompute, whose extra work
+    depends on the layer's ops (layer_time). A layer's forward and backward do not depend on the mode, so a
+    provider that priced the layer under one mode reads the others from it (AnalyticCosts.layer)."""
+    if recompute == "full":
+        return forward
+    if recompute == "none" or (recompute == "selective" and flash):
+        return 0.0
+    return None
 
 
 def tp_paired_gemms(model: ModelSpec, roof: Roofline, tokens: int, tp: int, sp: bool, moe: bool, ep: int) -> tuple:

@@ -126,7 +126,7 @@ class AnalyticCosts:
         key = (id(model), tokens, seq, tp, sp, cp, ep, moe, flash, recompute)
         hit = self._layers.get(key)
         if hit is None:
-            hit = self._layers[key] = compute.layer_time(
+            hit = self._layers[key] = self._other_mode(key) or compute.layer_time(
                 model,
                 self._roof,
                 tokens=tokens,
@@ -141,6 +141,20 @@ class AnalyticCosts:
             )
             self.keep(model)
         return hit
+
+    def _other_mode(self, key: tuple) -> compute.PassTime | None:
+        """The layer of ``key`` read from the same layer priced under another recompute mode, where its extra
+        recompute follows from the forward (compute.recompute_from_forward); None if it does not or none is priced.
+        The searches ask for each layer under its baseline mode and under full recompute."""
+        *layer, flash, recompute = key
+        if compute.recompute_from_forward(0.0, recompute, flash) is None:
+            return None
+        for other in compute.RECOMPUTE_MODES:
+            p = self._layers.get((*layer, flash, other)) if other != recompute else None
+            if p is not None:
+                extra = compute.recompute_from_forward(p.forward, recompute, flash)
+                return compute.PassTime(p.forward, p.backward, extra)
+        return None
 
     def tp_gemms(self, model: ModelSpec, tokens: int, tp: int, sp: bool, moe: bool, ep: int) -> tuple:
         """Forward seconds of the GEMMs a layer's TP collectives overlap with (compute.tp_paired_gemms)."""
