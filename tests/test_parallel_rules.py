@@ -377,3 +377,18 @@ def test_hetero_check_uses_the_node_group_tp_rule():
             assert ok, (g, tp)
         except SpecError as e:
             assert not ok and e.field == "layout.stages[0].tp", (g, tp, str(e))
+
+
+@pytest.mark.parametrize("model,kw", SPACE_JOBS)
+def test_a_cap_leaves_out_exactly_the_candidates_bounded_at_or_above_it(model, kw):
+    """enumerate_candidates with ``cap`` (the time a single-type baseline must beat) returns the candidates whose
+    lower bound is below it, in the same order, and counts the others as pruned."""
+    j = job(model, **kw)
+    costs = AnalyticCosts(j.cluster[0], j.training.precision)
+    every, pruned, _ = enumerate_candidates(j, costs, SearchOptions())
+    bounds = sorted({c.lower_bound_s for c in every})
+    for cap in (bounds[0], bounds[len(bounds) // 2], bounds[-1], bounds[-1] * 2):
+        kept, capped, complete = enumerate_candidates(j, costs, SearchOptions(), cap=cap)
+        assert complete
+        assert kept == [c for c in every if c.lower_bound_s < cap]
+        assert capped == pruned + len(every) - len(kept)

@@ -75,3 +75,18 @@ def test_the_baselines_price_with_the_mixed_jobs_providers():
     entries = {g: len(source(g).kind_coeffs) for g in range(len(job.cluster))}
     best_single_type(job, SearchOptions(), 1, 60, costs=source)
     assert {g: len(source(g).kind_coeffs) for g in range(len(job.cluster))} == entries  # all read from the memo
+
+
+def test_a_baseline_capped_by_a_time_finds_the_plan_below_it_or_none():
+    # the homogeneous search given ``beat`` enumerates only candidates bounded below it; the best plan on a group
+    # is the same as without a cap when it is faster than the cap, and there is none when it is not
+    from planner.search.homogeneous import search
+
+    job = _job()
+    sub = job.model_copy(update={"cluster": (job.cluster[0],), "layout": None})
+    free = search(sub, top=1, time_limit_s=60)
+    best = free.plans[0]
+    under = search(sub, top=1, time_limit_s=60, beat=best.time * 1.001)
+    assert under.plans[0].time == best.time and under.plans[0].estimate.dims == best.estimate.dims
+    assert under.complete and under.gap == 0.0
+    assert search(sub, top=1, time_limit_s=60, beat=best.time).plans == []

@@ -54,7 +54,7 @@ def search(
     deadline = start + time_limit_s
     costs = costs or cost_source(job)(0)
     # Enumeration may take at most half the budget, so that a short limit still leaves time to find plans.
-    cands, pruned, enumerated = enumerate_candidates(job, costs, opts, start + time_limit_s / 2)
+    cands, pruned, enumerated = enumerate_candidates(job, costs, opts, start + time_limit_s / 2, cap=beat)
     capacity = job.cluster[0].gpu.memory_gib * (1 - opts.memory_margin)
     best: list[Plan] = []
     solved = 0

@@ -120,9 +120,10 @@ def dims_for(
 
 
 def enumerate_candidates(
-    job: Job, costs: AnalyticCosts, opts: SearchOptions, deadline: float | None = None
+    job: Job, costs: AnalyticCosts, opts: SearchOptions, deadline: float | None = None, cap: float = float("inf")
 ) -> tuple[list[Candidate], int, bool]:
-    """All valid candidates sorted by lower bound, the number pruned by dominance rules, and whether the
+    """All valid candidates sorted by lower bound, the number pruned by dominance rules or by a lower bound at or
+    above ``cap`` (a time no plan of interest reaches: a search given one never visits them), and whether the
     enumeration finished (past ``deadline``, a time.monotonic value, it stops early)."""
     gpn = job.cluster[0].gpus_per_node
     worlds = [job.num_gpus]
@@ -132,7 +133,7 @@ def enumerate_candidates(
     pruned = 0
     complete = True
     for world in worlds:
-        cands, p, done = _enumerate_world(job, costs, opts, world, deadline)
+        cands, p, done = _enumerate_world(job, costs, opts, world, deadline, cap)
         out += cands
         pruned += p
         complete = complete and done
@@ -150,7 +151,7 @@ def usable_node_counts(nodes: int) -> list[int]:
 
 
 def _enumerate_world(
-    job: Job, costs: AnalyticCosts, opts: SearchOptions, world: int, deadline: float | None
+    job: Job, costs: AnalyticCosts, opts: SearchOptions, world: int, deadline: float | None, cap: float
 ) -> tuple[list[Candidate], int, bool]:
     lb_memo: dict = {}  # the per-micro-batch bound does not depend on pp, dp, vpp or ZeRO
     m, t = job.model, job.training
@@ -185,6 +186,9 @@ def _enumerate_world(
                                 )
                             for vpp in vpps:
                                 lb = lb_stage / pp * (nmb + (pp - 1) / vpp)
+                                if lb >= cap:
+                                    pruned += len(opts.zero_stages)
+                                    continue
                                 for zero in opts.zero_stages:
                                     fw = opts.framework
                                     if fw is not None and not fw.allows(
