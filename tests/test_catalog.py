@@ -396,3 +396,20 @@ def test_not_an_object(tmp_path):
     with pytest.raises(SpecError) as exc:
         load_hf_config(path)
     assert exc.value.field == "model"
+
+
+def test_the_catalogs_read_the_same_through_libyaml(tmp_path):
+    # the package catalogs are read with libyaml's parser (planner.io, data_file=True): the same data as the
+    # pure-Python safe loader, duplicated keys refused by both
+    from planner.catalog import builtin_data_dir
+    from planner.errors import SpecError
+    from planner.io import load_yaml
+
+    for name in ("gpus.yaml", "models.yaml", "calibration.yaml"):
+        path = builtin_data_dir() / name
+        assert load_yaml(path, data_file=True) == load_yaml(path)
+    dup = tmp_path / "dup.yaml"
+    dup.write_text("a: 1\na: 2\n")
+    for fast in (False, True):
+        with pytest.raises(SpecError, match="duplicated key 'a'"):
+            load_yaml(dup, data_file=fast)

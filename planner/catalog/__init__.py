@@ -35,7 +35,7 @@ def _catalog_file(kind: str) -> tuple[Path, dict[str, Any]]:
     from planner.io import load_yaml
 
     path = data_file(f"{kind}.yaml")
-    return path, load_yaml(path, field=str(path))
+    return path, load_yaml(path, field=str(path), data_file=True)
 
 
 @functools.cache
