@@ -9,9 +9,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
-
-import numpy as np
+from typing import TYPE_CHECKING, NamedTuple
 
 from planner import parallel
 from planner.cost.memory import inflight_microbatches
@@ -31,6 +29,9 @@ from planner.parallel import HeteroDims, node_group_tp_options, seq_shard_error
 from planner.search import quick
 from planner.search.space import SearchOptions
 from planner.spec import Job
+
+if TYPE_CHECKING:  # numpy is imported where an MoE bound first needs it (about 0.1 s of every CLI start)
+    import numpy as np
 
 
 def pipeline_dims(
@@ -493,6 +494,8 @@ def moe_window_arrays(ctx: MixedContext, start: int = 0) -> tuple[np.ndarray, np
     """moe_windows as float arrays (tail_profile), memoized."""
     hit = ctx.caches.window_arrays.get(start)
     if hit is None:
+        import numpy as np
+
         hit = ctx.caches.window_arrays[start] = tuple(np.asarray(x, dtype=float) for x in moe_windows(ctx, start))
     return hit
 
@@ -632,6 +635,8 @@ def tail_profile(lines, windows: tuple[np.ndarray, np.ndarray]) -> TailProfile:
     and each part is linear in e for e >= 1 (_kind_lines), so its least value over e lies at fewest[n], most[n] or
     1; the parts' least values add up to at most the tail's. An MoE model whose few dense layers carry little
     traffic thus no longer has the tail of a stage of dense layers only."""
+    import numpy as np
+
     fewest, most = windows
     n = np.arange(len(fewest), dtype=float)
     total = np.zeros(len(fewest))
