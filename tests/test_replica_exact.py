@@ -148,17 +148,23 @@ def test_the_shape_bound_of_a_model_with_dense_and_moe_layers_counts_each_layer_
     assert checked and tighter
 
 
-def test_the_micro_batch_enumeration_stops_at_its_visit_budget():
+def test_the_micro_batch_enumeration_stops_at_its_budgets(monkeypatch):
     """Four replica groups and 3,000 micro-batches, where only the choices that leave the last (slow) replica one
-    micro-batch beat the bound: billions of partial choices, a few thousand below the bound. The enumeration stops
-    at MAX_VISITS and says it is incomplete (the shape then stays open) instead of walking them all."""
+    micro-batch beat the bound: billions of partial choices, millions below the bound. The enumeration goes
+    straight to the counts that leave the later groups below the bound (rest_floor), stops past MAX_CHOICES
+    choices or MAX_VISITS partial ones, and says it is incomplete (the shape then stays open) instead of walking
+    them all."""
     from planner.search import replica_partition
 
     counts, work = ((0, 1), (1, 1), (2, 1), (3, 1)), [1e-6, 1e-6, 1e-6, 1.0]
     choices, complete = micro_batch_choices(3000, counts, work, 1, 1.5)
     assert not complete
-    assert 0 < len(choices) < replica_partition.MAX_CHOICES
+    assert len(choices) == replica_partition.MAX_CHOICES + 1  # the one past the budget ends the walk
     assert all(ms[-1] == 1 for _, ms in choices)
+    monkeypatch.setattr(replica_partition, "MAX_VISITS", 100)
+    choices, complete = micro_batch_choices(3000, counts, work, 1, 1.5)
+    assert not complete
+    assert 0 < len(choices) < 100 and all(ms[-1] == 1 for _, ms in choices)
 
 
 def test_the_micro_batch_enumeration_lists_every_choice_below_the_bound():
@@ -180,12 +186,15 @@ def test_the_micro_batch_enumeration_lists_every_choice_below_the_bound():
 
     rng = random.Random(3)
     checked = 0
-    for _ in range(60):
-        n = rng.choice([2, 3])
+    for _ in range(90):
+        n = rng.choice([2, 3, 4])
         counts = tuple((i, rng.randint(1, 6)) for i in range(n))
-        M = rng.randint(n, 40)
+        M = rng.randint(n, 24 if n == 4 else 40)
         work = [rng.uniform(0.1, 1.0) for _ in range(n)]
         pp, beat = rng.randint(1, 4), rng.choice([float("inf"), rng.uniform(1.0, 10.0)])
+        if rng.random() < 0.3:  # the bound at a choice's own bound: the tie is left out, as with any bound
+            bounds = every_choice(M, counts, work, pp, float("inf"))
+            beat = rng.choice(bounds)[0] if bounds else beat
         choices, complete = micro_batch_choices(M, counts, work, pp, beat)
         assert complete
         assert [ms for _, ms in choices] == [ms for _, ms in every_choice(M, counts, work, pp, beat)]

@@ -37,6 +37,7 @@ from planner.search.partition import (
 )
 
 MAX_CHOICES = 4096  # micro-batch choices one shape may enumerate (more: the shape stays open)
+INF = float("inf")
 # Partial choices the enumeration may visit (most are dropped because the last group's count does not divide): a
 # shape with three or more groups and thousands of micro-batches has millions; past this the shape stays open.
 MAX_VISITS = 64 * MAX_CHOICES
@@ -71,6 +72,17 @@ def micro_batch_choices(M: int, counts, work: list[float], pp: int, beat: float)
     def floor(g: int, m: int) -> float:
         return max((m + pp - 1) * work[g] / pp, work[g])
 
+    # The groups after g share what is left, R: the slowest of them takes at least the T at which each group h
+    # runs its most micro-batches, m_h <= T pp / w_h - pp + 1 (floor), and those hold R: T >= (R + (pp - 1) sum d_h)
+    # / (pp sum d_h / w_h), and at least its one micro-batch, T >= max w_h. A count of g that leaves the rest
+    # above ``beat`` has no choice below it (checked against brute force in tests/test_replica_exact.py).
+    tail_d = [sum(d[h:]) for h in range(len(d) + 1)]
+    tail_rate = [sum(dh / w for dh, w in zip(d[h:], work[h:])) for h in range(len(d) + 1)]
+    tail_work = [max(work[h:], default=0.0) for h in range(len(d) + 1)]
+
+    def rest_floor(h: int, left: int) -> float:
+        return max(tail_work[h], (left + (pp - 1) * tail_d[h]) / (pp * tail_rate[h]))
+
     out: list[tuple[float, tuple[int, ...]]] = []
 
     def walk(g: int, left: int, ms: tuple[int, ...], lb: float) -> bool:
@@ -90,11 +102,19 @@ def micro_batch_choices(M: int, counts, work: list[float], pp: int, beat: float)
             m, step = _first_solution(d[g], left, d[-1])
             if m is None:
                 return True
+        if tail_work[g + 1] >= beat:
+            return True  # every later replica runs at least one micro-batch
+        # the least m that leaves the later groups below beat (rest_floor), one step early against rounding
+        least = math.floor((left + (pp - 1) * tail_d[g + 1] - beat * pp * tail_rate[g + 1]) / d[g]) if beat < INF else 0
+        if least > m:
+            m += (least - m) // step * step
         while left - d[g] * m >= rest:
             b = max(lb, floor(g, m))
             if b >= beat:
                 break  # larger m only grows this replica's bound
-            if not walk(g + 1, left - d[g] * m, (*ms, m), b):
+            if rest_floor(g + 1, left - d[g] * m) < beat * (1 + 1e-12) and not walk(
+                g + 1, left - d[g] * m, (*ms, m), b
+            ):
                 return False
             m += step
         return True
