@@ -17,6 +17,8 @@ from planner.strict import StrictModel
 # Absurd sizes are rejected up front: nothing real is this big, and the cost model must stay finite.
 MAX_GPUS = 1_000_000
 MAX_LAYERS = 10_000
+# activation recomputation of a layer (Layout.recompute; priced by planner.cost.compute.layer_time)
+Recompute = Literal["none", "selective", "op", "full"]
 
 
 class MoESpec(StrictModel):
@@ -361,7 +363,7 @@ class Layout(StrictModel):
     zero_stage: int = Field(
         1, ge=0, le=3, description="0 none, 1 optimizer (Megatron distributed optimizer), 2 +grads, 3 +weights (FSDP)"
     )
-    recompute: Literal["none", "selective", "op", "full"] = Field(
+    recompute: Recompute = Field(
         "selective",
         description="activation recomputation of the layers not counted in stages' recompute_layers: none, "
         "selective (the attention core, Korthikanti et al.), op (per-op selective checkpointing, torchtitan's "

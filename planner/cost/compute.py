@@ -11,10 +11,11 @@ Backward costs 2x the forward GEMMs (grad wrt input and weights) and 2.5x the fo
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import get_args
 
 from planner.cost import flops as F
 from planner.cost.calibration import Calibration
-from planner.spec import GpuSpec, ModelSpec
+from planner.spec import GpuSpec, ModelSpec, Recompute
 
 
 @dataclass(frozen=True)
@@ -216,7 +217,7 @@ def layer_time(
     return PassTime(forward, backward, extra)
 
 
-RECOMPUTE_MODES = ("none", "selective", "op", "full")  # what layer_time prices (spec.Layout.recompute)
+RECOMPUTE_MODES = get_args(Recompute)  # what layer_time prices
 
 
 def recompute_from_forward(forward: float, recompute: str, flash: bool) -> float | None:

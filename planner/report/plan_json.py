@@ -17,7 +17,7 @@ from planner.cost.estimate import SCHEMA_VERSION, Estimate
 from planner.parallel import RANK_ORDER, HeteroDims, ReplicaDims
 from planner.report.provenance import provenance, warnings_json
 from planner.search.result import SearchResult
-from planner.spec import Job
+from planner.spec import Job, Recompute
 
 
 class _Out(BaseModel):
@@ -81,7 +81,7 @@ class LayoutOut(_Out):
         "ZeRO stage: 0 none, 1 optimizer states sharded over DP (Megatron distributed optimizer), "
         "2 also gradients, 3 also weights (FSDP)"
     )
-    recompute: Literal["none", "selective", "op", "full"] = _d(
+    recompute: Recompute = _d(
         "activation recomputation baseline: none, selective (attention core only), op (per-op selective "
         "checkpointing: every second matmul output and the attention output kept) or full (whole layers); stages' "
         "recompute_layers add fully recomputed layers"
@@ -484,9 +484,7 @@ class JobLayoutOut(_Out):
     micro_batch_size: int | None = _d("sequences per micro-batch; absent: 1", None)
     sequence_parallel: bool | None = _d("sequence parallelism; absent or null: on when tp > 1", None)
     zero_stage: int | None = _d("ZeRO stage 0-3; absent: 1", None)
-    recompute: Literal["none", "selective", "op", "full"] | None = _d(
-        "activation recomputation; absent: selective", None
-    )
+    recompute: Recompute | None = _d("activation recomputation; absent: selective", None)
     tp_comm_overlap: bool | None = _d("TP communication overlapped with GEMMs; absent: false", None)
     stages: list[JobStageOut] | None = _d("per-stage layer counts (and placement); absent: an even split", None)
     replicas: list[JobReplicaOut] | None = _d("replica entries that differ in placement; absent: none", None)
