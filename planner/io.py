@@ -15,11 +15,7 @@ from planner.errors import SpecError
 MAX_INPUT_BYTES = 16 * 1024 * 1024
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicated mapping keys (a silent overwrite hides typos)."""
-
-
-def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False):
+def _construct_mapping(loader, node: yaml.MappingNode, deep: bool = False):
     seen = set()
     for key_node, _ in node.value:
         key = loader.construct_object(key_node, deep=deep)
@@ -35,17 +31,19 @@ def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: b
     return loader.construct_mapping(node, deep=deep)
 
 
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+def _unique_keys(base: type) -> type:
+    """``base`` (a safe loader) refusing duplicated mapping keys (a silent overwrite hides typos)."""
+    loader = type(f"UniqueKey{base.__name__}", (base,), {})
+    loader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+    return loader
 
 
-class _FastUniqueKeyLoader(getattr(yaml, "CSafeLoader", yaml.SafeLoader)):
-    """The same safe loader on libyaml's parser where PyYAML has it (its wheels do): the same constructors and
-    resolver, about 7x faster on the catalogs every command reads (gpus.yaml 29 -> 4 ms, models.yaml 42 -> 6 ms).
-    For data files only: it parses nesting the pure-Python parser reports as "nested too deeply", so a job or
-    runs file with it would reach the schema instead of that error."""
-
-
-_FastUniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_UniqueKeyLoader = _unique_keys(yaml.SafeLoader)
+# The same safe loader on libyaml's parser where PyYAML has it (its wheels do): the same constructors and resolver,
+# about 7x faster on the catalogs every command reads (gpus.yaml 29 -> 4 ms, models.yaml 42 -> 6 ms). For data
+# files only: it parses nesting the pure-Python parser reports as "nested too deeply", so a job or runs file with
+# it would reach the schema instead of that error.
+_FastUniqueKeyLoader = _unique_keys(getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def path_exists(path: str | Path, field: str = "file") -> bool:
