@@ -147,13 +147,11 @@ class AnalyticCosts:
         recompute follows from the forward (compute.recompute_from_forward); None if it does not or none is priced.
         The searches ask for each layer under its baseline mode and under full recompute."""
         *layer, flash, recompute = key
-        if compute.recompute_from_forward(0.0, recompute, flash) is None:
-            return None
         for other in compute.RECOMPUTE_MODES:
             p = self._layers.get((*layer, flash, other)) if other != recompute else None
             if p is not None:
                 extra = compute.recompute_from_forward(p.forward, recompute, flash)
-                return compute.PassTime(p.forward, p.backward, extra)
+                return None if extra is None else compute.PassTime(p.forward, p.backward, extra)
         return None
 
     def tp_gemms(self, model: ModelSpec, tokens: int, tp: int, sp: bool, moe: bool, ep: int) -> tuple:

@@ -37,7 +37,6 @@ from planner.search.partition import (
 )
 
 MAX_CHOICES = 4096  # micro-batch choices one shape may enumerate (more: the shape stays open)
-INF = float("inf")
 # Partial choices the enumeration may visit (most are dropped because the last group's count does not divide): a
 # shape with three or more groups and thousands of micro-batches has millions; past this the shape stays open.
 MAX_VISITS = 64 * MAX_CHOICES
@@ -105,9 +104,9 @@ def micro_batch_choices(M: int, counts, work: list[float], pp: int, beat: float)
         if tail_work[g + 1] >= beat:
             return True  # every later replica runs at least one micro-batch
         # the least m that leaves the later groups below beat (rest_floor), one step early against rounding
-        least = math.floor((left + (pp - 1) * tail_d[g + 1] - beat * pp * tail_rate[g + 1]) / d[g]) if beat < INF else 0
-        if least > m:
-            m += (least - m) // step * step
+        if beat < math.inf:
+            least = math.floor((left + (pp - 1) * tail_d[g + 1] - beat * pp * tail_rate[g + 1]) / d[g])
+            m += max(0, least - m) // step * step
         while left - d[g] * m >= rest:
             b = max(lb, floor(g, m))
             if b >= beat:
