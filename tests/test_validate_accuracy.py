@@ -82,7 +82,9 @@ def test_modern_runs_read_their_frameworks_defaults():
     assert titan_tp and all("tp_backward_overlap=false (DTensor TP, torchtitan)" in r["assumed"] for r in titan_tp)
     s = doc["summary"]
     assert s["coverage"] >= 0.95  # presets by name, the H100 96 GB variant, the flagged B200 rows
-    assert s["time"]["median_abs_error_pct"] <= 6.0  # 5.65 (6.06 with every async-TP collective fused)
+    # 4.74 (5.65 with cuDNN attention at 1.5x FlashAttention-2, the low end of the FA3 paper's abstract, instead of
+    # the 1.61x of its head-dim-128 figures; 6.06 with every async-TP collective fused)
+    assert s["time"]["median_abs_error_pct"] <= 5.0
     # the FP8 recipes' casts took it from 17.1 to 14.7; the compiled loss of the 2025 torchtitan runs (a cheaper
     # loss, physically right) moved the async-TP rows, already too fast, past the 90th percentile: 16.2; async TP's
     # unfused backward reduce-scatters (pytorch/pytorch#149946) brought them back: 10.9
@@ -91,8 +93,12 @@ def test_modern_runs_read_their_frameworks_defaults():
     # NeMo (FP8, long-sequence CP up to 1M tokens): cuDNN fused attention, bf16 gradients, the ring per step
     g = doc["groups"]["nemo-perf"]
     assert g["predicted"] == g["runs"] == 29
-    assert g["time"]["median_abs_error_pct"] <= 5.5
-    assert g["time"]["p90_abs_error_pct"] <= 10.0
+    assert g["time"]["median_abs_error_pct"] <= 4.0  # 3.3 (4.8 at 1.5x)
+    assert g["time"]["p90_abs_error_pct"] <= 8.0  # 7.2 (7.9 at 1.5x)
+    # attention-bound at long sequences: with cuDNN attention at 1.5x FlashAttention-2 the H100 rows went from +2%
+    # at 4K to +10.5% at 512K; at the measured 1.61x no trend is left
+    longseq = [r["error"]["iteration_time"] for r in doc["runs"] if r["id"].startswith("nemo-longseq-llama2-7b-h100")]
+    assert len(longseq) == 9 and all(abs(e) <= 0.04 for e in longseq), longseq
     # torchtitan's memory readings: per-op checkpointing, the loss (unfused; compiled from 2025-04) and FSDP's fp32
     # parameters
     assert doc["groups"]["torchtitan"]["memory"]["median_abs_error_pct"] <= 5.0
