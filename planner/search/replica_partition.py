@@ -239,6 +239,10 @@ def solve_split(
     solver.parameters.num_workers = max(1, workers)
     solver.parameters.random_seed = 0
     solver.parameters.catch_sigint_signal = False
+    # With every count fixed the model is linear and small: CP-SAT's presolve is most of its time (an infeasible
+    # choice, the common case below the cut, is proved in about 1 ms without it and 10 ms with it, suite job 30),
+    # while the model with the counts as variables needs it (0.03 s with it, 0.46 s without)
+    solver.parameters.cp_model_presolve = any(lo != hi for lo, hi in ranges)
     status = solver.Solve(m)
     if status == cp_model.INFEASIBLE:
         return None, "infeasible", float("inf")
