@@ -458,6 +458,10 @@ def solve_partition(
     solver.parameters.num_workers = max(1, workers)
     solver.parameters.random_seed = seed
     solver.parameters.catch_sigint_signal = False  # Ctrl-C must reach Python (exit 130), not end one solve
+    # one presolve pass: on the partition models of 9 mixed suite jobs and the shipped examples (249 models) the
+    # same status, objective and split, in 10-15% less solver time (most of a solve that proves no split beats the
+    # cap is presolve)
+    solver.parameters.max_presolve_iterations = 1
     status = solver.Solve(built.model)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         st = "infeasible" if status == cp_model.INFEASIBLE else "unknown"
