@@ -747,7 +747,9 @@ def refined_bound(
     # the recompute each stage's memory forces on its share of the heavy layers counts in the work too
     # (one kind: ys are the stages' per-layer seconds and kind_counts (0, 0))
     light = fam.kind_counts[0] * min(xs)
-    work = max(work, sum(cst) + light + memory_work(ctx, c, sms, ys, fam.kinds is None))
+    heavy = _heavy_memory(ctx, c, sms)  # what the memory bounds below read of each stage
+    need = heavy_kind(ctx.job.model)[1]
+    work = max(work, sum(cst) + light + memory_work(heavy, ys, need, fam.kinds is None))
     # the largest DP tail: at least each stage's least, and the layers must sit somewhere (stages_tail_bottleneck)
     reaches = [r.tail_profile.reach for r in rows]
     tail = max(max(r.tail for r in rows), stages_tail_bottleneck(reaches, layers, v))
@@ -760,7 +762,7 @@ def refined_bound(
     if kind_memory is not None and (probe is None or T < probe):
         T = max(T, _kind_memory_bottleneck(kind_memory, cst, layers, probe))
     if probe is None or T < probe:
-        T = max(T, _memory_bottleneck(ctx, c, sms, cst, probe, v))
+        T = max(T, _memory_bottleneck(heavy, need, cst, ctx.job.model, probe, v))
     if T == float("inf"):
         return T  # the layers cannot fit (and with one micro-batch (mb - 1) * T would be nan)
     if probe is not None and T >= probe:
@@ -768,7 +770,8 @@ def refined_bound(
     if probe is not None:  # not cut by the bottleneck alone: its exact value, for the DP tail's turn below
         if windows is not None:
             by_kind = max(by_kind, block_bottleneck(xs, ys, windows, cst, layer_caps, layers, None, moe_from))
-        T = max(_capped_bottleneck(a, cst, caps, L), by_kind, _memory_bottleneck(ctx, c, sms, cst, None, v))
+        by_memory = _memory_bottleneck(heavy, need, cst, ctx.job.model, None, v)
+        T = max(_capped_bottleneck(a, cst, caps, L), by_kind, by_memory)
         if kind_memory is not None:
             T = max(T, _kind_memory_bottleneck(kind_memory, cst, layers))
     # schedule_bound(T, work, mb, v) + tail, with the bottleneck and the work bounded together
@@ -776,23 +779,23 @@ def refined_bound(
     if bound >= target:
         return bound
     if target < float("inf"):
-        floors = _stage_time_floors(ctx, c, sms, rows, (a, xs, ys, windows), cst, caps, kind_memory)
+        floors = _stage_time_floors(heavy, rows, (a, xs, ys, windows), cst, caps, kind_memory, v)
         joint = least_schedule_with_tail(floors, L, T, mb - 1 / v, v, work, reaches, target)
         if joint >= target:
             return joint  # the schedule, the memory and the DP tail of the splits that hold the layers reach it
     return bound
 
 
-def _stage_time_floors(ctx: MixedContext, c: HeteroCandidate, sms, rows, per_layer, cst, caps, kind_memory):
+def _stage_time_floors(heavy, rows, per_layer, cst, caps, kind_memory, v: int):
     """Per stage, floors on its seconds per micro-batch holding q = 1..caps_s chunks of v layers (growing with q;
     inf where it cannot hold them) for least_schedule_with_tail: the largest of cst_s + q a_s (``per_layer``'s a:
     seconds per chunk), _layer_time at q v layers (the fewest MoE layers any q v consecutive ones have) and the
     recompute its memory forces: kind_memory (dense and MoE layers, _kind_memory_times) or, with one kind,
-    quick.layer_slack over the stage's memory terms (the ceiling relaxed, as least_forced_work)."""
+    quick.layer_slack over the stage's memory terms (``heavy``: _heavy_memory; the ceiling relaxed, as
+    least_forced_work)."""
     a, xs, ys, windows = per_layer
-    v = c.vpp
     out = []
-    for s, (room, alpha, beta, _, rc, _) in enumerate(_heavy_memory(ctx, c, sms)):
+    for s, (room, alpha, beta, _, rc, _) in enumerate(heavy):
         floors = []
         for q in range(1, caps[s] + 1):
             n = q * v
@@ -867,15 +870,13 @@ def _least_holding(holds, lo: float, hi: float, need: float, probe: float | None
     return lo
 
 
-def memory_work(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], per_layer, one_each: bool) -> float:
-    """least_forced_work over the candidate's stages: each stage's per-layer seconds of the heavy layers (the MoE
-    layers of an MoE model, else all), its memory terms at its in-flight count (quick.stage_memory_term), its
-    recompute seconds per layer and its layer cap. ``one_each``: every stage holds at least one (one kind)."""
-    stages = [
-        (h, room, alpha, beta, rc, cap)
-        for h, (room, alpha, beta, _, rc, cap) in zip(per_layer, _heavy_memory(ctx, c, sms))
-    ]
-    return least_forced_work(stages, heavy_kind(ctx.job.model)[1], one_each)
+def memory_work(heavy, per_layer, need: int, one_each: bool) -> float:
+    """least_forced_work of the ``need`` heavy layers over the candidate's stages: each stage's per-layer seconds
+    of the heavy layers (the MoE layers of an MoE model, else all) and, from ``heavy`` (_heavy_memory), its memory
+    terms at its in-flight count (quick.stage_memory_term), its recompute seconds per layer and its layer cap.
+    ``one_each``: every stage holds at least one (one kind)."""
+    stages = [(h, room, alpha, beta, rc, cap) for h, (room, alpha, beta, _, rc, cap) in zip(per_layer, heavy)]
+    return least_forced_work(stages, need, one_each)
 
 
 def _heavy_memory(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel]) -> list[tuple]:
@@ -932,19 +933,15 @@ def _increment(f, n: int) -> float:
     return nxt if nxt == float("inf") else nxt - f(n)
 
 
-def _memory_bottleneck(
-    ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], cst: list[float], probe: float | None = None, v=1
-) -> float:
+def _memory_bottleneck(heavy, need: int, cst: list[float], m, probe: float | None = None, v=1) -> float:
     """Smallest bottleneck T at which the stages hold the layers of the heaviest kind when each stage recomputes
     just enough whole layers to fit its own GPU (the per-stage form of quick.memory_bottleneck): stage s holds n
     layers in n*a_s + r_s(n)*rc_s + c_s with r_s(n) = ceil((n*alpha_s - room_s)/beta_s). Valid for every plan of
     the candidate, since other layers only add time and memory. With ``probe``: ``probe`` when the bottleneck is
-    above it, else a weaker valid bound. ``v``: the layers of a dense model come in whole chunks of v per stage."""
-    m = ctx.job.model
+    above it, else a weaker valid bound. ``heavy``: _heavy_memory; ``need``: the heavy layers of the model ``m``,
+    whose layers, dense, come in whole chunks of ``v`` per stage."""
     chunk = v if m.moe is None else 1  # an MoE model's heavy layers are only some of a stage's chunks
-    need = heavy_kind(m)[1]
-    terms = _heavy_memory(ctx, c, sms)
-    stages = [(room, alpha, beta, a, rc, const) for (room, alpha, beta, a, rc, _), const in zip(terms, cst)]
+    stages = [(room, alpha, beta, a, rc, const) for (room, alpha, beta, a, rc, _), const in zip(heavy, cst)]
 
     def held(T: float) -> int:
         total = 0
