@@ -34,6 +34,7 @@ from planner.search.partition import (
     _time_horizon,
     _time_unit,
     cp_sat,
+    new_solver,
 )
 
 MAX_CHOICES = 4096  # micro-batch choices one shape may enumerate (more: the shape stays open)
@@ -234,11 +235,7 @@ def solve_split(
         weight = 1
         m.Minimize(z)
 
-    solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
-    solver.parameters.num_workers = max(1, workers)
-    solver.parameters.random_seed = 0
-    solver.parameters.catch_sigint_signal = False
+    solver = new_solver(time_limit_s, workers)
     # With every count fixed the model is linear and small: CP-SAT's presolve is most of its time (an infeasible
     # choice, the common case below the cut, is proved in about 1 ms without it and 10 ms with it, suite job 30),
     # while the model with the counts as variables needs it (0.03 s with it, 0.46 s without)
