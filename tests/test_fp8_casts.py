@@ -50,7 +50,7 @@ def test_each_recipe_adds_its_cast_bytes_at_the_cast_bandwidth(recipe, tp):
     bf16_rate.__dict__["_roof"] = bare  # the same rates without the casts
     got, without = layer(with_casts, tp), layer(bf16_rate, tp)
     fwd, bwd = counted_bytes(recipe, tp, 8192)
-    rate = 3.35e12 * C.FP8_CAST_HBM_EFFICIENCY  # H100 SXM HBM3, gpus.yaml
+    rate = 3.35e12 * C.STREAM_HBM_EFFICIENCY  # H100 SXM HBM3, gpus.yaml
     assert got.forward - without.forward == pytest.approx(fwd / rate, rel=1e-9)
     assert got.backward - without.backward == pytest.approx(bwd / rate, rel=1e-9)
 

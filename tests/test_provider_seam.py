@@ -41,6 +41,9 @@ class DoubledRates(AnalyticCosts):
     def hbm_rate(self):
         return 2 * super().hbm_rate()
 
+    def stream_hbm_rate(self):
+        return 2 * super().stream_hbm_rate()
+
     def nvlink_rate(self):
         return 2 * super().nvlink_rate()
 
@@ -84,12 +87,12 @@ MIXED_CLUSTER = [
 MIXED_LINKS = [{"groups": [0, 1], "gbps": 50}]
 
 
-def job(model, cluster, layout=None, seq=2048, gbs=16, attention="flash", links=()):
+def job(model, cluster, layout=None, seq=2048, gbs=16, attention="flash", links=(), **training):
     spec = {
         "model": model,
         "cluster": cluster,
         "links": list(links),
-        "training": {"seq_length": seq, "global_batch_size": gbs, "attention": attention},
+        "training": {"seq_length": seq, "global_batch_size": gbs, "attention": attention, **training},
     }
     if layout is not None:
         spec["layout"] = layout
@@ -108,6 +111,14 @@ HOMOGENEOUS = {
     ),
     "zero3-recompute": job(
         GPT, [A100], {"tp": 1, "pp": 2, "dp": 4, "micro_batch_size": 2, "zero_stage": 3, "recompute": "full"}
+    ),
+    # FP8 casts and DeepSpeed's BF16_Optimizer accumulation: kernels at the streaming HBM rate
+    "fp8-bf16-optimizer": job(
+        GPT,
+        [{"gpu": "h100-sxm", "nodes": 2, "gpus_per_node": 4}],
+        {"tp": 2, "pp": 2, "dp": 2, "micro_batch_size": 1, "zero_stage": 1},
+        precision="fp8",
+        grad_dtype="bf16+fp32",
     ),
     "moe-ep2-vpp": job(
         MOE, [A100], {"tp": 2, "pp": 2, "dp": 2, "ep": 2, "vpp": 3, "micro_batch_size": 1, "zero_stage": 2}
@@ -208,8 +219,9 @@ def test_the_layouts_exercise_every_time_component():
         assert estimate(LAYOUTS[name]).time_breakdown_s["pp_comm" if name in MIXED else "dp_comm"] > 0
 
 
-def test_doubled_rates_halve_the_homogeneous_search_bounds():
-    j = job(GPT, [A100])
+@pytest.mark.parametrize("grad_dtype", ["fp32", "bf16+fp32"])
+def test_doubled_rates_halve_the_homogeneous_search_bounds(grad_dtype):
+    j = job(GPT, [A100], grad_dtype=grad_dtype)
     opts = SearchOptions(zero_stages=(0, 1, 3), max_micro_batch=2)
     base_costs, half_costs = cost_source(j)(0), DoubledSource(j)(0)
     base, _, _ = enumerate_candidates(j, base_costs, opts)
@@ -246,6 +258,7 @@ def test_doubled_rates_halve_the_best_mixed_pipeline():
         gbs=4,
         attention="eager",
         links=[{"groups": [0, 1], "gbps": 100}],
+        grad_dtype="bf16+fp32",  # the ends' accumulation in the bounds
     )
     opts = SearchOptions(zero_stages=HETERO_ZERO, max_micro_batch=2)
 

@@ -34,9 +34,27 @@ def test_iteration_time_accuracy(report):
     # no worse than before the modern stacks' terms (5.08% / 17.81% at the time they landed). The TP overlap of
     # each collective with its own GEMM (stage.tp_overlap_share) moved the median to 5.11%: Megatron's H100
     # weak-scaling rows with --tp-comm-overlap now show the reduce-scatter the short output projection cannot hide.
-    # MT-NLG read without sequence parallelism (its 2022-01 source predates it) moved the p90 to 16.98%.
-    assert t["median_abs_error_pct"] <= 5.15
-    assert t["p90_abs_error_pct"] <= 17.0
+    # MT-NLG read without sequence parallelism (its 2022-01 source predates it) moved the p90 to 16.98%. DeepSpeed's
+    # BF16_Optimizer accumulating every micro-batch's gradients in fp32 (compute.GRAD_ACCUMULATION_BYTES) moved
+    # them to 4.83% / 16.21%.
+    assert t["median_abs_error_pct"] <= 5.0
+    assert t["p90_abs_error_pct"] <= 16.5
+
+
+def test_bf16_optimizer_rows_pay_their_per_micro_batch_accumulation(report):
+    """BLOOM's sweep (Megatron-DeepSpeed, BF16_Optimizer) was 4-6% too fast at two micro-batches per step and right
+    at four: a cost paid per micro-batch was missing. With the fp32 accumulation pass every TP-4 row is within 4%
+    (it was 3.7-5.7% too fast at mbs 2), except the 104-head row, measured 14% slower than its 128-head sibling, which
+    has the same shape and more attention work."""
+    rows = {
+        r["id"]: r["error"]["iteration_time"]
+        for r in report["runs"]
+        if r["source_group"] == "bloom" and r["layout"]["tp"] == 4 and r["error"]["iteration_time"] is not None
+    }
+    outlier = "bloom-prequel-0228-h13312-l82-tp4pp12dp8-mbs2-a104"
+    assert len(rows) == 14 and outlier in rows
+    assert all(abs(e) <= 0.04 for i, e in rows.items() if i != outlier), rows
+    assert report["groups"]["bloom"]["time"]["median_abs_error_pct"] <= 2.0  # 0.89 (4.7 without the pass)
 
 
 def test_memory_accuracy(report):

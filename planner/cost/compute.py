@@ -72,10 +72,21 @@ def hbm_rate(gpu: GpuSpec, cal: Calibration) -> float:
     return gpu.hbm_tbps * 1e12 * cal.hbm_efficiency
 
 
-# Achieved fraction of HBM bandwidth of the FP8 cast kernels: compiled (Triton) pointwise kernels over large
-# tensors, as measured on H100 by torchao (torchao/testing/training/roofline_utils.py, "pct_achievable_mem_bw": 0.92).
-# Not the calibrated hbm_efficiency, which covers every element-wise kernel of a layer, small and unfused ones too.
-FP8_CAST_HBM_EFFICIENCY = 0.92
+# Achieved fraction of HBM bandwidth of a pointwise kernel streaming over large contiguous tensors (the FP8 casts,
+# the fp32 gradient accumulation): as torchao takes it for H100 (torchao/testing/training/roofline_utils.py,
+# "pct_achievable_mem_bw": 0.92). Not the calibrated hbm_efficiency, which covers every element-wise kernel of a
+# layer, small and unfused ones too.
+STREAM_HBM_EFFICIENCY = 0.92
+
+# HBM bytes per parameter that folding one micro-batch's gradients into the gradient buffers moves, by
+# Training.grad_dtype. "bf16+fp32" (DeepSpeed's BF16_Optimizer): after every micro-batch's backward
+# (runtime/pipe/engine.py ``_exec_backward_pass`` calls ``optimizer.update_hp_grads``, as BF16_Optimizer.backward
+# does without a pipeline) each parameter's 16-bit gradient is cast and added to its fp32 buffer,
+# ``hp_grad.add_(lp.grad.to(fp32))`` (runtime/bf16_optimizer.py ``update_hp_grads``): the cast reads 2 and writes 4
+# bytes, the add reads 4 + 4 and writes 4. "fp32" (Megatron's main_grad): the weight-gradient GEMM accumulates
+# into it (--gradient-accumulation-fusion, on by default), no pass of its own. "bf16" (PyTorch FSDP/DDP): the
+# gradients are reduced every micro-batch and only the DP shard accumulates. Priced at STREAM_HBM_EFFICIENCY.
+GRAD_ACCUMULATION_BYTES = {"fp32": 0.0, "bf16": 0.0, "bf16+fp32": 18.0}
 
 
 @dataclass(frozen=True)

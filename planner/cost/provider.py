@@ -3,12 +3,12 @@ the bounds and the mixed and replica searches use is read from here.
 
 ``AnalyticCosts`` prices one node group's GPUs from their datasheet and the calibrated efficiencies, in two
 layers:
-  - rates: ``gemm_rate``, ``attention_rate`` (FLOP/s), ``hbm_rate`` (bytes/s), ``layer_overhead`` (seconds per
-    layer pass), ``nvlink_rate``, ``network_rate(line_gbps)`` (bus bandwidths, bytes/s) and
-    ``latency(crosses_node)`` (seconds);
+  - rates: ``gemm_rate``, ``attention_rate`` (FLOP/s), ``hbm_rate`` and ``stream_hbm_rate`` (bytes/s of
+    element-wise kernels, and of kernels streaming over large tensors), ``layer_overhead`` (seconds per layer pass),
+    ``nvlink_rate``, ``network_rate(line_gbps)`` (bus bandwidths, bytes/s) and ``latency(crosses_node)`` (seconds);
   - costs built from those rates with the formulas of compute.py and comm.py: ``layer``, ``embedding``,
-    ``logits`` (seconds per micro-batch), ``traffic``, ``optimizer_step`` (seconds), ``best_flop_rate``,
-    ``link(size, per_node)`` and ``p2p(crosses_node)`` (comm.Link).
+    ``logits``, ``grad_accumulation`` (seconds per micro-batch), ``traffic``, ``optimizer_step`` (seconds),
+    ``best_flop_rate``, ``link(size, per_node)`` and ``p2p(crosses_node)`` (comm.Link).
 ``CostSource`` holds one provider per node group of a job and prices the links between node groups
 (``between``, ``spanning``, ``spanning_ceiling``) from the rates of the groups' providers.
 
@@ -70,6 +70,11 @@ class AnalyticCosts:
         """Achieved HBM bytes/s of element-wise kernels."""
         return compute.hbm_rate(self.group.gpu, self.cal)
 
+    def stream_hbm_rate(self) -> float:
+        """Achieved HBM bytes/s of a kernel streaming over large contiguous tensors (FP8 casts, gradient
+        accumulation: compute.STREAM_HBM_EFFICIENCY of the datasheet bandwidth)."""
+        return self.group.gpu.hbm_tbps * 1e12 * compute.STREAM_HBM_EFFICIENCY
+
     def layer_overhead(self) -> float:
         """Fixed seconds of one layer's forward pass (kernel launches, framework dispatch; backward: twice)."""
         return self.cal.layer_overhead_s
@@ -104,9 +109,13 @@ class AnalyticCosts:
         casts = None
         if compute.runs_fp8(self.group.gpu, self.precision):
             casts = compute.FP8_CASTS[self.fp8_recipe]
-        cast_hbm = self.group.gpu.hbm_tbps * 1e12 * compute.FP8_CAST_HBM_EFFICIENCY
         return compute.Roofline(
-            self.gemm_rate(), self.attention_rate(), self.hbm_rate(), self.layer_overhead(), casts, cast_hbm
+            self.gemm_rate(),
+            self.attention_rate(),
+            self.hbm_rate(),
+            self.layer_overhead(),
+            casts,
+            self.stream_hbm_rate(),
         )
 
     def layer(
@@ -200,6 +209,11 @@ class AnalyticCosts:
             rate = self.nic_rate() if crosses_node else self.nvlink_rate()
             hit = self._p2p[crosses_node] = comm.p2p_link(rate, self.latency(crosses_node))
         return hit
+
+    def grad_accumulation(self, params: float, grad_dtype: str) -> float:
+        """Seconds per micro-batch to fold the gradients of ``params`` parameters into the gradient buffers of
+        ``grad_dtype`` (compute.GRAD_ACCUMULATION_BYTES; zero where the backward accumulates in place)."""
+        return compute.GRAD_ACCUMULATION_BYTES[grad_dtype] * params / self.stream_hbm_rate()
 
     def optimizer_step(self, params_local: float) -> float:
         """Adam reads fp32 master, m, v and the fp32 grad and writes master, m, v and the 16-bit weight:

@@ -59,6 +59,7 @@ __all__ = [
     "TailForms",
     "TimeForms",
     "Traffic",
+    "end_params",
     "fastest_layer",
     "kind_coeffs",
     "pipeline_send",
@@ -74,7 +75,7 @@ class KindCoeffs:
 
     compute: float  # forward + backward (+ baseline recompute) seconds
     forward: float  # forward part of compute
-    backward: float  # backward part of compute (without recompute)
+    backward: float  # backward part of compute (without recompute), with the gradients' accumulation
     recompute_extra: float  # extra seconds when the layer is fully recomputed
     tp: float  # exposed TP collective seconds (overlapped with GEMMs where the layout says so)
     tp_recompute: float  # extra exposed TP seconds when fully recomputed
@@ -110,6 +111,15 @@ def layer_counts(model) -> dict[str, int]:
 
 
 _LAST_COUNTS: tuple = (None, None)  # (model, its layer_counts), replaced whole
+
+
+def end_params(model, tp: int, first: bool, last: bool, deep: bool) -> float:
+    """Embedding (first stage) and output-layer (last stage) parameters on one GPU of a TP group; a tied output
+    layer still keeps a copy on the last stage when the pipeline has more than one stage (``deep``)."""
+    n = F.embedding_params(model) / tp if first else 0.0
+    if last and (not model.tie_embeddings or deep):
+        n += F.embedding_params(model) / tp
+    return n
 
 
 def heavy_kind(model) -> tuple[str, int]:
@@ -182,7 +192,21 @@ def kind_coeffs(
     flash = t.fused_attention
     tp_overlap = tp_overlap and tp > 1
     fp8_inputs = t.fp8_saved_inputs and runs_fp8(costs.group.gpu, t.precision)
-    key = (id(m), tokens, seq, tp, cp, ep, sp, flash, base_rc, t.tp_backward_overlap, tp_overlap, fp8_inputs)
+    key = (
+        id(m),
+        tokens,
+        seq,
+        tp,
+        cp,
+        ep,
+        sp,
+        flash,
+        base_rc,
+        t.tp_backward_overlap,
+        tp_overlap,
+        fp8_inputs,
+        t.grad_dtype,
+    )
     hit = costs.kind_coeffs.get(key)
     if hit is not None:
         return hit
@@ -225,10 +249,11 @@ def kind_coeffs(
             "moe": moe,
             "fp8_inputs": fp8_inputs,
         }
+        accumulate = costs.grad_accumulation(pd + pe, t.grad_dtype)  # after each micro-batch's backward
         kinds[kind] = KindCoeffs(
-            compute=lt.forward + lt.backward + lt.recompute,
+            compute=lt.forward + lt.backward + lt.recompute + accumulate,
             forward=lt.forward,
-            backward=lt.backward,
+            backward=lt.backward + accumulate,
             recompute_extra=full.recompute - lt.recompute,
             tp=tp_s,
             tp_recompute=tp_recompute_s,
@@ -409,6 +434,7 @@ class StageModel:
         self.emb_time, self.emb_fwd = emb.forward + emb.backward, emb.forward
         self.logits_time, self.logits_fwd = lg.forward + lg.backward, lg.forward
         self.emb_params = F.embedding_params(m) / dims.tp
+        self.accumulate_per_param = costs.grad_accumulation(1.0, t.grad_dtype)
         self.own_p2p, self.send_bytes = pipeline_send(costs, m, tokens, dims.tp, dims.cp, dims.dp)
         self.pp_time = self.neighbour_pp_time(None, None) if dims.pp > 1 else 0.0
         self.emb_act = act_tok / (dims.tp if dims.sequence_parallel else 1)
@@ -504,11 +530,12 @@ class StageModel:
 
     def compute_form(self, first: bool, last: bool) -> Affine:
         """Compute seconds of one micro-batch (TimeForms.compute): forward, backward and recompute of the layers,
-        the embedding on the first stage and the logits on the last."""
+        the embedding on the first stage and the logits on the last, and the accumulation of their gradients."""
         end = self.kinds.end(first, last, self._deep)
         if end.compute is None:
             kd, km = self.kinds["dense"], self._moe_kind()
             ends = (self.emb_time if first else 0.0) + (self.logits_time if last else 0.0)
+            ends += self.accumulate_per_param * self._end_params(first, last)
             end.compute = Affine(ends, kd.compute, km.compute, kd.recompute_extra, km.recompute_extra)
         return end.compute
 
@@ -561,10 +588,7 @@ class StageModel:
         return self._end_params(stage == 0, stage == self.dims.pp - 1)
 
     def _end_params(self, first: bool, last: bool) -> float:
-        n = self.emb_params if first else 0.0
-        if last and (not self.job.model.tie_embeddings or self.dims.pp > 1):
-            n += self.emb_params  # a tied output layer still keeps a copy on the last stage when pp > 1
-        return n
+        return end_params(self.job.model, self.dims.tp, first, last, self._deep)
 
     def _moe_kind(self) -> KindCoeffs:
         return self.kinds.get("moe", self.kinds["dense"])

@@ -17,6 +17,7 @@ from planner.cost.provider import CostSource
 from planner.cost.stage import (
     FormCache,
     StageModel,
+    end_params,
     fastest_layer,
     heavy_kind,
     kind_coeffs,
@@ -451,7 +452,8 @@ def send_bound(ctx: MixedContext, g: int, tp: int, cp: int, dp: int, mbs: int) -
 
 
 def end_costs(ctx: MixedContext, first, last, cp: int, mbs: int) -> tuple[float, float]:
-    """Embedding seconds on the first stage and logits seconds on the last, per micro-batch."""
+    """Embedding seconds on the first stage and logits seconds on the last, per micro-batch, each with the
+    accumulation of its gradients (a tied output layer's copy counted only as a one-stage pipeline has it: none)."""
     key = (first, last, cp, mbs)
     if key not in ctx.caches.end_costs:
         ctx.caches.end_costs[key] = _end_times(ctx, first, last, cp, mbs)
@@ -461,9 +463,13 @@ def end_costs(ctx: MixedContext, first, last, cp: int, mbs: int) -> tuple[float,
 def _end_times(ctx: MixedContext, first, last, cp: int, mbs: int) -> tuple[float, float]:
     job = ctx.job
     tokens = mbs * job.training.seq_length // cp
-    e = ctx.costs(first[0]).embedding(job.model, tokens, first[1], first[1] > 1)
-    lg = ctx.costs(last[0]).logits(job.model, tokens, last[1])
-    return e.forward + e.backward, lg.forward + lg.backward
+    m, grads = job.model, job.training.grad_dtype
+    head, tail = ctx.costs(first[0]), ctx.costs(last[0])
+    e = head.embedding(m, tokens, first[1], first[1] > 1)
+    lg = tail.logits(m, tokens, last[1])
+    e_acc = head.grad_accumulation(end_params(m, first[1], True, False, False), grads)
+    lg_acc = tail.grad_accumulation(end_params(m, last[1], False, True, False), grads)
+    return e.forward + e.backward + e_acc, lg.forward + lg.backward + lg_acc
 
 
 def max_layers(sm: StageModel, s: int, room: float, inflight: float | None = None) -> int:

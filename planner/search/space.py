@@ -206,18 +206,19 @@ def _enumerate_world(
 def _compute_lower_bound(job: Job, costs: AnalyticCosts, tp, cp, ep, mbs, base, tp_overlap: bool = False) -> float:
     """Seconds of one micro-batch through all layers (the per-layer floor KindCoeffs.layer_floor: compute and the
     exposed TP (overlapped with GEMMs under ``tp_overlap``), CP and EP communication every layer needs), embedding
-    and logits,
-    without pipeline sends or extra recompute. Spread over p stages this bounds the
+    and logits with the accumulation of their gradients (the output layer as a one-stage pipeline has it), without
+    pipeline sends or extra recompute. Spread over p stages this bounds the
     iteration from below, since with stage times t_i the schedule takes
     m*max(t) + (sum(t) - max(t))/v >= sum(t)/p * (m + (p-1)/v)."""
-    from planner.cost.stage import kind_coeffs, layers_floor
+    from planner.cost.stage import end_params, kind_coeffs, layers_floor
 
     m, t = job.model, job.training
     tokens = mbs * t.seq_length // cp
     total = layers_floor(kind_coeffs(job, costs, tokens, tp, cp, ep, tp > 1, base, tp_overlap), m)
     e = costs.embedding(m, tokens, tp, tp > 1)
     lg = costs.logits(m, tokens, tp)
-    return total + e.forward + e.backward + lg.forward + lg.backward
+    accumulate = costs.grad_accumulation(end_params(m, tp, True, True, False), t.grad_dtype)
+    return total + e.forward + e.backward + lg.forward + lg.backward + accumulate
 
 
 def check_searchable(job: Job) -> None:
