@@ -297,7 +297,7 @@ class Training(StrictModel):
     grad_dtype: Literal["fp32", "bf16", "bf16+fp32"] = Field(
         "fp32",
         description="gradient buffers: fp32 (Megatron main_grad), bf16, or bf16+fp32 (16-bit .grad plus an "
-        "unsharded fp32 accumulation buffer, DeepSpeed BF16_Optimizer)",
+        "unsharded fp32 accumulation buffer each micro-batch is added to, DeepSpeed BF16_Optimizer, ZeRO 0-1)",
     )
 
     @property

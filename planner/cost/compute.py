@@ -85,7 +85,8 @@ STREAM_HBM_EFFICIENCY = 0.92
 # ``hp_grad.add_(lp.grad.to(fp32))`` (runtime/bf16_optimizer.py ``update_hp_grads``): the cast reads 2 and writes 4
 # bytes, the add reads 4 + 4 and writes 4. "fp32" (Megatron's main_grad): the weight-gradient GEMM accumulates
 # into it (--gradient-accumulation-fusion, on by default), no pass of its own. "bf16" (PyTorch FSDP/DDP): the
-# gradients are reduced every micro-batch and only the DP shard accumulates. Priced at STREAM_HBM_EFFICIENCY.
+# gradients are reduced every micro-batch and only the DP shard accumulates. Priced at STREAM_HBM_EFFICIENCY, over
+# every parameter a GPU holds: the BF16_Optimizer runs with ZeRO 0-1, which leave the gradients whole.
 GRAD_ACCUMULATION_BYTES = {"fp32": 0.0, "bf16": 0.0, "bf16+fp32": 18.0}
 
 
