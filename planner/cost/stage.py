@@ -433,7 +433,6 @@ class StageModel:
         lg = costs.logits(m, tokens, dims.tp)
         self.emb_time, self.emb_fwd = emb.forward + emb.backward, emb.forward
         self.logits_time, self.logits_fwd = lg.forward + lg.backward, lg.forward
-        self.emb_params = F.embedding_params(m) / dims.tp
         self.accumulate_per_param = costs.grad_accumulation(1.0, t.grad_dtype)
         self.own_p2p, self.send_bytes = pipeline_send(costs, m, tokens, dims.tp, dims.cp, dims.dp)
         self.pp_time = self.neighbour_pp_time(None, None) if dims.pp > 1 else 0.0
