@@ -161,13 +161,16 @@ def gen_mixed_case(ch: Chooser) -> tuple[dict, SearchSettings]:
 
 
 def gen_training(ch: Chooser) -> dict:
-    return {
+    training = {
         "seq_length": 2 ** ch.integer(8, 13),
         "global_batch_size": ch.integer(1, 512),
         "attention": ch.choice(("flash", "eager")),
         "precision": ch.choice(("bf16", "fp16")),
         "optimizer": ch.choice(("adam", "adamw", "sgd")),
     }
+    if training["precision"] == "bf16" and ch.boolean(0.25):
+        training["grad_dtype"] = "bf16+fp32"  # DeepSpeed's BF16_Optimizer: an accumulation pass per micro-batch
+    return training
 
 
 def gen_raw_job(ch: Chooser) -> dict:
