@@ -296,6 +296,9 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
     if fw is not None and not fw.tp_backward_overlap and (par.int("tp") or 1) > 1:
         training["tp_backward_overlap"] = False
         assumed.append(f"tp_backward_overlap=false (DTensor TP, {stack})")
+    if (par.int("tp") or 1) > 1 and synchronous_tp(e, par):
+        training["tp_backward_overlap"] = False
+        assumed.append("tp_backward_overlap=false (Megatron's TP layers before the asynchronous all-reduce)")
     if fw is not None and not fw.fp8_saved_inputs and precision == "fp8":
         training["fp8_saved_inputs"] = False
         assumed.append(f"fp8_saved_inputs=false (torchao Float8Linear, {stack})")
@@ -538,6 +541,28 @@ def _node_group(n_gpus: int, gpus_per_node: int) -> dict[str, int]:
     if n_gpus % gpus_per_node:
         raise _Skip(f"hardware.n_gpus ({n_gpus}) does not fill whole nodes of {gpus_per_node} GPUs")
     return {"nodes": n_gpus // gpus_per_node, "gpus_per_node": gpus_per_node}
+
+
+# Megatron's tensor-parallel layers of 2021-22 all-reduce the input gradient on the critical path: a
+# ColumnParallelLinear enters its input through copy_to_tensor_model_parallel_region, whose backward is a blocking
+# all-reduce (NVIDIA/Megatron-LM megatron/mpu/layers.py at aed2f75; bigscience-workshop/Megatron-DeepSpeed
+# megatron/mpu/layers.py, BLOOM's code), and the PTD-P paper overlaps none of it (Narayanan et al. 2021, arXiv
+# 2104.04473: Fig. 5's f operator all-reduces in the backward; its communication optimization is the pipeline's
+# scatter/gather, Sec. 4.1). Later Megatron-LM runs it under the weight-gradient GEMM
+# (ColumnParallelLinearWithAsyncAllreduce, turned off by --no-async-tensor-model-parallel-allreduce;
+# megatron/mpu/layers.py at 02bb1f5), Training.tp_backward_overlap's default. Runs on the older layers: the PTD-P
+# paper's own, and those that name Megatron-DeepSpeed or DeepSpeed with Megatron's TP (BLOOM, MT-NLG).
+PTD_P_PAPER = "arxiv 2104.04473"
+
+
+def synchronous_tp(e: dict[str, Any], par: _Section) -> bool:
+    """The run's tensor parallelism is Megatron's of 2021-22, with the backward all-reduce on the critical path
+    (PTD_P_PAPER)."""
+    framework = _text(par.get("framework"))
+    if "megatron" in framework and "deepspeed" in framework:
+        return True
+    source = e.get("source")
+    return PTD_P_PAPER in _text(*(source.values() if isinstance(source, dict) else [source]))
 
 
 def _source_month(e: dict) -> tuple[int, int] | None:

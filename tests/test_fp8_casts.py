@@ -45,7 +45,11 @@ def counted_bytes(recipe: str, tp: int, tokens: int) -> tuple[float, float]:
 def test_each_recipe_adds_its_cast_bytes_at_the_cast_bandwidth(recipe, tp):
     with_casts, bf16_rate = costs(recipe), costs(recipe)
     bare = C.Roofline(
-        with_casts.gemm_rate(), with_casts.attention_rate(), with_casts.hbm_rate(), with_casts.layer_overhead()
+        with_casts.gemm_rate(),
+        with_casts.attention_rate(),
+        with_casts.hbm_rate(),
+        with_casts.layer_overhead(),
+        stream_hbm=with_casts.stream_hbm_rate(),
     )
     bf16_rate.__dict__["_roof"] = bare  # the same rates without the casts
     got, without = layer(with_casts, tp), layer(bf16_rate, tp)
@@ -74,7 +78,9 @@ def test_full_recompute_recasts_and_op_recompute_recasts_what_it_reruns():
     recast = c._roof.fp8_casts(redo, [attn[-1], mlp[1]])[0]
     assert recast > 0
     bare = costs("tensorwise")
-    bare.__dict__["_roof"] = C.Roofline(c.gemm_rate(), c.attention_rate(), c.hbm_rate(), c.layer_overhead())
+    bare.__dict__["_roof"] = C.Roofline(
+        c.gemm_rate(), c.attention_rate(), c.hbm_rate(), c.layer_overhead(), stream_hbm=c.stream_hbm_rate()
+    )
     assert op.recompute - layer(bare, recompute="op").recompute == pytest.approx(recast, rel=1e-9)
 
 

@@ -221,3 +221,27 @@ def test_unstated_sequence_parallelism_is_off_where_the_source_predates_it(tmp_p
     stated["source"] = {"title": title}
     (case,) = read(tmp_path, stated)
     assert all(layout.sequence_parallel for layout in case.layout_choices)  # a stated value wins
+
+
+@pytest.mark.parametrize(
+    "framework, title, tp, synchronous",
+    [
+        ("Megatron-DeepSpeed", "bigscience-workshop/bigscience chronicles-prequel.md", 4, True),
+        ("DeepSpeed (PP, DP/ZeRO) + Megatron (TP)", "Smith et al. 2022 (arXiv 2201.11990)", 8, True),
+        (None, "Narayanan et al. 2021, 'Efficient Large-Scale ...' (SC'21, arXiv 2104.04473)", 8, True),
+        (None, "Narayanan et al. 2021, 'Efficient Large-Scale ...' (SC'21, arXiv 2104.04473)", 1, False),  # no TP
+        ("Megatron-LM", "NVIDIA/Megatron-LM README.md (commit f2e5db402c, 2024-07)", 8, False),
+        ("DeepSpeed ZeRO-3 (no model parallelism)", "a 2021 paper", 8, False),  # DeepSpeed without Megatron's TP
+    ],
+)
+def test_megatron_tp_layers_of_2021_22_all_reduce_the_input_gradient_on_the_critical_path(
+    tmp_path, framework, title, tp, synchronous
+):
+    r = run(parallel__tp=tp, parallel__dp=8 // tp, parallel__precision="bf16")
+    r["source"], r["source_group"] = {"title": title}, "other"
+    if framework:
+        r["parallel"]["framework"] = framework
+    (case,) = read(tmp_path, r)
+    assert case.job.training.tp_backward_overlap is not synchronous
+    note = "tp_backward_overlap=false (Megatron's TP layers before the asynchronous all-reduce)"
+    assert (note in case.assumed) is synchronous

@@ -36,16 +36,17 @@ def test_iteration_time_accuracy(report):
     # weak-scaling rows with --tp-comm-overlap now show the reduce-scatter the short output projection cannot hide.
     # MT-NLG read without sequence parallelism (its 2022-01 source predates it) moved the p90 to 16.98%. DeepSpeed's
     # BF16_Optimizer accumulating every micro-batch's gradients in fp32 (compute.GRAD_ACCUMULATION_BYTES) moved
-    # them to 4.83% / 16.21%.
+    # them to 4.83% / 16.21%; a materialized attention's scores at the streaming HBM rate and the backward TP
+    # all-reduce of Megatron's 2021-22 layers on the critical path (runs.synchronous_tp) to 4.83% / 14.96%.
     assert t["median_abs_error_pct"] <= 5.0
-    assert t["p90_abs_error_pct"] <= 16.5
+    assert t["p90_abs_error_pct"] <= 15.0
 
 
 def test_bf16_optimizer_rows_pay_their_per_micro_batch_accumulation(report):
     """BLOOM's sweep (Megatron-DeepSpeed, BF16_Optimizer) was 4-6% too fast at two micro-batches per step and right
     at four: a cost paid per micro-batch was missing. With the fp32 accumulation pass every TP-4 row is within 4%
-    (it was 3.7-5.7% too fast at mbs 2), except the 104-head row, measured 14% slower than its 128-head sibling, which
-    has the same shape and more attention work."""
+    (it was 3.7-5.7% too fast at mbs 2) and their median within 2%, except the 104-head row, measured 14% slower
+    than its 128-head sibling, which has the same shape and more attention work."""
     rows = {
         r["id"]: r["error"]["iteration_time"]
         for r in report["runs"]
@@ -53,8 +54,19 @@ def test_bf16_optimizer_rows_pay_their_per_micro_batch_accumulation(report):
     }
     outlier = "bloom-prequel-0228-h13312-l82-tp4pp12dp8-mbs2-a104"
     assert len(rows) == 14 and outlier in rows
-    assert all(abs(e) <= 0.04 for i, e in rows.items() if i != outlier), rows
-    assert report["groups"]["bloom"]["time"]["median_abs_error_pct"] <= 2.0  # 0.89 (4.7 without the pass)
+    errors = sorted(abs(e) for i, e in rows.items() if i != outlier)
+    assert errors[-1] <= 0.04, rows
+    assert errors[len(errors) // 2] <= 0.02, rows  # 1.8% (4.7% without the pass)
+
+
+def test_narayanan_table_1_has_no_error_trend_with_model_size(report):
+    """Narayanan et al. 2021 Table 1 (GPT 1.7B-1T, eager attention): the small models, whose b*a*s^2 attention scores
+    outweigh their hidden-size GEMMs most, were priced 24/17/10% too slow (1.7B/3.6B/7.5B) while the large ones were
+    within 5%: the scores' traffic was priced at the rate of small element-wise kernels. At the streaming rate of
+    kernels over large tensors every row is within 6.5%."""
+    rows = {r["id"]: r["error"]["iteration_time"] for r in report["runs"] if r["id"].startswith("narayanan21-t1-")}
+    assert len(rows) == 10
+    assert all(abs(e) <= 0.065 for e in rows.values()), rows
 
 
 def test_memory_accuracy(report):

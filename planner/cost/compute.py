@@ -73,9 +73,9 @@ def hbm_rate(gpu: GpuSpec, cal: Calibration) -> float:
 
 
 # Achieved fraction of HBM bandwidth of a pointwise kernel streaming over large contiguous tensors (the FP8 casts,
-# the fp32 gradient accumulation): as torchao takes it for H100 (torchao/testing/training/roofline_utils.py,
-# "pct_achievable_mem_bw": 0.92). Not the calibrated hbm_efficiency, which covers every element-wise kernel of a
-# layer, small and unfused ones too.
+# a materialized attention's scores, the fp32 gradient accumulation): as torchao takes it for H100
+# (torchao/testing/training/roofline_utils.py, "pct_achievable_mem_bw": 0.92). Not the calibrated hbm_efficiency,
+# which covers every element-wise kernel of a layer, small and unfused ones too.
 STREAM_HBM_EFFICIENCY = 0.92
 
 # HBM bytes per parameter that folding one micro-batch's gradients into the gradient buffers moves, by
@@ -127,21 +127,26 @@ FP8_CASTS = {
 @dataclass(frozen=True)
 class Roofline:
     """Achieved rates of one GPU type at one precision, as the cost provider (planner/cost/provider.py) gives
-    them: GEMM and attention FLOP/s, HBM bytes/s, the fixed seconds of one layer pass (kernel launches), and
-    with FP8 GEMMs the recipe's casts and the HBM bytes/s they reach."""
+    them: GEMM and attention FLOP/s, HBM bytes/s of element-wise kernels, the fixed seconds of one layer pass
+    (kernel launches), with FP8 GEMMs the recipe's casts, and the HBM bytes/s of kernels streaming over large
+    tensors (STREAM_HBM_EFFICIENCY: the FP8 casts, a materialized attention's scores)."""
 
     gemm_rate: float
     attn_rate: float
     hbm: float
     overhead: float
     casts: Fp8Casts | None = None
-    cast_hbm: float = 0.0
+    stream_hbm: float = 0.0
 
     def gemms(self, ops: list[F.Gemm]) -> float:
         return sum(max(op.flops / self.gemm_rate, op.bytes / self.hbm) for op in ops)
 
     def traffic(self, nbytes: float) -> float:
         return nbytes / self.hbm
+
+    def streamed(self, nbytes: float) -> float:
+        """Seconds of ``nbytes`` moved by kernels streaming over large tensors (at stream_hbm)."""
+        return nbytes / self.stream_hbm
 
     def fp8_casts(self, ops: list[F.Gemm], closing: list[F.Gemm]) -> tuple[float, float]:
         """(forward, backward) seconds of the FP8 casts of the linear layers ``ops`` (Fp8Casts), of which
@@ -155,7 +160,7 @@ class Roofline:
         weights = sum(op.k * op.n * op.count for op in ops)
         forward = c.activation * inputs + c.weight_forward * weights
         backward = c.activation * grads + c.weight_backward * weights
-        return forward / self.cast_hbm, backward / self.cast_hbm
+        return self.streamed(forward), self.streamed(backward)
 
 
 def elementwise_bytes(model: ModelSpec, tokens: int, tp: int, sp: bool, moe: bool) -> float:
@@ -210,11 +215,15 @@ def layer_time(
         attn_f, attn_b = core / roof.attn_rate, 2.5 * core / roof.attn_rate
     else:
         # Materialized softmax: full s^2 batched GEMMs at the GEMM rate, plus score traffic: write scores (2),
-        # softmax read/write (4), dropout mask and output (3), read for P.V (2) bytes per score.
+        # softmax read/write (4), dropout mask and output (3), read for P.V (2) bytes per score. The scores are
+        # b*a*s^2 elements per layer, GBs at training shapes, which the fused scale-mask-softmax and dropout kernels
+        # stream through at the rate of kernels over large tensors, not at the calibrated rate of a layer's small
+        # element-wise kernels: at that rate Narayanan et al. 2021's GPT-1.7B/3.6B/7.5B (Table 1, where the scores
+        # outweigh the hidden-size GEMMs most) were priced 24/17/10% too slow, and the error fell with model size.
         core = F.attention_core_flops(model, tokens, seq, tp, causal=False)
         scores = tokens * seq * model.num_attention_heads / tp
-        attn_f = core / roof.gemm_rate + roof.traffic(11.0 * scores)
-        attn_b = 2 * core / roof.gemm_rate + roof.traffic(2 * 11.0 * scores)
+        attn_f = core / roof.gemm_rate + roof.streamed(11.0 * scores)
+        attn_b = 2 * core / roof.gemm_rate + roof.streamed(2 * 11.0 * scores)
     forward = gemm_f + cast_f + elem_f + attn_f + roof.overhead
     backward = 2 * gemm_f + cast_b + 2 * elem_f + attn_b + 2 * roof.overhead
     extra = recompute_from_forward(forward, recompute, flash)

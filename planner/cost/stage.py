@@ -284,9 +284,10 @@ def tp_exposed(
     full recompute adds 1 more (the calibrated reading of Megatron's cost, fitted with it on
     ../shared/reference/measured-runs.yaml). PyTorch DTensor TP (torchtitan parallelize.py ColwiseParallel /
     RowwiseParallel) issues every collective on the critical path: 2 forward and 2 backward, and a full recompute
-    reruns the forward's 2. Per-op selective checkpointing keeps the reduce-scatter outputs but not the all-gather
-    outputs (torchtitan activation_checkpoint.py ``_save_list``), so it reruns the forward's 2 all-gathers: one
-    all-reduce's bytes.
+    reruns the forward's 2; so do Megatron's layers of 2021-22, before the asynchronous all-reduce
+    (planner/runs.py synchronous_tp). Per-op selective checkpointing keeps the reduce-scatter outputs but not the
+    all-gather outputs (torchtitan activation_checkpoint.py ``_save_list``), so it reruns the forward's 2
+    all-gathers: one all-reduce's bytes.
 
     ``overlap_share`` (tp_overlap_share: what pipelining a collective with its GEMM leaves exposed), where the
     collectives overlap GEMMs. Megatron with Transformer Engine's userbuffers (--tp-comm-overlap) pipelines every
