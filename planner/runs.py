@@ -546,9 +546,9 @@ def _node_group(n_gpus: int, gpus_per_node: int) -> dict[str, int]:
 # Megatron's tensor-parallel layers of 2021-22 all-reduce the input gradient on the critical path: a
 # ColumnParallelLinear enters its input through copy_to_tensor_model_parallel_region, whose backward is a blocking
 # all-reduce (NVIDIA/Megatron-LM megatron/mpu/layers.py at aed2f75; bigscience-workshop/Megatron-DeepSpeed
-# megatron/mpu/layers.py, BLOOM's code), and the PTD-P paper overlaps none of it (Narayanan et al. 2021, arXiv
-# 2104.04473: Fig. 5's f operator all-reduces in the backward; its communication optimization is the pipeline's
-# scatter/gather, Sec. 4.1). Later Megatron-LM runs it under the weight-gradient GEMM
+# megatron/mpu/layers.py, BLOOM's code); the PTD-P paper describes it as the f operator's backward all-reduce
+# (Narayanan et al. 2021, arXiv 2104.04473, Fig. 5) and names the pipeline's scatter/gather as its communication
+# optimization (Sec. 4.1), no overlap of this all-reduce. Later Megatron-LM runs it under the weight-gradient GEMM
 # (ColumnParallelLinearWithAsyncAllreduce, turned off by --no-async-tensor-model-parallel-allreduce;
 # megatron/mpu/layers.py at 02bb1f5), Training.tp_backward_overlap's default. Runs on the older layers: the PTD-P
 # paper's own, and those that name Megatron-DeepSpeed or DeepSpeed with Megatron's TP (BLOOM, MT-NLG).
