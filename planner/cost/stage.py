@@ -59,9 +59,10 @@ __all__ = [
     "TailForms",
     "TimeForms",
     "Traffic",
-    "end_params",
+    "embedding_seconds",
     "fastest_layer",
     "kind_coeffs",
+    "logits_seconds",
     "pipeline_send",
     "split_kinds",
 ]
@@ -120,6 +121,22 @@ def end_params(model, tp: int, first: bool, last: bool, deep: bool) -> float:
     if last and (not model.tie_embeddings or deep):
         n += F.embedding_params(model) / tp
     return n
+
+
+def embedding_seconds(costs: AnalyticCosts, model, tokens: int, tp: int, sp: bool, grad_dtype: str):
+    """(seconds, forward seconds) the embedding adds to a first stage's micro-batch: its forward and backward and
+    the accumulation of its gradients (AnalyticCosts.grad_accumulation)."""
+    e = costs.embedding(model, tokens, tp, sp)
+    accumulate = costs.grad_accumulation(end_params(model, tp, True, False, False), grad_dtype)
+    return e.forward + e.backward + accumulate, e.forward
+
+
+def logits_seconds(costs: AnalyticCosts, model, tokens: int, tp: int, grad_dtype: str, deep: bool):
+    """(seconds, forward seconds) the output layer and loss add to a last stage's micro-batch: forward, backward and
+    the accumulation of the output layer's gradients (none for a tied one on a one-stage pipeline: end_params)."""
+    lg = costs.logits(model, tokens, tp)
+    accumulate = costs.grad_accumulation(end_params(model, tp, False, True, deep), grad_dtype)
+    return lg.forward + lg.backward + accumulate, lg.forward
 
 
 def heavy_kind(model) -> tuple[str, int]:
@@ -430,11 +447,8 @@ class StageModel:
         )
         self.has_moe = "moe" in self.kinds
         # Per-position constants: embedding on the first stage, logits on the last, pipeline sends in between.
-        emb = costs.embedding(m, tokens, dims.tp, dims.sequence_parallel)
-        lg = costs.logits(m, tokens, dims.tp)
-        self.emb_time, self.emb_fwd = emb.forward + emb.backward, emb.forward
-        self.logits_time, self.logits_fwd = lg.forward + lg.backward, lg.forward
-        self.accumulate_per_param = costs.grad_accumulation(1.0, t.grad_dtype)
+        self.emb_time, self.emb_fwd = embedding_seconds(costs, m, tokens, dims.tp, dims.sequence_parallel, t.grad_dtype)
+        self.logits_time, self.logits_fwd = logits_seconds(costs, m, tokens, dims.tp, t.grad_dtype, dims.pp > 1)
         self.own_p2p, self.send_bytes = pipeline_send(costs, m, tokens, dims.tp, dims.cp, dims.dp)
         self.pp_time = self.neighbour_pp_time(None, None) if dims.pp > 1 else 0.0
         self.emb_act = act_tok / (dims.tp if dims.sequence_parallel else 1)
@@ -530,12 +544,11 @@ class StageModel:
 
     def compute_form(self, first: bool, last: bool) -> Affine:
         """Compute seconds of one micro-batch (TimeForms.compute): forward, backward and recompute of the layers,
-        the embedding on the first stage and the logits on the last, and the accumulation of their gradients."""
+        the embedding on the first stage and the logits on the last (embedding_seconds, logits_seconds)."""
         end = self.kinds.end(first, last, self._deep)
         if end.compute is None:
             kd, km = self.kinds["dense"], self._moe_kind()
             ends = (self.emb_time if first else 0.0) + (self.logits_time if last else 0.0)
-            ends += self.accumulate_per_param * self._end_params(first, last)
             end.compute = Affine(ends, kd.compute, km.compute, kd.recompute_extra, km.recompute_extra)
         return end.compute
 

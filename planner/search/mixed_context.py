@@ -17,12 +17,13 @@ from planner.cost.provider import CostSource
 from planner.cost.stage import (
     FormCache,
     StageModel,
-    end_params,
+    embedding_seconds,
     fastest_layer,
     heavy_kind,
     kind_coeffs,
     layer_counts,
     layers_floor,
+    logits_seconds,
     pipeline_send,
 )
 from planner.frameworks import Framework
@@ -464,12 +465,8 @@ def _end_times(ctx: MixedContext, first, last, cp: int, mbs: int) -> tuple[float
     job = ctx.job
     tokens = mbs * job.training.seq_length // cp
     m, grads = job.model, job.training.grad_dtype
-    head, tail = ctx.costs(first[0]), ctx.costs(last[0])
-    e = head.embedding(m, tokens, first[1], first[1] > 1)
-    lg = tail.logits(m, tokens, last[1])
-    e_acc = head.grad_accumulation(end_params(m, first[1], True, False, False), grads)
-    lg_acc = tail.grad_accumulation(end_params(m, last[1], False, True, False), grads)
-    return e.forward + e.backward + e_acc, lg.forward + lg.backward + lg_acc
+    emb = embedding_seconds(ctx.costs(first[0]), m, tokens, first[1], first[1] > 1, grads)[0]
+    return emb, logits_seconds(ctx.costs(last[0]), m, tokens, last[1], grads, False)[0]
 
 
 def max_layers(sm: StageModel, s: int, room: float, inflight: float | None = None) -> int:

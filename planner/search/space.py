@@ -210,15 +210,13 @@ def _compute_lower_bound(job: Job, costs: AnalyticCosts, tp, cp, ep, mbs, base, 
     pipeline sends or extra recompute. Spread over p stages this bounds the
     iteration from below, since with stage times t_i the schedule takes
     m*max(t) + (sum(t) - max(t))/v >= sum(t)/p * (m + (p-1)/v)."""
-    from planner.cost.stage import end_params, kind_coeffs, layers_floor
+    from planner.cost.stage import embedding_seconds, kind_coeffs, layers_floor, logits_seconds
 
     m, t = job.model, job.training
     tokens = mbs * t.seq_length // cp
     total = layers_floor(kind_coeffs(job, costs, tokens, tp, cp, ep, tp > 1, base, tp_overlap), m)
-    e = costs.embedding(m, tokens, tp, tp > 1)
-    lg = costs.logits(m, tokens, tp)
-    accumulate = costs.grad_accumulation(end_params(m, tp, True, True, False), t.grad_dtype)
-    return total + e.forward + e.backward + lg.forward + lg.backward + accumulate
+    emb = embedding_seconds(costs, m, tokens, tp, tp > 1, t.grad_dtype)[0]
+    return total + emb + logits_seconds(costs, m, tokens, tp, t.grad_dtype, False)[0]
 
 
 def check_searchable(job: Job) -> None:
