@@ -291,14 +291,17 @@ def _read_run(run_id: str, e: dict[str, Any], where: str = "run") -> RunCase:
         else:
             training["cross_entropy"] = "unfused"
             assumed.append(f"cross_entropy=unfused ({stack} default)")
-    # how the stack's framework runs TP and FP8 (planner/frameworks.py), where the run uses them
+    # how the stack's framework runs TP and FP8 (planner/frameworks.py), where the run uses them; TP collectives all
+    # on the critical path: DTensor TP, and Megatron's layers of 2021-22 (synchronous_tp)
     fw = FRAMEWORKS.get(stack or "")
-    if fw is not None and not fw.tp_backward_overlap and (par.int("tp") or 1) > 1:
-        training["tp_backward_overlap"] = False
-        assumed.append(f"tp_backward_overlap=false (DTensor TP, {stack})")
-    if (par.int("tp") or 1) > 1 and synchronous_tp(e, par):
-        training["tp_backward_overlap"] = False
-        assumed.append("tp_backward_overlap=false (Megatron's TP layers before the asynchronous all-reduce)")
+    if (par.int("tp") or 1) > 1:
+        if fw is not None and not fw.tp_backward_overlap:
+            exposed = f"DTensor TP, {stack}"
+        else:
+            exposed = "Megatron's TP layers before the asynchronous all-reduce" if synchronous_tp(e, par) else None
+        if exposed:
+            training["tp_backward_overlap"] = False
+            assumed.append(f"tp_backward_overlap=false ({exposed})")
     if fw is not None and not fw.fp8_saved_inputs and precision == "fp8":
         training["fp8_saved_inputs"] = False
         assumed.append(f"fp8_saved_inputs=false (torchao Float8Linear, {stack})")
