@@ -40,6 +40,9 @@ class Framework:
     fp8_recipes: frozenset = frozenset({"delayed", "tensorwise"})  # the FP8 recipes it has a setting for
     fp32_params: bool = False  # Training.fp32_params: fp32 parameters as the master copy (PyTorch FSDP)
     precisions: frozenset = frozenset({"bf16", "fp16", "fp8"})
+    grad_dtypes: frozenset = frozenset({"fp32", "bf16"})  # the Training.grad_dtype values it has a setting for
+    # the ZeRO stages at which it runs bf16+fp32 gradients (DeepSpeed's BF16_Optimizer), with bf16 parameters
+    fp32_accumulation_zero: frozenset = frozenset()
 
     def zero_stages(self, pp: int) -> frozenset:
         return self.zero_with_pp if pp > 1 else self.zero_without_pp
@@ -89,6 +92,20 @@ class Framework:
             return "num_microbatches", f"needs at least as many micro-batches ({microbatches}) as stages ({pp})"
         return None
 
+    def grad_rejects(self, grad_dtype: str, precision: str, zero: int | None = None) -> tuple[str, str] | None:
+        """(field, why) when this framework cannot keep ``grad_dtype`` gradients in ``precision`` training (at ZeRO
+        stage ``zero``, when given), None when it can. The field is the job's training.grad_dtype, or the
+        layout's zero_stage when only the stage is wrong."""
+        if grad_dtype not in self.grad_dtypes:
+            ok = ", ".join(sorted(self.grad_dtypes))
+            return "training.grad_dtype", f"{self.name} has no {grad_dtype} gradient buffers ({ok})"
+        if grad_dtype == "bf16+fp32" and precision != "bf16":
+            return "training.grad_dtype", f"{self.name} accumulates bf16+fp32 gradients with bf16 parameters only"
+        if grad_dtype == "bf16+fp32" and zero is not None and zero not in self.fp32_accumulation_zero:
+            ok = " or ".join(map(str, sorted(self.fp32_accumulation_zero)))
+            return "zero_stage", f"runs bf16+fp32 gradients (BF16_Optimizer) at ZeRO stage {ok} only, not {zero}"
+        return None
+
     def allows(self, **degrees) -> bool:
         """Whether these degrees are runnable by this framework (``rejects`` finds nothing)."""
         return self.rejects(**degrees) is None
@@ -128,6 +145,11 @@ FRAMEWORKS = {
         # attention's selective recompute has no DeepSpeed setting (activation_checkpointing is per layer)
         sequence_parallel_without_pp=False,
         selective_recompute=False,
+        # bf16 runs 16-bit gradients (its ZeRO optimizer, or DDP_BFLOAT16) unless data_types.grad_accum_dtype is
+        # fp32, which engine.py _do_optimizer_sanity_check takes (BF16_Optimizer) at ZeRO stage 1 only and refuses
+        # without ZeRO; an fp32 (Megatron main_grad) plan runs with its 16-bit gradients (emit notes say so)
+        grad_dtypes=frozenset({"fp32", "bf16", "bf16+fp32"}),
+        fp32_accumulation_zero=frozenset({1}),
     ),
     # FSDP2 shards fully (ZeRO-3) or replicates (ZeRO-0), with or without PP; Interleaved1F1B is available.
     "torchtitan": Framework(
@@ -198,6 +220,12 @@ def check_runnable(framework: str, plan, target: str | None = None) -> None:
         raise Inexpressible(f"{field}.{found[0]}", f"{name} {found[1]}; {redo}")
     if plan.training.precision not in fw.precisions:
         raise Inexpressible("job.training.precision", f"{name} has no {plan.training.precision} training")
+    t = plan.training
+    found = fw.grad_rejects(t.grad_dtype, t.precision, plan.zero_stage)
+    if found is not None:
+        where = f"job.{found[0]}" if found[0].startswith("training.") else f"{field}.{found[0]}"
+        fix = "set training.grad_dtype to one it has, then " if where.startswith("job.") else ""
+        raise Inexpressible(where, f"{found[1]}; {fix}{redo}")
     if plan.training.precision == "fp8" and plan.training.fp8_recipe not in fw.fp8_recipes:
         ok = ", ".join(sorted(fw.fp8_recipes))
         raise Inexpressible(
@@ -227,11 +255,16 @@ def check_runnable(framework: str, plan, target: str | None = None) -> None:
         )
 
 
-def check_precision(fw: Framework | None, precision: str, fp8_recipe: str | None = None) -> None:
-    """Bad input for `plan --framework`: a precision, or an FP8 recipe of fp8 training, the framework cannot train
-    with (no layout changes that)."""
+def check_precision(
+    fw: Framework | None, precision: str, fp8_recipe: str | None = None, grad_dtype: str | None = None
+) -> None:
+    """Bad input for `plan --framework`: a precision, an FP8 recipe of fp8 training, or gradient buffers the
+    framework cannot train with (no layout changes that)."""
     if fw is None:
         return
+    found = None if grad_dtype is None else fw.grad_rejects(grad_dtype, precision)
+    if found is not None:
+        raise SpecError(found[0], f"{found[1]}; change the job")
     if precision not in fw.precisions:
         ok = ", ".join(sorted(fw.precisions))
         raise SpecError("training.precision", f"{fw.name} has no {precision} training ({ok}); change the job")

@@ -132,6 +132,24 @@ def cp_error(training: Training, cp: int) -> str | None:
     return None
 
 
+# The ZeRO stages each gradient-buffer type (Training.grad_dtype) runs at, where not every stage: DeepSpeed's
+# BF16_Optimizer (bf16+fp32) shards the optimizer state at most, never its fp32 accumulation buffer
+# (deepspeed/runtime/bf16_optimizer.py; tr11-176B-ml chronicles: "it's not sharded across gpus").
+GRAD_DTYPE_ZERO_STAGES = {"bf16+fp32": (0, 1)}
+
+
+def grad_zero_error(training: Training, zero_stage: int) -> str | None:
+    """Why the job's gradient buffers cannot run at ``zero_stage`` (None when they can): GRAD_DTYPE_ZERO_STAGES."""
+    stages = GRAD_DTYPE_ZERO_STAGES.get(training.grad_dtype)
+    if stages is not None and zero_stage not in stages:
+        ok = " or ".join(map(str, stages))
+        return (
+            f"{training.grad_dtype} gradients (DeepSpeed's BF16_Optimizer) run at ZeRO stage {ok}, not "
+            f"{zero_stage}; its fp32 accumulation buffer is never sharded"
+        )
+    return None
+
+
 def ep_error(model: ModelSpec, ep: int, dp: int, cp: int) -> str | None:
     """Why ``ep`` cannot shard the experts (None when it can): it needs an MoE model, its groups are carved out
     of the DP*CP ranks, and the experts split evenly over them."""
@@ -376,6 +394,7 @@ class ParallelDims:
         check_rule("layout.vpp", vpp_error(self.vpp, self.pp, self.num_microbatches, self.stage_layers))
         check_batch(t, self.micro_batch_size, self.dp)
         check_cp(t, self.cp)
+        check_rule("layout.zero_stage", grad_zero_error(t, self.zero_stage))
         if self.sequence_parallel:
             check_rule("layout.sequence_parallel", seq_shard_error(t, self.cp, self.tp))
         check_rule("layout.ep", ep_error(m, self.ep, self.dp, self.cp))
@@ -524,6 +543,7 @@ class HeteroDims:
             check_tp_heads(m, tp, f"{field}[{i}].tp")
             check_rule(f"{field}[{i}].tp", seq_shard_error(t, self.cp, tp))
         check_cp(t, self.cp)
+        check_rule("layout.zero_stage", grad_zero_error(t, self.zero_stage))
         # every stage carves its EP groups out of its own dp*cp ranks (the rule does not depend on the stage's TP);
         # a replica (micro_batches set) out of its own count's: its EP all-to-alls run in step with its micro-batches
         err = ep_error(m, self.ep, self.dp, self.cp)

@@ -791,6 +791,12 @@ def expected_differences(bundle: Bundle, facts: dict) -> list[str]:
             _cmp(d, "bf16 enabled", facts.get("bf16"), True)
         elif t.precision == "fp16":
             _cmp(d, "fp16 enabled", facts.get("fp16"), True)
+        if t.grad_dtype == "bf16+fp32":  # BF16_Optimizer's fp32 accumulation, as priced
+            _cmp(d, "optimizer wrapper (engine._do_optimizer_sanity_check)", facts.get("optimizer_wrapper"), "bf16")
+            _cmp(d, "gradient accumulation dtype", facts.get("grad_accum_dtype"), "float32")
+        else:  # 16-bit gradients in the model's dtype
+            want = "float16" if t.precision == "fp16" else "bfloat16"
+            _cmp(d, "gradient accumulation dtype", facts.get("grad_accum_dtype"), want)
     else:  # torchtitan
         dp = (facts.get("dp_replicate") or 0) * (facts.get("dp_shard") or 0)
         _cmp(d, "dp_replicate*dp_shard", dp, p.dp)

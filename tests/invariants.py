@@ -139,6 +139,8 @@ def check_layout(job, lay: dict, allow_cross_node_tp: bool | None = None, world:
         v.append("tp_comm_overlap with tp = 1")
     if lay.get("zero_stage") not in (0, 1, 2, 3):
         v.append(f"zero_stage = {lay.get('zero_stage')!r} not in 0..3")
+    elif t.grad_dtype == "bf16+fp32" and lay["zero_stage"] > 1:  # BF16_Optimizer: its fp32 buffer is never sharded
+        v.append(f"bf16+fp32 gradients at ZeRO stage {lay['zero_stage']} (BF16_Optimizer runs at 0-1)")
     if lay.get("recompute") not in ("none", "selective", "full"):
         v.append(f"recompute = {lay.get('recompute')!r}")
     if allow_cross_node_tp is False and tp > group.gpus_per_node:

@@ -213,7 +213,8 @@ def test_round_trip_of_full_recompute_and_autotp(tmp_path):
 def test_import_of_a_zero_3_bf16_config():
     raw = ds.read(CONFIGS / "zero3-bf16.json", world_size=32, gpu="a100-80gb", model="llama3-8b", seq_length=4096)
     assert raw["cluster"] == [{"gpu": "a100-80gb", "nodes": 4, "gpus_per_node": 8}]
-    assert raw["training"] == {"seq_length": 4096, "global_batch_size": 512, "precision": "bf16"}
+    # DeepSpeed keeps bf16 gradients without data_types.grad_accum_dtype
+    assert raw["training"] == {"seq_length": 4096, "global_batch_size": 512, "precision": "bf16", "grad_dtype": "bf16"}
     lay = raw["layout"]
     assert (lay["tp"], lay["pp"], lay["dp"], lay["micro_batch_size"], lay["zero_stage"]) == (1, 1, 32, 4, 3)
     assert lay["recompute"] == "none" and lay["sequence_parallel"] is False

@@ -10,6 +10,9 @@ Every key below was read in deepspeed 0.19.8 (the PyPI sdist; repo deepspeedai/D
   engine: the PP degree comes from ``PipelineModule(num_stages=...|topology=...)``).
 - ``deepspeed/runtime/zero/config.py``: ``DeepSpeedZeroConfig`` (its defaults: the 5e8 buckets).
 - ``deepspeed/runtime/precision_config.py``: ``bf16`` / ``fp16`` (both enabled is an error).
+- ``deepspeed/runtime/config.py`` ``data_types.grad_accum_dtype`` and ``deepspeed/runtime/engine.py``
+  ``_do_optimizer_sanity_check``: bf16 with fp32 accumulation is BF16_Optimizer at ZeRO stage 1 only (ZeRO 0
+  raises, ZeRO 2-3 ignore it); without the key gradients stay in the model's 16-bit dtype.
 - ``deepspeed/runtime/activation_checkpointing/config.py`` and ``docs/_pages/config-json.md``: the
   ``activation_checkpointing`` keys (read only when the model calls ``deepspeed.checkpointing.checkpoint``).
 - ``deepspeed/runtime/tensor_parallel/config.py``: ``tensor_parallel.autotp_size`` (AutoTP training);
@@ -74,6 +77,10 @@ def config(plan: LaunchPlan) -> dict[str, Any]:
     """The ds_config.json contents: only numbers and switches, never "auto"."""
     cfg: dict[str, Any] = {**batch_section(plan), **precision_section(plan)}
     cfg["zero_optimization"] = zero_section(plan)
+    if plan.training.grad_dtype == "bf16+fp32":
+        # engine.py get_data_types / _do_optimizer_sanity_check: bf16 parameters with fp32 gradient accumulation
+        # at ZeRO stage 1 select BF16_Optimizer (check_runnable refuses every other stage and precision)
+        cfg["data_types"] = {"grad_accum_dtype": "fp32"}
     if _recompute(plan) == "full":
         cfg["activation_checkpointing"] = checkpointing_section(plan)
     if plan.pp > 1:
@@ -287,6 +294,19 @@ def notes(plan: LaunchPlan) -> list[str]:
             f"TP {plan.tp} is DeepSpeed AutoTP (`tensor_parallel.autotp_size`): pass `deepspeed.initialize` an mpu "
             f"whose data-parallel size is {plan.dp} (e.g. deepspeed.utils.groups after the TP mesh is built), or "
             "DeepSpeed checks the batch against the whole world."
+        )
+    grads = plan.training.grad_dtype
+    if grads == "bf16+fp32":
+        out.append(
+            "Gradients: data_types.grad_accum_dtype fp32 with bf16 and ZeRO-1 runs DeepSpeed's BF16_Optimizer, which "
+            "adds each micro-batch's bf16 gradients into an fp32 buffer that ZeRO-1 does not shard, as planned."
+        )
+    elif grads == "fp32":
+        out.append(
+            f"Gradients: the plan prices fp32 gradient buffers (training.grad_dtype fp32); DeepSpeed keeps "
+            f"{'fp16' if plan.training.precision == 'fp16' else 'bf16'} ones and reduces them in 16 bits, which "
+            "needs less memory and traffic than planned. For fp32 accumulation plan with training.grad_dtype "
+            "bf16+fp32 (BF16_Optimizer, ZeRO-1)."
         )
     if _recompute(plan) == "full":
         out.append(

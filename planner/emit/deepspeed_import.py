@@ -183,6 +183,7 @@ def read(
             "(deepspeed/runtime/pipe/engine.py)",
         )
 
+    precision = _read_precision(raw)
     layout: dict[str, Any] = {
         "tp": tp,
         "pp": pp,
@@ -204,7 +205,12 @@ def read(
     return {
         "model": model,
         "cluster": cluster,
-        "training": {"seq_length": seq_length, "global_batch_size": tbs, "precision": _read_precision(raw)},
+        "training": {
+            "seq_length": seq_length,
+            "global_batch_size": tbs,
+            "precision": precision,
+            "grad_dtype": _read_grad_dtype(raw, precision, stage),
+        },
         "layout": layout,
     }
 
@@ -310,6 +316,37 @@ def _read_precision(raw: dict) -> str:
             "neither bf16 nor fp16 is enabled: the planner models 16-bit mixed-precision training; enable one",
         )
     return "bf16" if on["bf16"] else "fp16"
+
+
+# DeepSpeed's DtypeEnum spellings (deepspeed/runtime/config.py) of the gradient accumulation dtypes
+ACCUM_DTYPES = {
+    **dict.fromkeys(("fp32", "float32", "float", "torch.float32"), "fp32"),
+    **dict.fromkeys(("bf16", "bfloat16", "torch.bfloat16"), "bf16"),
+    **dict.fromkeys(("fp16", "float16", "half", "torch.float16"), "fp16"),
+}
+
+
+def _read_grad_dtype(raw: dict, precision: str, stage: int) -> str:
+    """training.grad_dtype of what DeepSpeed runs (engine.py get_data_types, _do_optimizer_sanity_check): without
+    ``data_types.grad_accum_dtype``, or with the model's own dtype, 16-bit gradients ("bf16": 2 bytes, reduced in
+    16 bits); fp32 with bf16 at ZeRO stage 1 is BF16_Optimizer ("bf16+fp32"). Every other mix is refused: ZeRO 0
+    raises in DeepSpeed itself, and ZeRO 2-3's sharded fp32 accumulation is not a buffer the planner models."""
+    section = _section(raw, "data_types") or {}
+    value = section.get("grad_accum_dtype")
+    if value is None:
+        return "bf16"
+    name = ACCUM_DTYPES.get(str(value).strip().lower())
+    if name is None:
+        raise SpecError("data_types.grad_accum_dtype", f"expected fp32, bf16 or fp16 (DtypeEnum), got {value!r}")
+    if name == precision:
+        return "bf16"
+    if name == "fp32" and precision == "bf16" and stage == 1:
+        return "bf16+fp32"
+    raise SpecError(
+        "data_types.grad_accum_dtype",
+        f"{name} accumulation of {precision} gradients at ZeRO stage {stage}: the planner models 16-bit gradients "
+        "and BF16_Optimizer's fp32 accumulation (bf16 with ZeRO stage 1); DeepSpeed raises at stage 0",
+    )
 
 
 def _read_recompute(raw: dict, pipe: dict | None) -> str:

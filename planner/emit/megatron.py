@@ -307,12 +307,6 @@ def settings(plan: LaunchPlan, target: str = TARGET) -> Settings:
                 "job.training.fp8_recipe",
                 f"{target} has no {t.fp8_recipe} FP8 recipe (--fp8-recipe {' | '.join(FP8_RECIPES.values())}); {redo}",
             )
-    if t.grad_dtype == "bf16+fp32":
-        raise Inexpressible(
-            "job.training.grad_dtype",
-            f"{target} keeps gradients in one buffer (fp32 main grads, or bf16 ones reduced in bf16); "
-            f"bf16+fp32 is DeepSpeed's BF16_Optimizer: set training.grad_dtype to fp32 or bf16, then {redo}",
-        )
     precision = "fp16" if t.precision == "fp16" else "bf16"
     grad_bf16 = t.grad_dtype == "bf16" and precision == "bf16"
     accumulate_fp32 = precision == "fp16" and t.grad_dtype == "fp32"

@@ -34,7 +34,8 @@ def run_search(
     that the report can say what the restriction costs."""
     from planner.frameworks import check_precision
 
-    check_precision(options.framework, job.training.precision, job.training.fp8_recipe)
+    t = job.training
+    check_precision(options.framework, t.precision, t.fp8_recipe, t.grad_dtype)
     deadline = time.monotonic() + time_limit_s
     share = 0.5 if options.framework is not None else 1.0
     result = _search(job, options, top, time_limit_s * share, workers, progress)

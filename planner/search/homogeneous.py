@@ -49,7 +49,7 @@ def search(
     and training on these GPUs already has one (the mixed search's, for a single-type baseline), so the per-layer
     costs it priced are not priced again; by default the job's own."""
     check_searchable(job)
-    opts = options or SearchOptions()
+    opts = (options or SearchOptions()).for_job(job)
     start = time.monotonic()
     deadline = start + time_limit_s
     costs = costs or cost_source(job)(0)

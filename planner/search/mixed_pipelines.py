@@ -890,7 +890,7 @@ def search_hetero(
     (MIXED_PROGRESS; a box cut by its bound settles every candidate in it), then replica shapes evaluated or ruled
     out, then each single-type search's candidates; then, where the mixed pipelines or replica shapes are still
     open, their counts again as the time left goes on with them."""
-    opts = options or SearchOptions()
+    opts = (options or SearchOptions()).for_job(job)
     start = time.monotonic()
     # shares of the time limit: mixed pipelines, then replicas on different types, then the single-type searches;
     # what the deadline left open in the mixed pipelines then gets the time the others did not use

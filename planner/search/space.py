@@ -9,6 +9,7 @@ are searched.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass
 
@@ -21,6 +22,7 @@ from planner.parallel import (
     baseline_recompute_modes,
     cp_options,
     ep_options,
+    grad_zero_error,
     micro_batch_options,
     pp_options,
     seq_shard_error,
@@ -77,6 +79,17 @@ class SearchOptions:
             self.partial_recompute = False
         if self.framework is not None and self.framework.op_recompute:
             self.op_recompute = True
+
+    def for_job(self, job: Job) -> SearchOptions:
+        """These options searching only the ZeRO stages the job's gradient buffers run at (planner.parallel
+        grad_zero_error) and, under a framework, the ones it runs them at (Framework.grad_rejects)."""
+        t, fw = job.training, self.framework
+        keep = tuple(
+            z
+            for z in self.zero_stages
+            if grad_zero_error(t, z) is None and (fw is None or fw.grad_rejects(t.grad_dtype, t.precision, z) is None)
+        )
+        return self if keep == self.zero_stages else dataclasses.replace(self, zero_stages=keep)
 
     @property
     def uniform_recompute(self) -> bool:

@@ -3,7 +3,8 @@
 DeepSpeedConfig gets an mpu whose data-parallel size is world / (pp * tp), as DeepSpeed's topology makes it, and
 deepspeed.comm.get_rank patched (else it silently checks the batch against world size 1). With "partition_folder"
 (a bundle with deepspeed_partition.py) also DeepSpeed's PipeModelDataParallelTopology from its topology(). Facts: the
-batch numbers, data-parallel size, ZeRO stage and precision DeepSpeed derived; the stage ranks and layer split."""
+batch numbers, data-parallel size, ZeRO stage and precision DeepSpeed derived, the optimizer wrapper its engine picks
+and the gradient accumulation dtype; the stage ranks and layer split."""
 
 from __future__ import annotations
 
@@ -25,12 +26,51 @@ class _MPU:
         return self.dp
 
 
+# DeepSpeedEngine's own methods that pick the optimizer wrapper from the parsed config (engine.py
+# _do_optimizer_sanity_check and what it calls), run on _Engine below instead of a whole engine
+ENGINE_METHODS = (
+    "_do_optimizer_sanity_check",
+    "get_data_types",
+    "zero_optimization",
+    "zero_optimization_stage",
+    "zero_allow_untested_optimizer",
+    "zero_cpu_offload",
+    "zero_compute_grad_norm",
+    "fp16_enabled",
+    "bfloat16_enabled",
+)
+
+
+class _Engine:
+    """The parsed config as the engine holds it (``_config``), with a pipeline or not and rank 0."""
+
+    def __init__(self, config, pipeline: bool):
+        self._config, self.pipeline_parallelism, self.global_rank = config, pipeline, 0
+
+
 def setup() -> None:
     import deepspeed.comm as dscomm
+    import torch
     from deepspeed.runtime.config import DeepSpeedConfig
+    from deepspeed.runtime.engine import DeepSpeedEngine
 
     logging.getLogger("DeepSpeed").setLevel(logging.ERROR)
-    DS.update(comm=dscomm, Config=DeepSpeedConfig)
+    for name in ENGINE_METHODS:
+        setattr(_Engine, name, getattr(DeepSpeedEngine, name))
+    adam = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(1))])  # a ZeRO-supported optimizer
+    DS.update(comm=dscomm, Config=DeepSpeedConfig, adam=adam)
+
+
+def optimizer_facts(cfg, pipeline: bool) -> dict:
+    """The optimizer wrapper DeepSpeed's engine picks for this config (``bf16``: BF16_Optimizer,
+    ``zero_optimization``, ``fp16``, ``ddp_bf16`` or None) and the gradient accumulation dtype it reads, or the
+    error it raises for the mix."""
+    engine = _Engine(cfg, pipeline)
+    accum = str(engine.get_data_types()[1]).replace("torch.", "")
+    try:
+        return {"optimizer_wrapper": engine._do_optimizer_sanity_check(DS["adam"]), "grad_accum_dtype": accum}
+    except (NotImplementedError, ValueError, AssertionError) as exc:
+        raise Rejected(f"DeepSpeed refuses the optimizer setup: {exc}") from exc
 
 
 def check(case: dict) -> dict:
@@ -44,6 +84,7 @@ def check(case: dict) -> dict:
     orig, dscomm.get_rank = dscomm.get_rank, (lambda *a, **k: 0)
     try:
         cfg = DS["Config"](copy.deepcopy(case["config"]), mpu=_MPU(dp))
+        optimizer = optimizer_facts(cfg, int(case.get("pp", 1)) > 1)  # (the ZeRO check logs on rank 0)
     finally:
         dscomm.get_rank = orig
     bf16 = getattr(cfg, "bfloat16_config", None)
@@ -58,6 +99,7 @@ def check(case: dict) -> dict:
         "fp16": bool(getattr(getattr(cfg, "float16_config", None), "enabled", getattr(cfg, "fp16_enabled", False))),
         "pipeline": dict(cfg.pipeline) if isinstance(getattr(cfg, "pipeline", None), dict) else None,
     }
+    facts.update(optimizer)
     if case.get("partition_folder"):
         facts.update(_partition(case["partition_folder"], int(case.get("world_size") or 0)))
     return facts
