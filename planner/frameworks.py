@@ -178,6 +178,9 @@ FRAMEWORKS = {
         # FSDP2 MixedPrecisionPolicy(param_dtype=bfloat16): fp32 sharded parameters, cast when all-gathered
         fp32_params=True,
         precisions=frozenset({"bf16", "fp8"}),
+        # FSDP2 reduces gradients in fp32 into fp32 shards: training.mixed_precision_reduce takes "float32" only
+        # (torchtitan config/configs.py, 0.3.0)
+        grad_dtypes=frozenset({"fp32"}),
     ),
 }
 

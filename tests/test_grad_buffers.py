@@ -11,7 +11,7 @@ import copy
 import json
 
 import pytest
-from emit_fixtures import load
+from emit_fixtures import load, runnable
 from test_emit_deepspeed import read_back, write_bundle
 
 from planner.emit import deepspeed as ds
@@ -56,6 +56,18 @@ def test_frameworks_without_the_buffer_refuse_the_job(framework):
     with pytest.raises(SpecError, match="no bf16\\+fp32 gradient buffers") as info:
         run_search(job(), SearchOptions(framework=get_framework(framework)), top=1, time_limit_s=5)
     assert info.value.field == "training.grad_dtype"
+
+
+def test_torchtitan_reduces_in_fp32_only():
+    with pytest.raises(SpecError, match="torchtitan has no bf16 gradient buffers") as info:
+        run_search(job(grad_dtype="bf16"), SearchOptions(framework=get_framework("torchtitan")), top=1, time_limit_s=5)
+    assert info.value.field == "training.grad_dtype"
+    stem, rank = runnable("torchtitan")[0]
+    doc = copy.deepcopy(load(stem))
+    doc["job"]["training"]["grad_dtype"] = "bf16"
+    with pytest.raises(Inexpressible, match="no bf16 gradient buffers") as refused:
+        emit(doc, "torchtitan", rank)
+    assert refused.value.field == "job.training.grad_dtype"
 
 
 def test_deepspeed_needs_bf16_parameters_for_fp32_accumulation():
