@@ -94,13 +94,13 @@ class Framework:
 
     def grad_rejects(self, grad_dtype: str, precision: str, zero: int | None = None) -> tuple[str, str] | None:
         """(field, why) when this framework cannot keep ``grad_dtype`` gradients in ``precision`` training (at ZeRO
-        stage ``zero``, when given), None when it can. The field is the job's training.grad_dtype, or the
-        layout's zero_stage when only the stage is wrong."""
+        stage ``zero``, when given), None when it can; as ``rejects``, ``why`` follows the framework's name. The
+        field is the job's training.grad_dtype, or the layout's zero_stage when only the stage is wrong."""
         if grad_dtype not in self.grad_dtypes:
             ok = ", ".join(sorted(self.grad_dtypes))
-            return "training.grad_dtype", f"{self.name} has no {grad_dtype} gradient buffers ({ok})"
+            return "training.grad_dtype", f"has no {grad_dtype} gradient buffers ({ok})"
         if grad_dtype == "bf16+fp32" and precision != "bf16":
-            return "training.grad_dtype", f"{self.name} accumulates bf16+fp32 gradients with bf16 parameters only"
+            return "training.grad_dtype", "accumulates bf16+fp32 gradients with bf16 parameters only"
         if grad_dtype == "bf16+fp32" and zero is not None and zero not in self.fp32_accumulation_zero:
             ok = " or ".join(map(str, sorted(self.fp32_accumulation_zero)))
             return "zero_stage", f"runs bf16+fp32 gradients (BF16_Optimizer) at ZeRO stage {ok} only, not {zero}"
@@ -228,7 +228,7 @@ def check_runnable(framework: str, plan, target: str | None = None) -> None:
     if found is not None:
         where = f"job.{found[0]}" if found[0].startswith("training.") else f"{field}.{found[0]}"
         fix = "set training.grad_dtype to one it has, then " if where.startswith("job.") else ""
-        raise Inexpressible(where, f"{found[1]}; {fix}{redo}")
+        raise Inexpressible(where, f"{name} {found[1]}; {fix}{redo}")
     if plan.training.precision == "fp8" and plan.training.fp8_recipe not in fw.fp8_recipes:
         ok = ", ".join(sorted(fw.fp8_recipes))
         raise Inexpressible(
@@ -267,7 +267,7 @@ def check_precision(
         return
     found = None if grad_dtype is None else fw.grad_rejects(grad_dtype, precision)
     if found is not None:
-        raise SpecError(found[0], f"{found[1]}; change the job")
+        raise SpecError(found[0], f"{fw.name} {found[1]}; change the job")
     if precision not in fw.precisions:
         ok = ", ".join(sorted(fw.precisions))
         raise SpecError("training.precision", f"{fw.name} has no {precision} training ({ok}); change the job")

@@ -58,6 +58,16 @@ def test_frameworks_without_the_buffer_refuse_the_job(framework):
     assert info.value.field == "training.grad_dtype"
 
 
+@pytest.mark.parametrize("target", ["megatron", "megatron-bridge"])
+def test_emit_names_the_target_that_has_no_such_buffer(target):
+    stem, rank = runnable(target)[0]
+    doc = copy.deepcopy(load(stem))
+    doc["job"]["training"]["grad_dtype"] = "bf16+fp32"
+    with pytest.raises(Inexpressible, match=f": {target} has no bf16\\+fp32 gradient buffers") as refused:
+        emit(doc, target, rank)
+    assert refused.value.field == "job.training.grad_dtype"
+
+
 def test_torchtitan_reduces_in_fp32_only():
     with pytest.raises(SpecError, match="torchtitan has no bf16 gradient buffers") as info:
         run_search(job(grad_dtype="bf16"), SearchOptions(framework=get_framework("torchtitan")), top=1, time_limit_s=5)
