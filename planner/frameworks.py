@@ -41,6 +41,7 @@ class Framework:
     fp32_params: bool = False  # Training.fp32_params: fp32 parameters as the master copy (PyTorch FSDP)
     precisions: frozenset = frozenset({"bf16", "fp16", "fp8"})
     grad_dtypes: frozenset = frozenset({"fp32", "bf16"})  # the Training.grad_dtype values it has a setting for
+    grad_dtype: str = "fp32"  # Training.grad_dtype its runs take unless the job says (fp32 main grads)
     # the ZeRO stages at which it runs bf16+fp32 gradients (DeepSpeed's BF16_Optimizer), with bf16 parameters
     fp32_accumulation_zero: frozenset = frozenset()
 
@@ -147,8 +148,10 @@ FRAMEWORKS = {
         selective_recompute=False,
         # bf16 runs 16-bit gradients (its ZeRO optimizer, or DDP_BFLOAT16) unless data_types.grad_accum_dtype is
         # fp32, which engine.py _do_optimizer_sanity_check takes (BF16_Optimizer) at ZeRO stage 1 only and refuses
-        # without ZeRO; an fp32 (Megatron main_grad) plan runs with its 16-bit gradients (emit notes say so)
+        # without ZeRO: `plan --framework deepspeed` prices 16-bit gradients unless the job says otherwise, and an
+        # fp32 (Megatron main_grad) plan made without it runs with 16-bit ones (emit notes say so)
         grad_dtypes=frozenset({"fp32", "bf16", "bf16+fp32"}),
+        grad_dtype="bf16",
         fp32_accumulation_zero=frozenset({1}),
     ),
     # FSDP2 shards fully (ZeRO-3) or replicates (ZeRO-0), with or without PP; Interleaved1F1B is available.
@@ -277,7 +280,7 @@ def check_precision(
 
 
 # Training settings that are properties of a framework's implementation (Framework fields of the same names).
-IMPLEMENTATION_SETTINGS = ("tp_backward_overlap", "fp8_saved_inputs", "fp8_recipe", "fp32_params")
+IMPLEMENTATION_SETTINGS = ("tp_backward_overlap", "fp8_saved_inputs", "fp8_recipe", "fp32_params", "grad_dtype")
 
 
 def implementation_settings(fw: Framework) -> dict[str, bool | str]:

@@ -325,6 +325,7 @@ def test_import_of_a_0_2_toml_like_the_llama3_train_configs():
         "fp8_saved_inputs": False,
         "fp8_recipe": "rowwise",  # torchtitan's own implementation settings (planner/frameworks.py)
         "fp32_params": True,
+        "grad_dtype": "fp32",  # FSDP2 reduces in fp32 (training.mixed_precision_reduce)
     }
     lay = raw["layout"]
     assert (lay["tp"], lay["pp"], lay["dp"], lay["zero_stage"], lay["micro_batch_size"]) == (1, 1, 64, 3, 1)

@@ -14,15 +14,17 @@ import pytest
 from emit_fixtures import load, runnable
 from test_emit_deepspeed import read_back, write_bundle
 
+from planner.cost.estimate import estimate
 from planner.emit import deepspeed as ds
 from planner.emit import emit
 from planner.emit.launch_plan import LaunchPlan
 from planner.errors import Inexpressible, SpecError
-from planner.frameworks import FRAMEWORKS, get_framework
+from planner.frameworks import FRAMEWORKS, get_framework, priced_for
 from planner.load import parse_job
 from planner.parallel import grad_zero_error
 from planner.search import run_search
 from planner.search.space import SearchOptions
+from planner.spec import Layout
 
 JOB = {
     "model": "llama3-8b",
@@ -78,6 +80,19 @@ def test_torchtitan_reduces_in_fp32_only():
     with pytest.raises(Inexpressible, match="no bf16 gradient buffers") as refused:
         emit(doc, "torchtitan", rank)
     assert refused.value.field == "job.training.grad_dtype"
+
+
+def test_deepspeed_prices_its_16_bit_gradients_unless_the_job_says():
+    raw = copy.deepcopy(JOB)
+    del raw["training"]["grad_dtype"]
+    unstated = parse_job(raw)
+    priced = priced_for(unstated, FRAMEWORKS["deepspeed"])
+    assert unstated.training.grad_dtype == "fp32" and priced.training.grad_dtype == "bf16"
+    layout = Layout(tp=2, dp=8, zero_stage=1)
+    grads = [estimate(j, layout).stages[0].memory_bytes["gradients"] for j in (unstated, priced)]
+    assert grads[1] == grads[0] / 2  # 2 bytes per parameter, not 4
+    for stated in ("fp32", "bf16+fp32"):
+        assert priced_for(job(grad_dtype=stated), FRAMEWORKS["deepspeed"]).training.grad_dtype == stated
 
 
 def test_deepspeed_needs_bf16_parameters_for_fp32_accumulation():
@@ -150,3 +165,12 @@ def test_the_importer_reads_what_deepspeed_runs(tmp_path, data_types, precision,
     with pytest.raises(SpecError, match=grad_dtype) as info:
         read()
     assert info.value.field == "data_types.grad_accum_dtype"
+
+
+def test_list_frameworks_says_which_gradients_each_keeps():
+    from planner.report.catalog import _framework_row
+
+    rows = {name: _framework_row(fw) for name, fw in FRAMEWORKS.items()}
+    assert rows["deepspeed"]["gradients"][0] == "bf16" and rows["deepspeed"]["fp32_accumulation_zero"] == [1]
+    assert rows["torchtitan"]["gradients"] == ["fp32"]
+    assert rows["megatron"]["gradients"] == ["fp32", "bf16"]

@@ -126,4 +126,7 @@ def _framework_row(fw) -> dict:
         "context_parallel": fw.context_parallel,
         "expert_parallel": fw.expert_parallel,
         "fsdp_with_ep": fw.fsdp_with_ep,
+        # gradient buffers (Training.grad_dtype) it runs, the one it takes unless the job says first
+        "gradients": [fw.grad_dtype] + sorted(fw.grad_dtypes - {fw.grad_dtype}),
+        "fp32_accumulation_zero": sorted(fw.fp32_accumulation_zero),
     }
