@@ -261,7 +261,7 @@ def check_runnable(framework: str, plan, target: str | None = None) -> None:
         )
 
 
-def check_precision(
+def check_training(
     fw: Framework | None, precision: str, fp8_recipe: str | None = None, grad_dtype: str | None = None
 ) -> None:
     """Bad input for `plan --framework`: a precision, an FP8 recipe of fp8 training, or gradient buffers the

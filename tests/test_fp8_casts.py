@@ -9,7 +9,7 @@ from planner.cost import compute as C
 from planner.cost import flops as F
 from planner.cost.provider import AnalyticCosts
 from planner.errors import SpecError
-from planner.frameworks import FRAMEWORKS, check_precision, priced_for
+from planner.frameworks import FRAMEWORKS, check_training, priced_for
 from planner.load import parse_job
 from planner.spec import NodeGroup
 
@@ -111,11 +111,11 @@ def test_the_framework_prices_its_own_recipe_and_refuses_one_it_lacks():
     assert priced_for(job({}), FRAMEWORKS["megatron"]).training.fp8_recipe == "delayed"
     assert priced_for(job({"fp8_recipe": "tensorwise"}), titan).training.fp8_recipe == "tensorwise"  # stated: kept
     with pytest.raises(SpecError) as e:
-        check_precision(titan, "fp8", "delayed")
+        check_training(titan, "fp8", "delayed")
     assert e.value.field == "training.fp8_recipe"
-    check_precision(titan, "bf16", "delayed")  # no FP8 GEMMs: the recipe is moot
+    check_training(titan, "bf16", "delayed")  # no FP8 GEMMs: the recipe is moot
     with pytest.raises(SpecError):
-        check_precision(FRAMEWORKS["megatron"], "fp8", "rowwise")
+        check_training(FRAMEWORKS["megatron"], "fp8", "rowwise")
 
 
 def test_measured_runs_read_the_recipe_from_the_precision_else_the_stack():

@@ -32,10 +32,10 @@ def run_search(
     """The top plans of ``job`` within ``time_limit_s``. With a framework restriction, half of the budget goes to
     the restricted search and the rest prices the unrestricted best plan (``result.unrestricted_best_s``), so
     that the report can say what the restriction costs."""
-    from planner.frameworks import check_precision
+    from planner.frameworks import check_training
 
     t = job.training
-    check_precision(options.framework, t.precision, t.fp8_recipe, t.grad_dtype)
+    check_training(options.framework, t.precision, t.fp8_recipe, t.grad_dtype)
     deadline = time.monotonic() + time_limit_s
     share = 0.5 if options.framework is not None else 1.0
     result = _search(job, options, top, time_limit_s * share, workers, progress)
