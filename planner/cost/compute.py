@@ -78,6 +78,13 @@ def hbm_rate(gpu: GpuSpec, cal: Calibration) -> float:
 # which covers every element-wise kernel of a layer, small and unfused ones too.
 STREAM_HBM_EFFICIENCY = 0.92
 
+
+def stream_hbm_rate(gpu: GpuSpec) -> float:
+    """Achieved HBM bytes/s of kernels streaming over large tensors: the datasheet bandwidth times
+    STREAM_HBM_EFFICIENCY."""
+    return gpu.hbm_tbps * 1e12 * STREAM_HBM_EFFICIENCY
+
+
 # HBM bytes per parameter that folding one micro-batch's gradients into the gradient buffers moves, by
 # Training.grad_dtype. "bf16+fp32" (DeepSpeed's BF16_Optimizer): after every micro-batch's backward
 # (runtime/pipe/engine.py ``_exec_backward_pass`` calls ``optimizer.update_hp_grads``, as BF16_Optimizer.backward

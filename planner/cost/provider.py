@@ -73,7 +73,7 @@ class AnalyticCosts:
     def stream_hbm_rate(self) -> float:
         """Achieved HBM bytes/s of a kernel streaming over large contiguous tensors (FP8 casts, gradient
         accumulation: compute.STREAM_HBM_EFFICIENCY of the datasheet bandwidth)."""
-        return self.group.gpu.hbm_tbps * 1e12 * compute.STREAM_HBM_EFFICIENCY
+        return compute.stream_hbm_rate(self.group.gpu)
 
     def layer_overhead(self) -> float:
         """Fixed seconds of one layer's forward pass (kernel launches, framework dispatch; backward: twice)."""

@@ -23,6 +23,7 @@ from typing import Any
 
 from planner.emit.deepspeed import CONFIG_FILE, PARTITION_FILE
 from planner.errors import SpecError, did_you_mean
+from planner.frameworks import FRAMEWORKS
 
 # deepspeed/runtime/zero/config.py DeepSpeedZeroConfig (0.19.8): field names and their aliases
 ZERO_KEYS = frozenset(
@@ -328,19 +329,21 @@ ACCUM_DTYPES = {
 
 def _read_grad_dtype(raw: dict, precision: str, stage: int) -> str:
     """training.grad_dtype of what DeepSpeed runs (engine.py get_data_types, _do_optimizer_sanity_check): without
-    ``data_types.grad_accum_dtype``, or with the model's own dtype, 16-bit gradients ("bf16": 2 bytes, reduced in
-    16 bits); fp32 with bf16 at ZeRO stage 1 is BF16_Optimizer ("bf16+fp32"). Every other mix is refused: ZeRO 0
-    raises in DeepSpeed itself, and ZeRO 2-3's sharded fp32 accumulation is not a buffer the planner models."""
+    ``data_types.grad_accum_dtype``, or with the model's own dtype, 16-bit gradients (the framework's grad_dtype,
+    "bf16": 2 bytes, reduced in 16 bits); fp32 where Framework.grad_rejects lets DeepSpeed run bf16+fp32 (bf16 at
+    ZeRO stage 1) is BF16_Optimizer. Every other mix is refused: ZeRO 0 raises in DeepSpeed itself, and ZeRO 2-3's
+    sharded fp32 accumulation is not a buffer the planner models."""
+    deepspeed = FRAMEWORKS["deepspeed"]
     section = _section(raw, "data_types") or {}
     value = section.get("grad_accum_dtype")
     if value is None:
-        return "bf16"
+        return deepspeed.grad_dtype
     name = ACCUM_DTYPES.get(str(value).strip().lower())
     if name is None:
         raise SpecError("data_types.grad_accum_dtype", f"expected fp32, bf16 or fp16 (DtypeEnum), got {value!r}")
     if name == precision:
-        return "bf16"
-    if name == "fp32" and precision == "bf16" and stage == 1:
+        return deepspeed.grad_dtype
+    if name == "fp32" and deepspeed.grad_rejects("bf16+fp32", precision, stage) is None:
         return "bf16+fp32"
     raise SpecError(
         "data_types.grad_accum_dtype",
