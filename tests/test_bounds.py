@@ -592,7 +592,7 @@ def test_kind_memory_floor_is_below_every_split_of_the_layers():
                 continue
             for split in compositions(L, len(owners)):
                 best = min(best, max(rows[g][1][n - 1] for g, n in zip(owners, split)))
-        bound = kind_memory_floor(tuple(rows), L)
+        bound = kind_memory_floor(tuple((row,) for row in rows), L)
         assert bound <= best, (rows, L)
         equal += bound == best
     assert equal > 50
@@ -1002,7 +1002,7 @@ def test_memory_floor_is_below_every_whole_layer_split_that_fits():
         for counts in itertools.product(range(need + 1), repeat=len(stages)):
             if sum(counts) >= need:
                 best = min(best, max(time(n, *t) for n, t in zip(counts, stages)))
-        floor = memory_floor(tuple((k, (tuple(terms),)) for k, *terms in rows), need)
+        floor = memory_floor(tuple(((k, tuple(terms)),) for k, *terms in rows), need)
         assert floor <= best * (1 + 1e-9), (rows, need)
         for n, t in ((n, t) for t in stages for n in range(1, need + 1)):  # layer_slack inverts relaxed_layers
             s = layer_slack(n, *t)
@@ -1016,6 +1016,87 @@ def test_memory_floor_is_below_every_whole_layer_split_that_fits():
             continuous = least_time(held, [0.0], need) if held(1e9) >= need else float("inf")
             lifted += floor > continuous * (1 + 1e-6)
     assert lifted
+
+
+def _stage_time(n, room, alpha, beta, a, rc):
+    """Seconds of a stage holding n heavy layers that recomputes just enough of them to fit (inf: none fits)."""
+    over = n * alpha - room
+    r = 0 if over <= 0 else math.ceil(over / beta - 1e-12)
+    return n * a + r * rc if r <= n else float("inf")
+
+
+def _choice_terms(rng):
+    alpha = rng.uniform(1.0, 3.0)
+    return (
+        rng.randint(1, 3),
+        rng.uniform(0.5, 8.0) * alpha,
+        alpha,
+        alpha * rng.uniform(0.2, 1.2),
+        rng.uniform(0.5, 2.0),
+        rng.uniform(0.1, 1.0),
+    )
+
+
+def test_memory_floor_of_open_choices_is_below_every_choice_and_split():
+    """memory_floor with node groups whose TP is still open (several choices, each its own stage count and
+    terms): at or below the slowest stage of every pick of one choice per group (or the group unused) and every
+    whole-layer split; never below the floor that lets all of a group's choices hold layers at once (each choice
+    its own group), and above it somewhere: a group holds with one choice, not with the stages of all."""
+    from planner.search.mixed_pipeline_bounds import memory_floor
+
+    rng = random.Random(29)
+    above = 0
+    for _ in range(200):
+        groups = [[_choice_terms(rng) for _ in range(rng.randint(1, 3))] for _ in range(rng.randint(1, 2))]
+        need = rng.randint(1, 6)
+        best = float("inf")
+        for pick in itertools.product(*([None, *choices] for choices in groups)):
+            stages = [terms for choice in pick if choice for k, *terms in [choice] for _ in range(k)]
+            if len(stages) > 6:
+                continue
+            for counts in itertools.product(range(need + 1), repeat=len(stages)):
+                if sum(counts) >= need:
+                    best = min(best, max(_stage_time(n, *t) for n, t in zip(counts, stages)))
+        floor = memory_floor(tuple(tuple((k, tuple(t)) for k, *t in choices) for choices in groups), need)
+        assert floor <= best * (1 + 1e-9), (groups, need)
+        apart = memory_floor(tuple(((k, tuple(t)),) for choices in groups for k, *t in choices), need)
+        assert floor >= apart
+        above += floor > apart
+    assert above > 20
+
+
+def test_kind_memory_floor_of_open_choices_is_below_every_choice_and_split():
+    """kind_memory_floor with groups of several choices (stages, times): at or below the least slowest stage of
+    every pick of one choice per group (or unused) and every split of the L layers; above the floor with every
+    choice its own group somewhere."""
+    from planner.search.mixed_pipeline_bounds import kind_memory_floor
+
+    rng = random.Random(31)
+    above = 0
+    for _ in range(200):
+        L = rng.randint(2, 6)
+
+        def choice(L=L):
+            steps = itertools.accumulate(rng.choice((0.5, 1.0, 1.5, 3.0)) for _ in range(L))
+            fits = rng.randint(1, L)
+            return (rng.randint(1, 2), tuple(t if n < fits else float("inf") for n, t in enumerate(steps)))
+
+        groups = [[choice() for _ in range(rng.randint(1, 3))] for _ in range(rng.randint(1, 2))]
+        best = float("inf")
+        for pick in itertools.product(*([None, *choices] for choices in groups)):
+            rows = [c for c in pick if c]
+            for ks in itertools.product(*(range(1, k + 1) for k, _ in rows)):
+                owners = [g for g, k in enumerate(ks) for _ in range(k)]
+                if not owners or len(owners) > L:
+                    continue
+                for split in compositions(L, len(owners)):
+                    best = min(best, max(rows[g][1][n - 1] for g, n in zip(owners, split)))
+        bound = kind_memory_floor(tuple(tuple(choices) for choices in groups), L)
+        assert bound <= best, (groups, L)
+        apart = kind_memory_floor(tuple((c,) for choices in groups for c in choices), L)
+        assert bound >= apart
+        above += bound > apart
+    assert above > 20
 
 
 def tp_choice_nodes(ctx):
@@ -1095,11 +1176,10 @@ def test_a_tp_choice_nodes_memory_floor_is_below_every_family_under_it(model):
     assert checked and equal
 
 
-def test_memory_floor_of_open_choices_is_below_each_choice():
-    """memory_floor with rows standing for several choices (alternatives: a group whose TP or ZeRO stage is still
-    open) is the least of its floors with one alternative per row: a row holds at T the most layers any of its
-    alternatives holds (the slacks grow with the layer count), so the count summed over the rows is the largest
-    over the picks."""
+def test_memory_floor_of_open_choices_is_the_least_over_the_picks():
+    """memory_floor with groups standing for several choices (a group whose TP is still open) is the least of its
+    floors with one choice per group: a group holds at T the most layers any of its choices holds (the slacks
+    grow with the layer count), so the count summed over the groups is the largest over the picks."""
     from planner.search.mixed_pipeline_bounds import memory_floor
 
     rng = random.Random(31)
@@ -1116,13 +1196,12 @@ def test_memory_floor_of_open_choices_is_below_each_choice():
         )
 
     for _ in range(300):
-        rows = [(rng.randint(1, 3), tuple(terms() for _ in range(rng.randint(1, 3)))) for _ in range(rng.randint(1, 3))]
-        need = rng.randint(1, 10)
-        floor = memory_floor(tuple(rows), need)
-        each = [
-            memory_floor(tuple((k, (t,)) for (k, _), t in zip(rows, pick)), need)
-            for pick in itertools.product(*(alts for _, alts in rows))
+        groups = [
+            tuple((rng.randint(1, 3), terms()) for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(1, 3))
         ]
+        need = rng.randint(1, 10)
+        floor = memory_floor(tuple(groups), need)
+        each = [memory_floor(tuple((c,) for c in pick), need) for pick in itertools.product(*groups)]
         assert floor == min(each)
         finite += floor < float("inf")
     assert finite

@@ -739,23 +739,27 @@ class StageModel:
         layer at its fewest bytes (fully recomputed where that saves memory), the lighter kind first and at most as
         many of each kind as the model has. An upper bound on the stage's layer count for any recompute placement
         (per-layer coefficients of allocated_memory do not depend on the stage's position)."""
+        return self.most_layers_each(room, (inflight,))[0]
+
+    def most_layers_each(self, room: float, inflights) -> list[int]:
+        """most_layers at each of several in-flight counts (the per-layer lines read once)."""
         if room <= 0:
-            return 0
-        memory = self.allocated_memory(False, False)
+            return [0] * len(inflights)
         count = layer_counts(self.job.model)
-        leans = sorted(
-            (memory.per_layer(k, inflight) + min(0.0, memory.per_recomputed(k, inflight)), count[k])
-            for k in self.kinds
-            if count.get(k)
-        )
-        held = 0
-        for lean, available in leans:
-            take = available if lean <= 0 else min(available, int(room / lean))
-            held += take
-            room -= take * lean
-            if take < available:
-                break
-        return held
+        kinds = [k for k in self.kinds if count.get(k)]
+        lines = [(line, count[k]) for line, k in zip(self.allocated_memory(False, False).layer_lines(kinds), kinds)]
+        out = []
+        for n in inflights:
+            leans = sorted((s + (m * n + e) + min(0.0, rs + (rm * n + re)), c) for (s, m, e, rs, rm, re), c in lines)
+            left, held = room, 0
+            for lean, available in leans:
+                take = available if lean <= 0 else min(available, int(left / lean))
+                held += take
+                left -= take * lean
+                if take < available:
+                    break
+            out.append(held)
+        return out
 
     def allocatable(self, capacity_gib: float) -> float:
         """The most bytes a stage may allocate on a GPU of ``capacity_gib``: MemoryForms.overhead solved for the

@@ -301,11 +301,18 @@ class ZeroTerms:
         if self.sm is None:
             return float("inf")
         top = after + count
-        caps = self.caps.setdefault(vpp, [0])
-        while len(caps) <= top:
-            inflight = self.least_inflight(len(caps) - 1, vpp)
-            caps.append(caps[-1] + max_layers(self.sm, 1, self.middle_room, inflight))
+        caps = self.caps.get(vpp)
+        if caps is None:
+            caps = self.caps[vpp] = [0]
+        if len(caps) <= top:
+            self._extend_caps(caps, top, vpp)
         return caps[top] - caps[after]
+
+    def _extend_caps(self, caps: list[int], top: int, vpp: int) -> None:
+        """room's prefix sums up to ``top`` stages (StageModel.most_layers_each over their in-flight counts)."""
+        inflights = [self.least_inflight(after, vpp) for after in range(len(caps) - 1, top)]
+        for held in self.sm.most_layers_each(self.middle_room, inflights):
+            caps.append(caps[-1] + held)
 
     def least_inflight(self, after: int, vpp: int) -> float:
         """The fewest micro-batches a stage of this group with at least ``after`` stages after it keeps in flight

@@ -374,6 +374,11 @@ def least_level(rows, L: int, levels: list[float] | None = None, chunk: int = 1)
 
     if levels is None:
         levels = merged_levels(values for _, values in rows)
+    return _first_level(held, levels, L)
+
+
+def _first_level(held, levels: list[float], L: int) -> float:
+    """The first of the sorted ``levels`` at which the increasing ``held`` reaches L (bisection), inf if none."""
     if not levels or held(levels[-1]) < L:
         return float("inf")
     lo, hi = 0, len(levels) - 1
@@ -383,33 +388,32 @@ def least_level(rows, L: int, levels: list[float] | None = None, chunk: int = 1)
     return levels[lo]
 
 
-def memory_floor(rows, need: int) -> float:
+def memory_floor(groups, need: int) -> float:
     """Smallest bottleneck T (seconds per micro-batch of the slowest stage) at which stages can hold ``need``
     layers of the heavy kind (the other layers only add time and memory), each stage recomputing just enough of
-    them to fit (constants per stage left out). ``rows``: (stages, alternatives) per kind of stage, each
-    alternative the stage's (room, alpha, beta, a, rc); a row with several stands for a stage whose choice (TP
-    degree, ZeRO stage) is still open, which holds n layers from the least slack of its alternatives. A stage
-    holds a whole number of layers, at most quick.relaxed_layers(T, ...) (the count with the recompute count
-    relaxed to no ceiling), so it holds n of them only from the slack that count needs for n (quick.layer_slack):
-    T is the need-th smallest such slack over the stages, taken cheapest first. inf when even full recompute
-    cannot hold them."""
-    streams = [(k, alts) for k, alts in ((k, tuple(t for t in alts if t[0] > 0)) for k, alts in rows) if k > 0 and alts]
-
-    def slack(n: int, alts) -> float:
-        return min(layer_slack(n, *t) for t in alts)
-
-    heap = [(slack(1, alts), 1, i) for i, (_, alts) in enumerate(streams)]
+    them to fit (constants per stage left out). ``groups``: per node group, its choices (TP degree) as (stages,
+    terms), terms the (room, alpha, beta, a, rc) of its roomiest stage; a group whose choice is still open holds
+    at T the most any one choice holds (its stages at that choice), never one choice's stage count with another's
+    room. A stage holds a whole number of layers, at most quick.relaxed_layers(T, ...) (the count with the
+    recompute count relaxed to no ceiling), so it holds n of them only from the slack that count needs for n
+    (quick.layer_slack): T is where the layers held reach ``need`` as the choices' next layers are taken cheapest
+    first. inf when even full recompute cannot hold them."""
+    streams = [(g, k, t) for g, choices in enumerate(groups) for k, t in choices if k > 0 and t[0] > 0]
+    heap = [(layer_slack(1, *t), 1, i) for i, (_, _, t) in enumerate(streams)]
     heapq.heapify(heap)
+    held_by = [0] * len(groups)  # stages x layers of each group's best choice there
     held = 0
     while heap:
         T, n, i = heapq.heappop(heap)
         if T == float("inf"):
             break
-        k, alts = streams[i]
-        held += k  # each of the row's k stages holds its n-th layer from T on
-        if held >= need:
-            return T
-        heapq.heappush(heap, (slack(n + 1, alts), n + 1, i))
+        g, k, t = streams[i]
+        if k * n > held_by[g]:  # each of the choice's k stages holds its n-th layer from T on
+            held += k * n - held_by[g]
+            held_by[g] = k * n
+            if held >= need:
+                return T
+        heapq.heappush(heap, (layer_slack(n + 1, *t), n + 1, i))
     return float("inf")
 
 
@@ -999,11 +1003,17 @@ def _kind_memory_bottleneck(stage_times, cst, L: int, probe: float | None = None
     return _least_holding(holds, lo, hi * (1 + 1e-9), L, probe)
 
 
-def kind_memory_floor(rows, L: int) -> float:
-    """The box form of _kind_memory_bottleneck: ``rows`` (stages, times) per group, each of its at most ``stages``
-    stages holding n layers in at least times[n - 1] seconds (its roomiest stage's kind_memory_times; the stages'
-    constants left out): the smallest T at which they hold the L layers, inf where they cannot."""
-    return least_level(rows, L)
+def kind_memory_floor(groups, L: int) -> float:
+    """The box form of _kind_memory_bottleneck: ``groups`` per node group, its choices (TP degree) as (stages,
+    times), each of its at most ``stages`` stages holding n layers in at least times[n - 1] seconds (its roomiest
+    stage's kind_memory_times; the stages' constants left out); a group whose choice is still open holds the most
+    any one choice holds. The smallest T at which they hold the L layers, inf where they cannot."""
+    groups = [[(k, values) for k, values in choices if k > 0] for choices in groups]
+
+    def held(x: float) -> int:
+        return sum(max((k * bisect.bisect_right(values, x) for k, values in choices), default=0) for choices in groups)
+
+    return _first_level(held, merged_levels(values for choices in groups for _, values in choices), L)
 
 
 def _capped_bottleneck(a, c, caps, L, probe: float | None = None) -> float:

@@ -353,44 +353,41 @@ class _TpChoiceNode:
 
     def memory_floor(self, ctx: MixedContext) -> float:
         """The least bottleneck (seconds per micro-batch of the slowest stage) at which the node's groups hold the
-        layers in memory, over the ZeRO stages (one for the whole pipeline), each group at the roomiest of its
-        choices (_memory_rows): memory_floor, and kind_memory_floor for a model with dense and MoE layers, as
-        _memory_floor for a family; inf where no ZeRO stage has the room, 0 where a group has no depth-3 model."""
+        layers in memory, over the ZeRO stages (one for the whole pipeline), each group at any of its choices
+        (_memory_rows): memory_floor, and kind_memory_floor for a model with dense and MoE layers, as
+        _memory_floor for a family; inf where no ZeRO stage can hold them, 0 where a group has no depth-3 model.
+        (The rooms by pipeline position, ZeroTerms.room, are left to the families: every stage here is taken at
+        the last stage's in-flight count, the same for every vpp, so the rows serve all of a root's vpp.)"""
         model = ctx.job.model
         floor = float("inf")
         for per_zero in zip(*(self._memory_rows(ctx, c) for _, c in self._choices(ctx))):
-            if sum(room for room, _, _ in per_zero) < model.num_layers:
-                continue
-            if any(row is None for _, row, _ in per_zero):
+            if any(row is None for row, _ in per_zero):
                 return 0.0
-            kinds = tuple(t for _, _, t in per_zero)
-            rows = tuple(row for _, row, _ in per_zero)
+            kinds = tuple(t for _, t in per_zero)
+            rows = tuple(row for row, _ in per_zero)
             floor = min(floor, _memory_floors(model, rows, None if None in kinds else kinds, floor))
         return floor
 
-    def _memory_rows(self, ctx: MixedContext, choices) -> tuple[tuple[float, tuple | None, tuple | None], ...]:
-        """Per ZeRO stage, (most layers, memory_floor row, kind_memory_floor row) of a row standing for its (group,
-        TP) choices, each choice with its most stages and as if no stage followed them (ZeroTerms.room,
-        memory_terms and kind_times only fall with stages after them): the most layers any choice holds, a row of
-        the most stages of any choice with every choice's roomiest stage as an alternative (None where a choice
-        has no depth-3 model), and for a model with dense and MoE layers a row of those stages at the least
-        seconds of any choice for each layer count (else None), memoized."""
-        key = (choices, self.dp, self.cp, self.mbs, self.base, self.ep, self.vpp, self.zeros)
+    def _memory_rows(self, ctx: MixedContext, choices) -> tuple[tuple[tuple | None, tuple | None], ...]:
+        """Per ZeRO stage, (memory_floor group, kind_memory_floor group) of a row standing for its (group, TP)
+        choices, each choice with its most stages, each stage as if no stage followed it (memory_terms and
+        kind_times only fall with stages after them): the choices as (stages, roomiest stage's memory terms)
+        (None where a choice has no depth-3 model), and for a model with dense and MoE layers as (stages,
+        kind_times) (else None), memoized."""
+        stages = tuple(self.kmax_of[g][tp] for g, tp in choices)
+        key = (choices, stages, self.dp, self.cp, self.mbs, self.base, self.ep, self.zeros)
         hit = ctx.caches.memory_rows.get(key)
         if hit is None:
             out = []
             for zero in self.zeros:
-                rooms, alts, times, stages = [0.0], [], [], 0
-                for g, tp in choices:
-                    k = self.kmax_of[g][tp]
-                    stages = max(stages, k)
+                alts, times = [], []
+                for (g, tp), k in zip(choices, stages):
                     z = zero_terms(ctx, g, tp, self.dp, self.cp, self.mbs, self.base, zero, self.ep)
-                    rooms.append(z.room(0, k, self.vpp))
-                    alts.append(z.memory_terms(0, self.vpp))
-                    times.append(z.kind_times(0, self.vpp))
-                row = None if None in alts else (stages, tuple(alts))
-                kinds = None if None in times else (stages, tuple(map(min, zip(*times))))
-                out.append((max(rooms), row, kinds))
+                    alts.append((k, z.memory_terms(0)))
+                    times.append((k, z.kind_times(0)))
+                row = None if any(t is None for _, t in alts) else tuple(alts)
+                kinds = None if any(t is None for _, t in times) else tuple(times)
+                out.append((row, kinds))
             hit = ctx.caches.memory_rows[key] = tuple(out)
         return hit
 
@@ -764,9 +761,10 @@ def _memory_floor(zt: tuple[ZeroTerms, ...], afters, his, v: int) -> float:
     terms = [z.memory_terms(after, v) for z, after in zip(zt, afters)]
     if not zt or any(t is None for t in terms):
         return 0.0
-    rows = tuple((k, (t,)) for k, t in zip(his, terms))
+    rows = tuple(((k, t),) for k, t in zip(his, terms))
     times = [z.kind_times(after, v) for z, after in zip(zt, afters)]
-    return _memory_floors(zt[0].sm.job.model, rows, None if None in times else tuple(zip(his, times)))
+    kind_rows = None if None in times else tuple(((k, t),) for k, t in zip(his, times))
+    return _memory_floors(zt[0].sm.job.model, rows, kind_rows)
 
 
 def _memory_floors(model, rows, kind_rows, below: float = float("inf")) -> float:
