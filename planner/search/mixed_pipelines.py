@@ -607,49 +607,66 @@ class _Family:
         """The bound of an open family, valid for every group order and ZeRO stage: per ZeRO stage, the ordered
         bound with each end term at its least over the groups (Ends.any_order) and each group's memory room as if
         no stage followed it (the most it can hold: ZeroTerms.room only falls with stages after it); the least
-        over the ZeRO stages."""
+        over the ZeRO stages (_zero_bound)."""
         v = self.vpp
         plain_mix, lined = self.open_terms
-        plain = box_bound(
-            self.a,
-            lo,
-            hi,
-            self.bound_ends,
-            L,
-            self.mb,
-            self.send,
-            v,
-            mix=plain_mix,
-            whole=True,
-            max_stages=self.deepest,
-        )
         if not self.zts:
-            return plain
+            return box_bound(
+                self.a,
+                lo,
+                hi,
+                self.bound_ends,
+                L,
+                self.mb,
+                self.send,
+                v,
+                mix=plain_mix,
+                whole=True,
+                max_stages=self.deepest,
+            )
         best = float("inf")
         for zt, terms in zip(self.zts, lined):
-            if sum(z.room(0, k_hi, v) for z, k_hi in zip(zt, hi)) < L:
-                continue
-            a, ends, mix = (self.a, self.bound_ends, plain_mix) if sum(lo) < 2 else terms
-            zbound, reach = box_bound_reach(
-                a, lo, hi, ends, L, self.mb, self.send, v, mix=mix, whole=True, max_stages=self.deepest
-            )
-            tail = 0.0
-            if sum(lo) >= 2 and zbound < min(best, target):  # (the tail terms are worked out when first read)
-                tail = self._box_tail(zt, hi, L)
-                zbound += tail
-            if zbound < min(best, target):
-                floor = _memory_floor(zt, [0] * len(zt), hi, v)
-                if floor == float("inf"):
-                    continue
-                if floor >= reach:  # (below its reach the floor changes nothing)
-                    zbound = (
-                        box_bound(
-                            a, lo, hi, ends, L, self.mb, self.send, v, floor, mix, whole=True, max_stages=self.deepest
-                        )
-                        + tail
-                    )
-            best = min(best, zbound)
+            best = min(best, self._zero_bound(zt, terms, L, lo, hi, min(best, target)))
         return best
+
+    def _zero_bound(self, zt, terms, L: int, lo, hi, target: float) -> float:
+        """_open_bound's bound at one ZeRO stage (zt, and its open_terms ``terms``): its memory and DP tail terms
+        only where the bound without them is below ``target``."""
+        v = self.vpp
+        if sum(z.room(0, k_hi, v) for z, k_hi in zip(zt, hi)) < L:
+            return float("inf")
+        a, ends, mix = (self.a, self.bound_ends, self.open_terms[0]) if sum(lo) < 2 else terms
+        zbound, reach = box_bound_reach(
+            a, lo, hi, ends, L, self.mb, self.send, v, mix=mix, whole=True, max_stages=self.deepest
+        )
+        if zbound >= target:
+            return zbound
+        tail = 0.0
+        if sum(lo) >= 2:  # (the tail terms are worked out when first read)
+            tail = self._box_tail(zt, hi, L)
+            zbound += tail
+            if zbound >= target:
+                return zbound
+        floor = _memory_floor(zt, [0] * len(zt), hi, v)
+        if floor == float("inf"):
+            return floor
+        if floor < reach:  # (below its reach the floor changes nothing)
+            return zbound
+        return (
+            box_bound(a, lo, hi, ends, L, self.mb, self.send, v, floor, mix, whole=True, max_stages=self.deepest) + tail
+        )
+
+    def by_zero(self, L: int, lo, hi, target: float = float("inf")) -> list[tuple[float, _Family]]:
+        """The open family once per ZeRO stage (its order still open), each at its own bound of the box lo..hi
+        (_zero_bound, worked out here with this family's terms)."""
+        if self.vpp > 1:
+            lo, hi = self._clip(lo, hi)
+            if lo is None:
+                return []
+        return [
+            (self._zero_bound(zt, terms, L, lo, hi, target), dataclasses.replace(self, zeros=(z,), zts=(zt,)))
+            for z, zt, terms in zip(self.zeros, self.zts, self.open_terms[1])
+        ]
 
     @functools.cached_property
     def open_terms(self) -> tuple[KindMix | None, list[tuple]]:
@@ -1024,6 +1041,10 @@ def search_hetero(
             return
         lo, hi = box
         if not fam.ordered:
+            if len(fam.zeros) > 1:  # one open family per ZeRO stage first: a stage whose bound is cut opens no order
+                for zbound, by_zero in fam.by_zero(L, lo, hi, cut()):
+                    push(max(lb, zbound), by_zero, box)
+                return
             for ordered, box in fam.expand(ctx, lo, hi):
                 push(ordered.bound(L, *box, cut()), ordered, box)
             return
