@@ -660,11 +660,12 @@ class _Family:
         """The open family once per ZeRO stage (its order still open), each at its own bound of the box lo..hi
         (_zero_bound, worked out here with this family's terms)."""
         if self.vpp > 1:
-            lo, hi = self._clip(lo, hi)
-            if lo is None:
-                return []
+            lo, hi = self._clip(lo, hi)  # (None: no depth in the box takes the vpp, so no candidate either)
         return [
-            (self._zero_bound(zt, terms, L, lo, hi, target), dataclasses.replace(self, zeros=(z,), zts=(zt,)))
+            (
+                float("inf") if lo is None else self._zero_bound(zt, terms, L, lo, hi, target),
+                dataclasses.replace(self, zeros=(z,), zts=(zt,)),
+            )
             for z, zt, terms in zip(self.zeros, self.zts, self.open_terms[1])
         ]
 
