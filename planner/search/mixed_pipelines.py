@@ -254,8 +254,8 @@ class _TpChoiceNode:
     vpp: int = 1
     # put in line at its bound without the memory terms (cheap); a node with every TP choice made goes back in line
     # at its bound with them (bound(memory=True), which builds the groups' models) the first time it comes out of
-    # line, before it builds its family. (Above the leaves, the memory terms at the roomiest of several choices cut
-    # few nodes and build the models of every choice.)
+    # line, before it builds its family. (Above the leaves they cut many nodes, 55% of job 46's roots in the seed-0
+    # suite, but build the models of every choice at every ZeRO stage: jobs 4, 13 and 49 took longer with them.)
     memory: bool = False
     # the row terms of the nodes of one root, which share its degrees (memoized per root: cheap keys): (group, TP)
     # -> _terms, ("free", i) -> _free, ("kind", choices, hi) -> _kind_row
@@ -303,9 +303,8 @@ class _TpChoiceNode:
     def bound(self, ctx: MixedContext, target: float = float("inf"), memory: bool = True) -> float:
         """Valid for every family of the group: fixed used groups exactly (at least one stage), free ones relaxed
         (_free); a model with dense and MoE layers counts the two kinds apart (_kind_mix). With ``memory``, where
-        that is below ``target``, the groups' memory too, per ZeRO stage, each group at the roomiest of its choices
-        (_memory_rows): inf when they cannot hold the layers at any ZeRO stage, else the least bottleneck their
-        memory forces (memory_floor) over the ZeRO stages."""
+        that is below ``target``, the groups' memory too (memory_floor, each group at any one of its choices): inf
+        when they cannot hold the layers at any ZeRO stage, else the least bottleneck their memory forces."""
         choices = self._choices(ctx)
         if not choices:
             return float("inf")
@@ -656,18 +655,17 @@ class _Family:
             box_bound(a, lo, hi, ends, L, self.mb, self.send, v, floor, mix, whole=True, max_stages=self.deepest) + tail
         )
 
-    def by_zero(self, L: int, lo, hi, target: float = float("inf")) -> list[tuple[float, _Family]]:
-        """The open family once per ZeRO stage (its order still open), each at its own bound of the box lo..hi
-        (_zero_bound, worked out here with this family's terms)."""
-        if self.vpp > 1:
-            lo, hi = self._clip(lo, hi)  # (None: no depth in the box takes the vpp, so no candidate either)
-        return [
-            (
-                float("inf") if lo is None else self._zero_bound(zt, terms, L, lo, hi, target),
-                dataclasses.replace(self, zeros=(z,), zts=(zt,)),
-            )
-            for z, zt, terms in zip(self.zeros, self.zts, self.open_terms[1])
-        ]
+    def by_zero(self) -> list[_Family]:
+        """The open family once per ZeRO stage (its order still open), each bounded by _open_bound like this one:
+        it starts with this family's terms of its stage (open_terms, the DP tail levels), not working them out
+        again."""
+        plain_mix, lined = self.open_terms
+        out = []
+        for z, zt, terms in zip(self.zeros, self.zts, lined):
+            child = dataclasses.replace(self, zeros=(z,), zts=(zt,))
+            child.__dict__.update(open_terms=(plain_mix, [terms]), _tail_levels=self._tail_levels)  # (cached props)
+            out.append(child)
+        return out
 
     @functools.cached_property
     def open_terms(self) -> tuple[KindMix | None, list[tuple]]:
@@ -705,10 +703,7 @@ class _Family:
         """Every pipeline order of the used groups and every ZeRO stage, each with its box (the groups' counts
         follow them)."""
         out = []
-        terms = {
-            zero: [zero_terms(ctx, g, tp, self.dp, self.cp, self.mbs, self.base, zero, self.ep) for g, tp in self.used]
-            for zero in self.zeros
-        }  # (the open family's zts, from the same cache)
+        terms = dict(zip(self.zeros, self.zts))  # each ZeRO stage's terms of the used groups
         for perm in itertools.permutations(range(len(self.used))):
 
             def pick(xs, perm=perm):
@@ -1043,8 +1038,8 @@ def search_hetero(
         lo, hi = box
         if not fam.ordered:
             if len(fam.zeros) > 1:  # one open family per ZeRO stage first: a stage whose bound is cut opens no order
-                for zbound, by_zero in fam.by_zero(L, lo, hi, cut()):
-                    push(max(lb, zbound), by_zero, box)
+                for by_zero in fam.by_zero():
+                    push(max(lb, by_zero.bound(L, lo, hi, cut())), by_zero, box)
                 return
             for ordered, box in fam.expand(ctx, lo, hi):
                 push(ordered.bound(L, *box, cut()), ordered, box)
