@@ -71,3 +71,20 @@ def test_mixed_cluster_byte_identical():
         runs.append(buf.getvalue())
     assert '"replicas"' in runs[0]
     assert runs[1] == runs[0] and runs[2] == runs[0]
+
+
+def test_mixed_search_same_in_one_process_and_two():
+    """The mixed pipelines' two shares (planner/search/lockstep.py) give the same plans and counts whether they run
+    side by side or one after the other."""
+    from planner.load import load_job
+    from planner.search.lockstep import processes_available
+    from planner.search.mixed_pipelines import search_hetero
+
+    if processes_available() < 2:
+        pytest.skip("no second core, or no fork here")
+    job = load_job(ROOT / "examples" / "hetero" / "llama3-405b-3types-4096.yaml")
+    runs = [search_hetero(job, top=3, time_limit_s=120, processes=n) for n in (1, 2)]
+    for r in runs:
+        r.seconds = 0.0
+    assert runs[0].complete and runs[0].solved > 0
+    assert runs[1] == runs[0]

@@ -18,7 +18,9 @@ to single candidates; every level's bound holds for all it stands for. A candida
 (mixed_pipeline_bounds.refined_bound: its stages' memory, sends, ZeRO traffic and DP tail) puts it back in line, so
 CP-SAT solves candidates in the order of those bounds. The search stops when no remaining bound beats the K-th best
 plan (by more than quick.RESOLUTION), which proves the top K (K distinct plans, planner.search.result.keep_top)
-optimal within this space, as planner/search/homogeneous.py does. A short first look at the replica plans
+optimal within this space, as planner/search/homogeneous.py does. The roots are dealt to two shares that search
+side by side in two processes, trading the plans they find in lock step (planner/search/lockstep.py: the same
+answer and counts in one process or two). A short first look at the replica plans
 (planner/search/replicas.py, heuristic evaluation of the best-bound shapes) gives the search its first cut; the
 replica search proper follows, cut by the best plan of either kind, then the single-type baselines
 (planner/search/single_type.py, whose plan is a mixed layout and a cut too). What the mixed pipelines' deadline left
@@ -43,6 +45,7 @@ from planner.cost.provider import cost_source
 from planner.cost.stage import StageModel, heavy_kind, layer_counts
 from planner.parallel import HeteroDims, baseline_recompute_modes, dp_options, group_order, micro_batch_options
 from planner.parallel import vpp_options as depth_vpp_options
+from planner.search.lockstep import EPOCH, Lockstep, Snapshot, processes_available
 from planner.search.mixed_context import (
     MixedContext,
     ZeroTerms,
@@ -101,6 +104,10 @@ DIVE = 0.05
 # enumeration); where it is not, a longer look only delays the mixed search (Llama 4 Maverick on four types:
 # 23,731 steps to a plan 14x slower than the best).
 REPLICA_LOOK = 1000
+# Work units of the mixed search's steps, for lockstep's epochs: about tenths of a millisecond on the suite (a bound
+# worked out for a node put in line, a candidate's refined bound, a CP-SAT solve), so that the two shares reach
+# their epochs at about the same time and seldom wait for each other. Counts, not seconds: the same on any machine.
+WORK = {"pop": 1, "bound": 1, "refined": 10, "solve": 800}
 
 
 @dataclass(frozen=True)
@@ -881,6 +888,217 @@ def _solve(ctx: MixedContext, c: HeteroCandidate, sms, cap_s: float, remaining: 
 MIXED_PROGRESS = "mixed-pipeline candidates"  # solved, or ruled out by a bound
 
 
+class _PipelineSearch:
+    """One share of the mixed-pipeline search (planner/search/lockstep.py): best-first over the boxes of its roots
+    (_TpChoiceNode groups), a box's bound holding for every candidate in it, a one-point box a candidate. The first
+    box whose bound reaches the K-th best time ends it (all others are worse). A bound must beat the K-th best by
+    more than RESOLUTION (0.01%) to be explored: plans closer than that are equal in time (as in
+    planner/search/quick.py), so the top K are optimal to within it. ``best`` starts as the plans known before
+    (the replica look's) and takes in the other share's plans at the epochs lockstep gives them."""
+
+    def __init__(self, ctx: MixedContext, roots, best: list[Plan], top: int, time_limit_s: float, workers: int):
+        self.ctx, self.top, self.time_limit_s, self.workers = ctx, top, time_limit_s, workers
+        self.L = ctx.job.model.num_layers
+        self.heap = [(lb, i, grp, None) for i, lb, grp, _ in roots]  # (a root's index breaks ties, as before)
+        heapq.heapify(self.heap)
+        self.tie = itertools.count(max((i for i, *_ in roots), default=0) + 1)
+        self.counted = sum(size for *_, size in roots)  # candidates under its roots
+        self.total = self.counted  # candidates of every share (progress)
+        self.best = list(best)
+        self.found: list[Plan] = []  # plans found since the last snapshot
+        self.settled = 0  # candidates solved or ruled out (progress)
+        self.others_settled = 0  # the other share's, as last heard (progress)
+        self.pops = 0
+        self.work = 0  # lockstep's work units (WORK): nodes out of and into line, refined bounds, solves
+        self.solved = 0
+        self.frontier = float("inf")
+        self.timed_out = False
+        self.deadline = 0.0
+        self.open_solves: list[tuple[float, HeteroCandidate, list[StageModel]]] = []  # solves stopped by their cap
+        self.cache: dict = {}
+        self.progress: Callable[..., None] | None = None
+        self.other: dict = {}  # the other share's last result()
+
+    def kth_time(self) -> float:
+        return self.best[self.top - 1].time if len(self.best) >= self.top else float("inf")
+
+    def cut(self) -> float:
+        return self.kth_time() * (1 - RESOLUTION)
+
+    def report(self) -> None:
+        if self.progress is not None:
+            self.progress(min(self.settled + self.others_settled, self.total), self.total, MIXED_PROGRESS)
+
+    def solve(self, c: HeteroCandidate, sms: list[StageModel], kth: float, bound: float, limit: float | None = None):
+        """CP-SAT on one candidate, capped at ``kth``. A candidate's first solve (no limit given; solve_again
+        gives one) is counted; without a plan to beat it only needs to find one: a short limit (its bound is
+        kept)."""
+        if limit is None:
+            limit = solve_limit(self.deadline - time.monotonic(), self.time_limit_s if kth < float("inf") else 0.0)
+            self.solved += 1
+            self.settled += 1
+        self.work += WORK["solve"]
+        res, est = _solve(self.ctx, c, with_group_sends(self.ctx.job, c.stage_groups, sms), kth, limit, self.workers)
+        if res.status not in ("optimal", "infeasible"):
+            # the candidate's own bound holds for the solve too
+            self.open_solves.append((max(res.bound_s, bound), c, sms))
+        if est is not None and est.fits:
+            plan = Plan(c, est, res.status)
+            keep_top(self.best, plan, self.top)
+            self.found.append(plan)
+        self.report()
+
+    def solve_again(self, until: float) -> None:
+        """Solves stopped by their cap whose bound is below the K-th best, again, best bound first, each with an
+        even share of the time left until ``until`` (at least the cap it had)."""
+        left = sorted(self.open_solves, key=lambda x: x[0])
+        self.open_solves.clear()
+        for i, (bound, c, sms) in enumerate(left):
+            remaining = until - time.monotonic()
+            if bound >= self.cut() or remaining <= 0:
+                self.open_solves.extend(left[i:])
+                return
+            share = max(remaining / (len(left) - i), solve_limit(remaining, self.time_limit_s))
+            self.solve(c, sms, self.kth_time(), bound, limit=share)
+
+    def push(self, bound: float, node, nbox) -> None:
+        self.work += WORK["bound"]
+        if bound < self.cut() and (not isinstance(node, _Family) or _has_depth(node, *nbox)):
+            heapq.heappush(self.heap, (bound, next(self.tie), node, nbox))
+        else:  # cut by its bound (or, interleaved, no depth in it takes its vpp): every candidate in it is settled
+            self.settled += _node_size(self.ctx, node, nbox)
+
+    def explore(self, until: float):
+        """Best-first over the boxes in line until the K-th best cuts them all or ``until`` passes; what the
+        deadline leaves stays in line (``frontier``: its least bound), so a later call goes on from there. A
+        generator (lockstep's share): at every EPOCH units of work it yields the plans found since the last epoch
+        and is sent the other share's plans that it may use from then on."""
+        self.deadline, self.timed_out, self.frontier = until, False, float("inf")
+        self.report()
+        start, tag = self.work, 0
+        while self.heap:
+            kth = self.cut()
+            lb, _, fam, box = heapq.heappop(self.heap)
+            self.pops += 1
+            self.work += WORK["pop"]
+            if self.pops % 64 == 0:
+                self.report()
+            if lb >= kth:
+                self.frontier = min(self.frontier, lb)
+                self.settled = self.counted  # this node and every one left in line are cut by their bounds
+                self.heap.clear()
+                break
+            if time.monotonic() > until:  # everything left is unexplored: the top K are not proven (yet)
+                self.timed_out = True
+                self.frontier = min(self.frontier, lb)
+                heapq.heappush(self.heap, (lb, next(self.tie), fam, box))
+                break
+            self.step(kth, lb, fam, box)
+            if (self.work - start) // EPOCH > tag:
+                tag = (self.work - start) // EPOCH
+                theirs = yield self.snapshot(tag)
+                for plan in theirs:
+                    keep_top(self.best, plan, self.top)
+        self.report()
+
+    def snapshot(self, tag: int, done: bool = False) -> Snapshot:
+        snap = Snapshot(tag, self.found, self.settled, done)
+        self.found = []
+        return snap
+
+    def final(self) -> Snapshot:
+        """What explore found after its last epoch, tagged one past the epoch it ended in."""
+        return self.snapshot(self.work // EPOCH + 1, done=True)
+
+    def result(self) -> dict:
+        """What the caller takes of this share after an explore (picklable): its plans, solve count and what it
+        left open; its solves stopped by their cap are handed over (without their stage models, built again)."""
+        handed = [(bound, c) for bound, c, _ in self.open_solves]
+        self.open_solves = []
+        return {
+            "best": list(self.best),
+            "solved": self.solved,
+            "frontier": self.frontier,
+            "timed_out": self.timed_out,
+            "open_solves": handed,
+            "settled": self.settled,
+        }
+
+    def absorb(self, other: dict) -> None:
+        """The other share's result(): its plans and stopped solves into this share, in a fixed order (this
+        share's own first)."""
+        self.other = other
+        self.others_settled = other["settled"]
+        self.report()
+        for plan in other["best"]:
+            for member in (plan, *plan.equivalent):
+                keep_top(self.best, dataclasses.replace(member, equivalent=[]), self.top)
+        self.open_solves += [(bound, c, _stage_models(self.ctx, c, self.cache)) for bound, c in other["open_solves"]]
+
+    def step(self, kth: float, lb: float, fam, box) -> None:
+        """One box out of line: its families or sub-boxes put in line, or its candidates bounded and solved (or
+        put back in line at their refined bounds)."""
+        ctx, L, push = self.ctx, self.L, self.push
+        if isinstance(fam, _TpChoiceNode):
+            if not fam.memory and len(fam.fixed) == len(ctx.order):
+                push(max(lb, fam.bound(ctx, self.cut())), dataclasses.replace(fam, memory=True), None)
+                return
+            for flb, family, fbox in fam.families(ctx, self.cut()):
+                push(flb, family, fbox)
+            return
+        if isinstance(fam, HeteroCandidate):  # a candidate back with its refined bound: solve it
+            family, sms = box
+            self.work += WORK["refined"]
+            # the bound was decided against the K-th best of its time (refined_bound only decides whether it
+            # reaches its target): against today's, it may be cut
+            if refined_bound(ctx, family, fam, sms, kth) >= kth:
+                self.settled += 1
+                self.report()
+                return
+            self.solve(fam, sms, kth, lb)
+            return
+        lo, hi = box
+        if not fam.ordered:
+            if len(fam.zeros) > 1:  # one open family per ZeRO stage first: a stage whose bound is cut opens no order
+                for by_zero in fam.by_zero():
+                    push(max(lb, by_zero.bound(L, lo, hi, self.cut())), by_zero, box)
+                return
+            for ordered, box in fam.expand(ctx, lo, hi):
+                push(ordered.bound(L, *box, self.cut()), ordered, box)
+            return
+        if lo != hi:
+            for box in _split(lo, hi):
+                if sum(box[0]) <= L // fam.vpp:
+                    push(fam.bound(L, *box, self.cut()) if _has_depth(fam, *box) else float("inf"), fam, box)
+            return
+        # a single candidate: its refined bound puts it back in line, so candidates are solved in the order of
+        # their refined bounds and the first solves already give a plan close to the best
+        cands = fam.candidates(ctx, lo, lb)
+        self.settled += 1 - len(cands)  # a stage-count choice outside the space is settled at once
+        for c in cands:
+            sms = _stage_models(ctx, c, self.cache)
+            self.work += WORK["refined"]
+            refined = refined_bound(ctx, fam, c, sms, kth)
+            if refined >= kth:
+                self.settled += 1
+                continue
+            if refined * (1 + DIVE) < kth and (not self.heap or refined <= self.heap[0][0] * (1 + DIVE)):
+                self.solve(c, sms, kth, max(lb, refined))  # no good plan yet: one close to the frontier cuts
+            else:
+                heapq.heappush(self.heap, (max(lb, refined), next(self.tie), c, (fam, sms)))
+
+
+def _shares(groups) -> list[list[tuple]]:
+    """The roots dealt to the two shares in the order of their bounds (ties: enumeration order), alternately, so
+    that each share holds roots of every bound: (index, bound, root, candidates)."""
+    order = sorted(range(len(groups)), key=lambda i: (groups[i][0], i))
+    out: list[list[tuple]] = [[], []]
+    for rank, i in enumerate(order):
+        lb, grp, size = groups[i]
+        out[rank % 2].append((i, lb, grp, size))
+    return out
+
+
 def search_hetero(
     job: Job,
     *,
@@ -891,10 +1109,14 @@ def search_hetero(
     single_type: bool = True,
     replicas: bool = True,
     progress: Callable[..., None] | None = None,
+    processes: int | None = None,
 ) -> SearchResult:
     """Best heterogeneous plans of a multi-group job (see the module docstring). With ``single_type`` the best
     plan on each node group alone (the homogeneous search) is reported for comparison; with ``replicas`` plans
-    whose DP replicas sit on different GPU types (planner/search/replicas.py) join the top list.
+    whose DP replicas sit on different GPU types (planner/search/replicas.py) join the top list. The mixed
+    pipelines are searched in two shares in lock step (planner/search/lockstep.py), side by side in ``processes``
+    2 (default: where this machine allows, lockstep.processes_available) or one after the other in 1: the same
+    answer and counts either way.
 
     ``progress(done, total, what)`` is called as each phase moves, ``what`` naming what it counts: mixed-pipeline
     replica shapes evaluated in a first, short look, then candidates solved or ruled out by a bound
@@ -908,69 +1130,9 @@ def search_hetero(
     share = 0.6 if single_type else 1.0
     deadline = start + time_limit_s * share * 0.7
     ctx = MixedContext(job, opts, opts.framework, cost_source(job), group_order(job.cluster))
-    L = job.model.num_layers
     groups = _families(ctx)
-    heap = [(lb, i, grp, None) for i, (lb, grp, _) in enumerate(groups)]
-    heapq.heapify(heap)
-    tie = itertools.count(len(heap))
     counted = sum(size for _, _, size in groups)
-    settled = 0  # candidates solved or ruled out (progress)
-    pops = 0
     best: list[Plan] = []
-    cache: dict = {}
-    solved = 0
-    frontier = float("inf")
-    open_solves: list[tuple[float, HeteroCandidate, list[StageModel]]] = []  # solves stopped by their cap
-
-    # Best-first over boxes of stage counts: a box's bound holds for every candidate in it, a one-point box is a
-    # candidate. The first box whose bound reaches the K-th best time ends the search (all others are worse).
-    # A bound must beat the K-th best by more than RESOLUTION (0.01%) to be explored: plans closer than that
-    # are equal in time (as in planner/search/quick.py), so the top K are optimal to within it.
-    def kth_time() -> float:
-        return best[top - 1].time if len(best) >= top else float("inf")
-
-    def cut() -> float:
-        return kth_time() * (1 - RESOLUTION)
-
-    def report() -> None:
-        if progress is not None:
-            progress(min(settled, counted), counted, MIXED_PROGRESS)
-
-    def solve(c: HeteroCandidate, sms: list[StageModel], kth: float, bound: float, limit: float | None = None):
-        nonlocal solved, settled
-        # a candidate's first solve (no limit given; solve_again gives one) is counted; without a plan to beat it
-        # only needs to find one: a short limit (its bound is kept)
-        if limit is None:
-            limit = solve_limit(deadline - time.monotonic(), time_limit_s if kth < float("inf") else 0.0)
-            solved += 1
-            settled += 1
-        res, est = _solve(ctx, c, with_group_sends(ctx.job, c.stage_groups, sms), kth, limit, workers)
-        if res.status not in ("optimal", "infeasible"):
-            # the candidate's own bound holds for the solve too
-            open_solves.append((max(res.bound_s, bound), c, sms))
-        if est is not None and est.fits:
-            keep_top(best, Plan(c, est, res.status), top)
-        report()
-
-    def solve_again(until: float) -> None:
-        """Solves stopped by their cap whose bound is below the K-th best, again, best bound first, each with an
-        even share of the time left until ``until`` (at least the cap it had)."""
-        left = sorted(open_solves, key=lambda x: x[0])
-        open_solves.clear()
-        for i, (bound, c, sms) in enumerate(left):
-            remaining = until - time.monotonic()
-            if bound >= cut() or remaining <= 0:
-                open_solves.extend(left[i:])
-                return
-            share = max(remaining / (len(left) - i), solve_limit(remaining, time_limit_s))
-            solve(c, sms, kth_time(), bound, limit=share)
-
-    def push(bound: float, node, nbox) -> None:
-        nonlocal settled
-        if bound < cut() and (not isinstance(node, _Family) or _has_depth(node, *nbox)):
-            heapq.heappush(heap, (bound, next(tie), node, nbox))
-        else:  # cut by its bound (or, interleaved, no depth in it takes its vpp): every candidate in it is settled
-            settled += _node_size(ctx, node, nbox)
 
     # A first, short look at the replica plans (the best-bound shapes): the best of them is the first cut of the
     # mixed pipelines. The replica search proper comes after them, cut by the best plan of either kind.
@@ -987,116 +1149,50 @@ def search_hetero(
         # the look itself at most REPLICA_LOOK steps after it
         replica_pass(float("inf"), deadline, exact_pass=False, look=REPLICA_LOOK)
 
-    timed_out = False
-
-    def explore(until: float) -> None:
-        """Best-first over the boxes in line until the K-th best cuts them all or ``until`` passes; what the
-        deadline leaves stays in line (``frontier``: its least bound), so a later call goes on from there."""
-        nonlocal deadline, pops, settled, frontier, timed_out
-        deadline, timed_out, frontier = until, False, float("inf")
-        report()
-        while heap:
-            kth = cut()
-            lb, _, fam, box = heapq.heappop(heap)
-            pops += 1
-            if pops % 64 == 0:
-                report()
-            if lb >= kth:
-                frontier = min(frontier, lb)
-                settled = counted  # this node and every one left in line are cut by their bounds
-                heap.clear()
-                break
-            if time.monotonic() > deadline:  # everything left is unexplored: the top K are not proven (yet)
-                timed_out = True
-                frontier = min(frontier, lb)
-                heapq.heappush(heap, (lb, next(tie), fam, box))
-                break
-            step(kth, lb, fam, box)
-        report()
-
-    def step(kth: float, lb: float, fam, box) -> None:
-        """One box out of line: its families or sub-boxes put in line, or its candidates bounded and solved (or
-        put back in line at their refined bounds)."""
-        nonlocal settled
-        if isinstance(fam, _TpChoiceNode):
-            if not fam.memory and len(fam.fixed) == len(ctx.order):
-                push(max(lb, fam.bound(ctx, cut())), dataclasses.replace(fam, memory=True), None)
-                return
-            for flb, family, fbox in fam.families(ctx, cut()):
-                push(flb, family, fbox)
-            return
-        if isinstance(fam, HeteroCandidate):  # a candidate back with its refined bound: solve it
-            family, sms = box
-            # the bound was decided against the K-th best of its time (refined_bound only decides whether it
-            # reaches its target): against today's, it may be cut
-            if refined_bound(ctx, family, fam, sms, kth) >= kth:
-                settled += 1
-                report()
-                return
-            solve(fam, sms, kth, lb)
-            return
-        lo, hi = box
-        if not fam.ordered:
-            if len(fam.zeros) > 1:  # one open family per ZeRO stage first: a stage whose bound is cut opens no order
-                for by_zero in fam.by_zero():
-                    push(max(lb, by_zero.bound(L, lo, hi, cut())), by_zero, box)
-                return
-            for ordered, box in fam.expand(ctx, lo, hi):
-                push(ordered.bound(L, *box, cut()), ordered, box)
-            return
-        if lo != hi:
-            for box in _split(lo, hi):
-                if sum(box[0]) <= L // fam.vpp:
-                    push(fam.bound(L, *box, cut()) if _has_depth(fam, *box) else float("inf"), fam, box)
-            return
-        # a single candidate: its refined bound puts it back in line, so candidates are solved in the order of
-        # their refined bounds and the first solves already give a plan close to the best
-        cands = fam.candidates(ctx, lo, lb)
-        settled += 1 - len(cands)  # a stage-count choice outside the space is settled at once
-        for c in cands:
-            sms = _stage_models(ctx, c, cache)
-            refined = refined_bound(ctx, fam, c, sms, kth)
-            if refined >= kth:
-                settled += 1
-                continue
-            if refined * (1 + DIVE) < kth and (not heap or refined <= heap[0][0] * (1 + DIVE)):
-                solve(c, sms, kth, max(lb, refined))  # no good plan yet: one close to the frontier cuts
-            else:
-                heapq.heappush(heap, (max(lb, refined), next(tie), c, (fam, sms)))
-
-    explore(deadline)
-    rs = None
-    if with_replicas:
-        stop = min(start + time_limit_s * share, time.monotonic() + 0.25 * time_limit_s * share)
-        rs = replica_pass(kth_time(), stop)
-    single = group = single_beat = None
-    if single_type:
-        # a single-type plan matters if it beats the best mixed plan: the baselines are searched below its time
-        single_beat = best[0].time if best else None
-        beat = single_beat * (1 + RESOLUTION) if best else float("inf")
-        single, group = best_single_type(
-            job, opts, workers, max(0.5, start + time_limit_s - time.monotonic()), progress, beat, ctx.costs
-        )
-        # it is a mixed layout too (every stage on that group): a plan of the job, unless mixed layouts cannot
-        # express it (then the report names the faster group), and a cut for the rest of the mixed search
-        adopted = None if single is None else as_mixed_plan(job, group, single, opts)
-        if adopted is not None:
-            keep_top(best, adopted, top)
-    # The time the other phases left goes to what is still open, cut by every plan found: the mixed pipelines,
-    # the solves their cap stopped, then the replica shapes whose bound is below the K-th best.
-    end = start + time_limit_s
-    if timed_out:
-        explore(end)
-    solve_again(end)
-    if rs is not None and rs.open_parts(kth_time() * (1 - 1e-9)) and time.monotonic() < end:
-        rs = replica_pass(kth_time(), end)
-    complete, open_bound = settle_open_solves(not timed_out, [b for b, _, _ in open_solves], best, top)
+    shares = [_PipelineSearch(ctx, roots, best, top, time_limit_s, workers) for roots in _shares(groups)]
+    main = shares[0]  # this process's share; after each explore it holds the other's plans too
+    for s in shares:
+        s.total = counted
+    main.progress = progress
+    processes = processes_available() if processes is None else processes
+    with Lockstep(shares, processes) as lockstep:
+        main.absorb(lockstep.explore(deadline))
+        best = main.best  # (replica_pass and the rest below add to it)
+        rs = None
+        if with_replicas:
+            stop = min(start + time_limit_s * share, time.monotonic() + 0.25 * time_limit_s * share)
+            rs = replica_pass(main.kth_time(), stop)
+        single = group = single_beat = None
+        if single_type:
+            # a single-type plan matters if it beats the best mixed plan: the baselines are searched below its time
+            single_beat = best[0].time if best else None
+            beat = single_beat * (1 + RESOLUTION) if best else float("inf")
+            single, group = best_single_type(
+                job, opts, workers, max(0.5, start + time_limit_s - time.monotonic()), progress, beat, ctx.costs
+            )
+            # it is a mixed layout too (every stage on that group): a plan of the job, unless mixed layouts cannot
+            # express it (then the report names the faster group), and a cut for the rest of the mixed search
+            adopted = None if single is None else as_mixed_plan(job, group, single, opts)
+            if adopted is not None:
+                keep_top(best, adopted, top)
+        # The time the other phases left goes to what is still open, cut by every plan found: the mixed pipelines,
+        # the solves their cap stopped, then the replica shapes whose bound is below the K-th best.
+        end = start + time_limit_s
+        if main.timed_out or main.other["timed_out"]:
+            main.absorb(lockstep.explore(end, best))
+    main.solve_again(end)
+    if rs is not None and rs.open_parts(main.kth_time() * (1 - 1e-9)) and time.monotonic() < end:
+        rs = replica_pass(main.kth_time(), end)
+    timed_out = main.timed_out or main.other["timed_out"]
+    frontier = min(main.frontier, main.other["frontier"])
+    solved = main.solved + main.other["solved"]
+    complete, open_bound = settle_open_solves(not timed_out, [b for b, _, _ in main.open_solves], best, top)
     # What keeps the top K from being proven, as (bound, stop reason, part of the space): the mixed pipelines as
     # ``complete`` says (cut by the deadline, or a solve stopped at its per-solve cap), and replica shapes whose
     # bound is below the K-th best (left unexplored by the deadline, or evaluated heuristically: replica plans
     # themselves are never proven).
-    kth = kth_time() * (1 - 1e-9)
-    if not complete and min(frontier, open_bound) >= cut():
+    kth = main.kth_time() * (1 - 1e-9)
+    if not complete and min(frontier, open_bound) >= main.cut():
         complete = True  # a better plan found since (a replica plan) cuts all the deadline or a solve cap left open
     open_parts = []
     if not complete:
