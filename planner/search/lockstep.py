@@ -3,13 +3,13 @@
 A branch and bound splits cleanly by its roots, but a half alone does not know the plans the other half finds, and
 without them it explores every node below its own best (measured on the mixed suite: the half without the optimum
 took as long as the whole search). So the two halves ("shares") trade the plans they find, at fixed points of
-their own work, never at points in time: each share counts its work in units of its own (the mixed search: about a
-tenth of a millisecond, mixed_pipelines.WORK) and at every EPOCH units publishes a snapshot (the plans it found since the last one). At its epoch e a
-share takes in the other's snapshots up to epoch e - LAG, waiting for them if the other is not there yet. What a
-share sees is thus fixed by the two shares' work counts alone, so its cuts, solves and prune counts are the same
-whether the shares run side by side in two processes (fork, on Linux with two or more cores: about 1.5x faster) or
-one after the other in this process (elsewhere, and in tests). The lag lets the faster share run up to LAG epochs
-ahead before it waits.
+their own work, never at points in time. Each share counts its work in units of its own (the mixed search: about a
+tenth of a millisecond each, mixed_pipelines.WORK) and at every EPOCH units publishes a snapshot: the plans it found
+since the last one. At its epoch e a share takes in the other's snapshots up to epoch e - LAG, waiting for them if
+the other is not there yet. What a share sees is thus fixed by the two shares' work counts alone, so its cuts,
+solves and prune counts are the same whether the shares run side by side in two processes (fork, on Linux with two
+or more cores) or one after the other in this process (elsewhere, and in tests). The lag lets the faster share run
+up to LAG epochs ahead before it waits. Wall time is the slower share's: how evenly the roots split the work.
 
 A share is any object with ``explore(until)``: a generator that yields a Snapshot at each epoch it reaches, is sent
 the other's plans it may use from then on, and returns when it is done; ``final()``, the Snapshot of what it found
