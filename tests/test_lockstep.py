@@ -5,58 +5,105 @@ The toy shares below do random amounts of work per step and find random plans, a
 plans they are sent (a share stops once the best plan it knows is good enough, and its finds depend on that best),
 so any difference in what they are sent shows in their logs."""
 
+import pickle
 import random
 
 import pytest
 
 from planner.search import lockstep
-from planner.search.lockstep import EPOCH, LAG, Lockstep, Snapshot, processes_available
+from planner.search.lockstep import EPOCH, LAG, Lockstep, Snapshot, boundary, processes_available
+
+
+class RecordingPeer(lockstep.Peer):
+    """Records (the share's epoch, the tag) of every snapshot of the other share taken in."""
+
+    def __init__(self, share) -> None:
+        super().__init__()
+        self.share = share
+
+    def seen(self, snap: Snapshot) -> None:
+        self.share.seen.append((self.share.epoch, snap.tag))
+        super().seen(snap)
 
 
 class Toy:
-    """A share: ``steps`` steps of random work; a step finds a plan below the best it knows with some chance; it
-    stops early once its best is below ``good``."""
+    """A share: a line of work items, each of random work; an item finds a plan below the best the share knows
+    with some chance and may add items of its own; once its best is below ``good`` the rest of its line is cut."""
 
-    def __init__(self, seed: int, steps: int, good: float = 0.02, fail_at: int | None = None) -> None:
+    def __init__(self, seed: int, items: int, good: float = 0.02, fail_at: int | None = None) -> None:
         self.rng = random.Random(seed)
-        self.steps, self.good, self.fail_at = steps, good, fail_at
+        self.line = [self.rng.randint(1, 2 * EPOCH) for _ in range(items)]
+        self.good, self.fail_at = good, fail_at
         self.best: list[float] = []
         self.found: list[float] = []
-        self.work = self.pos = 0
-        self.log: list = []  # (epoch, plans sent to it) at every epoch
+        self.work = self.done = self.added = 0
+        self.settled = 0
+        self.log: list = []  # (epoch, plans and gifts taken in) at every epoch
         self.published: list = []  # (tag, plans) of every snapshot
         self.others_settled = 0
         self.progress = None
+        self.epoch = 0
+        self.seen: list = []  # (epoch, tag) of the other's snapshots taken in
 
     def explore(self, until: float):
         start, tag = self.work, 0
-        while self.pos < self.steps and not (self.best and min(self.best) < self.good):
-            self.pos += 1
-            if self.pos == self.fail_at:
+        peer = RecordingPeer(self)
+        while True:
+            if not self.line:
+                tag += 1
+                self.work = max(self.work, start + tag * EPOCH)
+                self.epoch = tag
+                if (yield from boundary(self, peer, tag)):
+                    break
+                continue
+            amount = self.line.pop(0)
+            self.done += 1
+            if self.done == self.fail_at:
                 raise ValueError("toy failure")
-            self.work += self.rng.randint(1, 2 * EPOCH)
-            known = min(self.best, default=1.0)
+            self.work += amount
             if self.rng.random() < 0.3:
-                plan = round(known * self.rng.uniform(0.5, 1.0), 9)
+                plan = round(min(self.best, default=1.0) * self.rng.uniform(0.5, 1.0), 9)
                 self.best.append(plan)
                 self.found.append(plan)
-            if (self.work - start) // EPOCH > tag:
-                tag = (self.work - start) // EPOCH
-                snap = Snapshot(tag, self.found, self.pos)
-                self.published.append((tag, list(self.found)))
-                self.found = []
-                theirs = yield snap
-                self.log.append((tag, list(theirs)))
-                self.best += theirs
+            if self.rng.random() < 0.2:
+                new = [self.rng.randint(1, 2 * EPOCH) for _ in range(self.rng.randint(1, 3))]
+                self.line += new
+                self.added += len(new)
+            if min(self.best, default=1.0) < self.good:
+                self.line.clear()
+            while (self.work - start) // EPOCH > tag:
+                tag += 1
+                self.epoch = tag
+                yield from boundary(self, peer, tag)
+
+    def take_plans(self, plans) -> None:
+        self.log.append(("plans", list(plans)))
+        self.best += plans
+
+    def flush(self) -> list:
+        found, self.found = self.found, []
+        return found
+
+    def load(self) -> int:
+        return len(self.line)
+
+    def give(self):
+        if len(self.line) < 2:
+            return None
+        gift, self.line = self.line[1::2], self.line[0::2]
+        self.log.append(("gave", list(gift)))
+        return pickle.dumps(gift)
+
+    def take_gift(self, payload: bytes) -> None:
+        gift = pickle.loads(payload)
+        self.log.append(("took", gift))
+        self.line += gift
 
     def final(self) -> Snapshot:
-        snap = Snapshot(self.work // EPOCH + 1, self.found, self.pos, done=True)
-        self.published.append((snap.tag, list(self.found)))
-        self.found = []
-        return snap
+        return Snapshot(self.work // EPOCH + 1, self.flush(), self.settled, True, self.load())
 
     def result(self) -> dict:
-        return {"log": self.log, "best": sorted(self.best), "pos": self.pos, "published": self.published}
+        return {"log": self.log, "best": sorted(self.best), "done": self.done, "work": self.work, "seen": self.seen}
 
 
 def run(seeds, steps, processes: int, **kw):
@@ -79,22 +126,36 @@ def test_same_in_one_process_and_two(seeds, steps):
 
 
 @pytest.mark.parametrize("seeds,steps", CASES)
-def test_a_share_sees_the_others_plans_up_to_its_epoch_less_the_lag(seeds, steps):
-    """At its epoch e a share is sent exactly the plans the other published at epochs e - LAG or before that it
-    had not been sent yet: no fewer (it waited for them), no more (which would depend on timing)."""
-    mine, theirs = run(seeds, steps, processes=1)
-    for log, published in ((mine["log"], theirs["published"]), (theirs["log"], mine["published"])):
-        given = 0
-        for epoch, plans in log:
-            due = [p for tag, ps in published if tag <= epoch - LAG for p in ps]
-            assert plans == due[given:]
-            given = len(due)
+def test_a_share_takes_in_the_others_snapshots_lag_epochs_late(seeds, steps):
+    """At its epoch e a share takes in the other's snapshots of epochs e - LAG or before, each once, in order (so
+    what it has taken in by then does not depend on how fast the other went)."""
+    shares = [Toy(seed, n) for seed, n in zip(seeds, steps)]
+    with Lockstep(shares, 1) as ls:
+        ls.explore(float("inf"))
+    for share in shares:
+        assert all(tag <= epoch - LAG for epoch, tag in share.seen)
+        tags = [tag for _, tag in share.seen]
+        assert tags == sorted(set(tags))
+    assert any(share.seen for share in shares)
+
+
+def test_a_share_out_of_work_is_given_some():
+    """One share with 300 items, the other with none: the other is given half of what is left, again and again, so
+    it does a fair part of the work; every item is done once."""
+    shares = [Toy(1, 300, good=0.0), Toy(2, 0, good=0.0)]
+    with Lockstep(shares, 1) as ls:
+        ls.explore(float("inf"))
+    gave = [g for kind, g in shares[0].log if kind == "gave"]
+    took = [g for kind, g in shares[1].log if kind == "took"]
+    assert gave and took == gave  # every gift taken in, in order
+    assert shares[1].done > 60
+    assert shares[0].done + shares[1].done == 300 + shares[0].added + shares[1].added
 
 
 def test_a_failure_in_the_child_is_raised_here():
     if processes_available() < 2:
         pytest.skip("no second core, or no fork here")
-    shares = [Toy(1, 100), Toy(2, 100, fail_at=30)]
+    shares = [Toy(1, 100, good=0.0), Toy(2, 100, good=0.0, fail_at=30)]
     with pytest.raises(RuntimeError, match="toy failure"):
         with Lockstep(shares, 2) as ls:
             ls.explore(float("inf"))
@@ -106,6 +167,7 @@ def test_inbox_gives_out_snapshots_in_order_up_to_an_epoch():
     inbox.add(Snapshot(1, ["a"]))
     inbox.add(Snapshot(3, ["b", "c"]))
     assert inbox.known(3) and not inbox.known(4)
-    assert inbox.take(0) == [] and inbox.take(2) == ["a"] and inbox.take(5) == ["b", "c"]
+    assert inbox.take(0) == [] and [s.plans for s in inbox.take(2)] == [["a"]]
+    assert [s.plans for s in inbox.take(5)] == [["b", "c"]]
     inbox.add(Snapshot(4, ["d"], done=True))
-    assert inbox.known(10**9) and inbox.take(3) == [] and inbox.take(4) == ["d"]
+    assert inbox.known(10**9) and inbox.take(3) == [] and [s.plans for s in inbox.take(4)] == [["d"]]

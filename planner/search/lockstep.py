@@ -11,10 +11,18 @@ solves and prune counts are the same whether the shares run side by side in two 
 or more cores) or one after the other in this process (elsewhere, and in tests). The lag lets the faster share run
 up to LAG epochs ahead before it waits. Wall time is the slower share's: how evenly the roots split the work.
 
-A share is any object with ``explore(until)``: a generator that yields a Snapshot at each epoch it reaches, is sent
-the other's plans it may use from then on, and returns when it is done; ``final()``, the Snapshot of what it found
-after its last one; and ``result()``, a picklable summary of it for the caller. The caller owns the shares; this
-module only runs them.
+Roots split the work unevenly (on the suite one share often had half again the other's), so a share that runs out
+of work is given some: at an epoch where a share sees the other out of work (its snapshot says so, and it has taken
+in the last gift), it gives every other node of its line, best bound first, in its snapshot. A share out of work
+does not stop: it goes on from epoch to epoch taking in the other's snapshots, until a gift comes or both are out
+of work for good (each out of work, and every gift taken in).
+
+A share is any object with ``explore(until)``: a generator that, at each epoch e it reaches, yields ("need", e) and
+is sent the other's snapshots up to e - LAG, then (through ``boundary``, which takes them in and decides the gift)
+yields ("publish", snapshot); it returns when it is done. It also has ``load()`` (nodes in its line), ``give()``
+(half its line as bytes, or None), ``take_gift(bytes)``, ``take_plans(plans)``, ``flush()`` (the plans found since
+its last snapshot), ``settled`` (progress), ``final()`` (its last snapshot, done) and ``result()`` (a picklable
+summary for the caller). The caller owns the shares; this module only runs them.
 """
 
 from __future__ import annotations
@@ -29,7 +37,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 EPOCH = 256  # work units between snapshots (the caller's units: a few tens of milliseconds of the mixed search)
-LAG = 4  # epochs a share may run ahead of what it knows of the other
+LAG = 8  # epochs a share may run ahead of what it knows of the other
 
 
 @dataclass
@@ -41,6 +49,8 @@ class Snapshot:
     plans: list = field(default_factory=list)
     settled: int = 0
     done: bool = False
+    load: int = 0  # nodes in its line after this snapshot (0: out of work)
+    gift: bytes | None = None  # nodes given to the other share
 
 
 class Inbox:
@@ -63,12 +73,56 @@ class Inbox:
     def known(self, epoch: int) -> bool:
         return self.done or self.latest >= epoch
 
-    def take(self, epoch: int) -> list:
-        """The plans of every snapshot up to ``epoch`` not given out yet, in the order they were found."""
-        plans = []
+    def take(self, epoch: int) -> list[Snapshot]:
+        """Every snapshot up to ``epoch`` not given out yet, in order."""
+        out = []
         while self.queue and self.queue[0].tag <= epoch:
-            plans += self.queue.popleft().plans
-        return plans
+            out.append(self.queue.popleft())
+        return out
+
+
+class Peer:
+    """What a share knows of the other from the snapshots it has taken in: its last epoch, whether it is out of
+    work or done; and the epoch of this share's last gift to it."""
+
+    def __init__(self) -> None:
+        self.tag = -1
+        self.load = -1  # unknown until its first snapshot
+        self.done = False
+        self.gave = None  # epoch of this share's last gift
+
+    def seen(self, snap: Snapshot) -> None:
+        self.tag, self.load, self.done = snap.tag, snap.load, self.done or snap.done
+
+    def took_last_gift(self) -> bool:
+        """The other had taken in this share's last gift when it published what this share knows of it (a gift of
+        epoch g is taken in at the other's epoch g + LAG, before it publishes that epoch)."""
+        return self.gave is None or self.gave + LAG <= self.tag
+
+    def wants(self) -> bool:
+        return not self.done and self.load == 0 and self.took_last_gift()
+
+    def idle_for_good(self) -> bool:
+        """Both out of work for good: the other done, or out of work with every gift of this share taken in (only a
+        gift from this share, itself out of work, could give it more)."""
+        return self.done or (self.load == 0 and self.took_last_gift())
+
+
+def boundary(share, peer: Peer, epoch: int):
+    """A share's epoch (``yield from`` in its explore): the other's snapshots up to epoch - LAG taken in (their
+    plans and gifts), a gift made where the other is out of work, this share's snapshot published. Returns whether
+    both shares are out of work for good (only asked of a share out of work)."""
+    theirs = yield ("need", epoch)
+    for snap in theirs:
+        peer.seen(snap)
+        share.take_plans(snap.plans)
+        if snap.gift is not None:
+            share.take_gift(snap.gift)
+    gift = share.give() if peer.wants() else None
+    if gift is not None:
+        peer.gave = epoch
+    yield ("publish", Snapshot(epoch, share.flush(), share.settled, False, share.load(), gift))
+    return share.load() == 0 and peer.idle_for_good()
 
 
 def processes_available() -> int:
@@ -156,28 +210,29 @@ def _run(share, until: float, send, receive, inbox: Inbox) -> None:
     other's next snapshot to ``inbox``, waiting for it)."""
     gen = share.explore(until)
     value = None
-    started = False
     while True:
         try:
-            snap = gen.send(value) if started else next(gen)
+            kind, x = gen.send(value)
         except StopIteration:
             send(("snapshot", share.final()))
             return
-        started = True
-        send(("snapshot", snap))
-        while not inbox.known(snap.tag - LAG):
-            receive()
-        value = inbox.take(snap.tag - LAG)
+        value = None
+        if kind == "need":
+            while not inbox.known(x - LAG):
+                receive()
+            value = inbox.take(x - LAG)
+        else:
+            send(("snapshot", x))
 
 
 def _alternate(shares: list, until: float) -> None:
     """Both shares in this process: each runs until it needs a snapshot of the other that the other has not
-    published yet, then the other runs. (One waits on the other only while it is more than LAG epochs ahead, so
-    both never wait at once.)"""
+    published yet, then the other runs. (A share waits at epoch e for the other's e - LAG, having published e - 1;
+    the other, waiting too, would wait at its next epoch, at most e - LAG, for this one's e - 2 LAG at most: so both
+    never wait at once. Epochs are passed one by one, also where a step's work spans several.)"""
     gens = [s.explore(until) for s in shares]
     inboxes = [Inbox(), Inbox()]  # inboxes[i]: the other share's snapshots, for share i
-    need: list[int | None] = [None, None]
-    started = [False, False]
+    need: list[int | None] = [None, None]  # the other's epoch a share waits for
     finished = [False, False]
     i = 0
     while not all(finished):
@@ -185,16 +240,18 @@ def _alternate(shares: list, until: float) -> None:
             i = 1 - i
             continue
         value = inboxes[i].take(need[i]) if need[i] is not None else None
+        need[i] = None
         try:
-            snap = gens[i].send(value) if started[i] else next(gens[i])
+            kind, x = gens[i].send(value)
         except StopIteration:
             finished[i] = True
             inboxes[1 - i].add(shares[i].final())
             continue
-        started[i] = True
-        inboxes[1 - i].add(snap)
-        shares[1 - i].others_settled = snap.settled
-        need[i] = snap.tag - LAG
+        if kind == "need":
+            need[i] = x - LAG
+        else:
+            inboxes[1 - i].add(x)
+            shares[1 - i].others_settled = x.settled
 
 
 def _child_main(share, inbox_queue, outbox_queue) -> None:

@@ -477,6 +477,14 @@ def least_schedule_time(a, c, caps, L: int, T: float, k: float, v: int, work_flo
     return _least_over_steps(at, T, _linear_steps(T, zip(a, c, caps)), k, v, floor)
 
 
+class Meter:
+    """Stage rows read by the costliest bound, least_schedule_of_times (refined_bound's walk over DP tails): most of
+    the time of a refined bound that gets that far, and a count, the same on any machine. The mixed search reads it
+    before and after each of its steps to count its work for lockstep (mixed_pipelines.WORK)."""
+
+    rows = 0
+
+
 def least_schedule_with_tail(
     times, L: int, T: float, k: float, v: int, work_floor: float, reaches, target: float | None = None
 ) -> float:
@@ -537,6 +545,7 @@ def least_schedule_of_times(times, hulls, most, L: int, T: float, k: float, v: i
         return base + sum(rest[:extra]) if len(rest) >= extra else float("inf")
 
     def at(M: float) -> float:
+        Meter.rows += S
         held = [min(n, bisect.bisect_right(t, M * (1 + 1e-12))) for t, n in zip(times, most)]
         if min(held) < 1 or sum(held) < L:
             return float("inf")

@@ -34,8 +34,10 @@ import bisect
 import dataclasses
 import functools
 import heapq
+import io
 import itertools
 import math
+import pickle
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -45,7 +47,7 @@ from planner.cost.provider import cost_source
 from planner.cost.stage import StageModel, heavy_kind, layer_counts
 from planner.parallel import HeteroDims, baseline_recompute_modes, dp_options, group_order, micro_batch_options
 from planner.parallel import vpp_options as depth_vpp_options
-from planner.search.lockstep import EPOCH, Lockstep, Snapshot, processes_available
+from planner.search.lockstep import EPOCH, Lockstep, Peer, Snapshot, boundary, processes_available
 from planner.search.mixed_context import (
     MixedContext,
     ZeroTerms,
@@ -63,6 +65,7 @@ from planner.search.mixed_context import (
 from planner.search.mixed_pipeline_bounds import (
     Ends,
     KindMix,
+    Meter,
     box_bound,
     box_bound_reach,
     kind_memory_floor,
@@ -104,10 +107,12 @@ DIVE = 0.05
 # enumeration); where it is not, a longer look only delays the mixed search (Llama 4 Maverick on four types:
 # 23,731 steps to a plan 14x slower than the best).
 REPLICA_LOOK = 1000
-# Work units of the mixed search's steps, for lockstep's epochs: about tenths of a millisecond on the suite (a bound
-# worked out for a node put in line, a candidate's refined bound, a CP-SAT solve), so that the two shares reach
-# their epochs at about the same time and seldom wait for each other. Counts, not seconds: the same on any machine.
-WORK = {"pop": 1, "bound": 1, "refined": 10, "solve": 800}
+# Work units of the mixed search's steps, for lockstep's epochs, each about 60-120 microseconds on the slow suite
+# jobs (measured by kind of step on jobs 4, 13, 19 and 46): a node out of line, a bound worked out for a node put in
+# line, and on top of that a TP-choice node's memory terms and an open family's bound (per ZeRO stage), a
+# candidate's refined bound (plus one per 8 chunks and stages: _PipelineSearch.refined_work) and a CP-SAT solve. The
+# closer they follow time, the less the two shares wait for each other. Counts, not seconds: the same on any machine.
+WORK = {"pop": 1, "bound": 1, "memory": 4, "open": 1, "refined": 2, "rows": 256, "solve": 100}
 
 
 @dataclass(frozen=True)
@@ -512,6 +517,12 @@ class _Family:
     kinds: tuple[tuple[float, float], ...] | None = None
     kind_counts: tuple[int, int] = (0, 0)
     moe_from: int | None = None  # ModelSpec.all_moe_from of such a model
+
+    def __getstate__(self) -> dict:
+        """Pickled for the other share (_pickle_nodes): the fields only; the cached terms are worked out again
+        there (one of them is keyed by object identity, which another process does not share)."""
+        names = {f.name for f in dataclasses.fields(self)}
+        return {k: v for k, v in self.__dict__.items() if k in names}
 
     @functools.cached_property
     def deepest(self) -> int | None:
@@ -937,7 +948,7 @@ class _PipelineSearch:
             limit = solve_limit(self.deadline - time.monotonic(), self.time_limit_s if kth < float("inf") else 0.0)
             self.solved += 1
             self.settled += 1
-        self.work += WORK["solve"]
+        self.work += WORK["solve"] + c.pp * self.L  # (CP-SAT's model grows with both)
         res, est = _solve(self.ctx, c, with_group_sends(self.ctx.job, c.stage_groups, sms), kth, limit, self.workers)
         if res.status not in ("optimal", "infeasible"):
             # the candidate's own bound holds for the solve too
@@ -971,12 +982,20 @@ class _PipelineSearch:
     def explore(self, until: float):
         """Best-first over the boxes in line until the K-th best cuts them all or ``until`` passes; what the
         deadline leaves stays in line (``frontier``: its least bound), so a later call goes on from there. A
-        generator (lockstep's share): at every EPOCH units of work it yields the plans found since the last epoch
-        and is sent the other share's plans that it may use from then on."""
+        generator (lockstep's share): at every EPOCH units of work it trades plans and work with the other share
+        (lockstep.boundary); out of work, it goes on from epoch to epoch until both shares are out of work for
+        good."""
         self.deadline, self.timed_out, self.frontier = until, False, float("inf")
         self.report()
         start, tag = self.work, 0
-        while self.heap:
+        peer = Peer()
+        while True:
+            if not self.heap:  # out of work: the next epoch, for a gift or the end
+                tag += 1
+                self.work = max(self.work, start + tag * EPOCH)
+                if (yield from boundary(self, peer, tag)):
+                    break
+                continue
             kth = self.cut()
             lb, _, fam, box = heapq.heappop(self.heap)
             self.pops += 1
@@ -987,28 +1006,57 @@ class _PipelineSearch:
                 self.frontier = min(self.frontier, lb)
                 self.settled = self.counted  # this node and every one left in line are cut by their bounds
                 self.heap.clear()
-                break
+                continue
             if time.monotonic() > until:  # everything left is unexplored: the top K are not proven (yet)
                 self.timed_out = True
                 self.frontier = min(self.frontier, lb)
                 heapq.heappush(self.heap, (lb, next(self.tie), fam, box))
                 break
+            rows = Meter.rows
             self.step(kth, lb, fam, box)
-            if (self.work - start) // EPOCH > tag:
-                tag = (self.work - start) // EPOCH
-                theirs = yield self.snapshot(tag)
-                for plan in theirs:
-                    keep_top(self.best, plan, self.top)
+            self.work += (Meter.rows - rows) // WORK["rows"]
+            while (self.work - start) // EPOCH > tag:  # every epoch the step's work reached, one by one
+                tag += 1
+                yield from boundary(self, peer, tag)
         self.report()
 
-    def snapshot(self, tag: int, done: bool = False) -> Snapshot:
-        snap = Snapshot(tag, self.found, self.settled, done)
-        self.found = []
-        return snap
+    # lockstep's share: plans and nodes traded with the other share
+    def take_plans(self, plans: list[Plan]) -> None:
+        for plan in plans:
+            keep_top(self.best, plan, self.top)
+
+    def flush(self) -> list[Plan]:
+        """The plans found since the last snapshot."""
+        found, self.found = self.found, []
+        return found
+
+    def load(self) -> int:
+        return len(self.heap)
+
+    def give(self) -> bytes | None:
+        """Every other node in line, best bound first, for the other share (candidates back with their refined
+        bounds stay: they hold stage models), or None where fewer than two could go; the candidates under them go
+        with them (``counted``)."""
+        entries = sorted(self.heap)  # (bound, tie, ...): ties are unique
+        movable = [e for e in entries if not isinstance(e[2], HeteroCandidate)]
+        if len(movable) < 2:
+            return None
+        gift = movable[1::2]
+        given = {id(e) for e in gift}
+        self.heap = [e for e in entries if id(e) not in given]  # (sorted: a heap)
+        size = sum(_node_size(self.ctx, node, box) for _, _, node, box in gift)
+        self.counted -= size
+        return _pickle_nodes(self.ctx, [(lb, node, box) for lb, _, node, box in gift], size)
+
+    def take_gift(self, payload: bytes) -> None:
+        nodes, size = _unpickle_nodes(self.ctx, payload)
+        for lb, node, box in nodes:
+            heapq.heappush(self.heap, (lb, next(self.tie), node, box))
+        self.counted += size
 
     def final(self) -> Snapshot:
         """What explore found after its last epoch, tagged one past the epoch it ended in."""
-        return self.snapshot(self.work // EPOCH + 1, done=True)
+        return Snapshot(self.work // EPOCH + 1, self.flush(), self.settled, True, self.load())
 
     def result(self) -> dict:
         """What the caller takes of this share after an explore (picklable): its plans, solve count and what it
@@ -1035,20 +1083,26 @@ class _PipelineSearch:
                 keep_top(self.best, dataclasses.replace(member, equivalent=[]), self.top)
         self.open_solves += [(bound, c, _stage_models(self.ctx, c, self.cache)) for bound, c in other["open_solves"]]
 
+    def refined_work(self, c: HeteroCandidate) -> int:
+        """Work units of a candidate's refined bound: it grows with the layers and the stages."""
+        return WORK["refined"] + (self.L // c.vpp + c.pp) // 8
+
     def step(self, kth: float, lb: float, fam, box) -> None:
         """One box out of line: its families or sub-boxes put in line, or its candidates bounded and solved (or
         put back in line at their refined bounds)."""
         ctx, L, push = self.ctx, self.L, self.push
         if isinstance(fam, _TpChoiceNode):
             if not fam.memory and len(fam.fixed) == len(ctx.order):
+                self.work += WORK["memory"]
                 push(max(lb, fam.bound(ctx, self.cut())), dataclasses.replace(fam, memory=True), None)
                 return
             for flb, family, fbox in fam.families(ctx, self.cut()):
+                self.work += WORK["open"] if isinstance(family, _Family) else 0
                 push(flb, family, fbox)
             return
         if isinstance(fam, HeteroCandidate):  # a candidate back with its refined bound: solve it
             family, sms = box
-            self.work += WORK["refined"]
+            self.work += self.refined_work(fam)
             # the bound was decided against the K-th best of its time (refined_bound only decides whether it
             # reaches its target): against today's, it may be cut
             if refined_bound(ctx, family, fam, sms, kth) >= kth:
@@ -1061,6 +1115,7 @@ class _PipelineSearch:
         if not fam.ordered:
             if len(fam.zeros) > 1:  # one open family per ZeRO stage first: a stage whose bound is cut opens no order
                 for by_zero in fam.by_zero():
+                    self.work += WORK["open"]
                     push(max(lb, by_zero.bound(L, lo, hi, self.cut())), by_zero, box)
                 return
             for ordered, box in fam.expand(ctx, lo, hi):
@@ -1077,7 +1132,7 @@ class _PipelineSearch:
         self.settled += 1 - len(cands)  # a stage-count choice outside the space is settled at once
         for c in cands:
             sms = _stage_models(ctx, c, self.cache)
-            self.work += WORK["refined"]
+            self.work += self.refined_work(c)
             refined = refined_bound(ctx, fam, c, sms, kth)
             if refined >= kth:
                 self.settled += 1
@@ -1086,6 +1141,38 @@ class _PipelineSearch:
                 self.solve(c, sms, kth, max(lb, refined))  # no good plan yet: one close to the frontier cuts
             else:
                 heapq.heappush(self.heap, (max(lb, refined), next(self.tie), c, (fam, sms)))
+
+
+class _NodePickler(pickle.Pickler):
+    """Nodes given to the other share (lockstep): each ZeroTerms by its key in the context's cache, which the other
+    process, forked with the same context, finds or builds again the same (_unpickle_nodes)."""
+
+    def __init__(self, file, keys: dict[int, tuple]) -> None:
+        super().__init__(file, protocol=pickle.HIGHEST_PROTOCOL)
+        self.keys = keys
+
+    def persistent_id(self, obj):
+        return ("zero_terms", self.keys[id(obj)]) if isinstance(obj, ZeroTerms) else None
+
+
+class _NodeUnpickler(pickle.Unpickler):
+    def __init__(self, file, ctx: MixedContext) -> None:
+        super().__init__(file)
+        self.ctx = ctx
+
+    def persistent_load(self, pid):
+        g, tp, dp, cp, ep, mbs, base, zero = pid[1]  # (zero_terms' cache key)
+        return zero_terms(self.ctx, g, tp, dp, cp, mbs, base, zero, ep)
+
+
+def _pickle_nodes(ctx: MixedContext, nodes: list, size: int) -> bytes:
+    buf = io.BytesIO()
+    _NodePickler(buf, {id(z): key for key, z in ctx.caches.zero_terms.items()}).dump((nodes, size))
+    return buf.getvalue()
+
+
+def _unpickle_nodes(ctx: MixedContext, payload: bytes) -> tuple[list, int]:
+    return _NodeUnpickler(io.BytesIO(payload), ctx).load()
 
 
 def _shares(groups) -> list[list[tuple]]:
