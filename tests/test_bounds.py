@@ -205,7 +205,8 @@ def candidates_with_bounds(ctx) -> list:
     """Every mixed-pipeline candidate of ctx's job as (bounds on the way to it, its ordered family, candidate)."""
     L = ctx.job.model.num_layers
     found = []
-    for glb, grp, _ in mixed_pipelines._families(ctx):
+    for grp, _ in mixed_pipelines._roots(ctx):
+        glb = grp.bound(ctx, memory=False)
         with_memory = grp.bound(ctx)
         for bounds, fam, (lo, hi) in families(ctx, grp):
             for ks in boxes_points(lo, hi, L):
@@ -1101,7 +1102,7 @@ def test_kind_memory_floor_of_open_choices_is_below_every_choice_and_split():
 
 def tp_choice_nodes(ctx):
     """Every _TpChoiceNode of ctx's search tree: the roots and, below each, the nodes its TP choices open."""
-    stack = [grp for _, grp, _ in mixed_pipelines._families(ctx)]
+    stack = [grp for grp, _ in mixed_pipelines._roots(ctx)]
     while stack:
         node = stack.pop()
         if isinstance(node, mixed_pipelines._TpChoiceNode):

@@ -45,6 +45,9 @@ class Toy:
         self.epoch = 0
         self.seen: list = []  # (epoch, tag) of the other's snapshots taken in
 
+    def prepare(self) -> None:
+        pass
+
     def explore(self, until: float):
         start, tag = self.work, 0
         peer = RecordingPeer(self)

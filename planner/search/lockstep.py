@@ -21,8 +21,9 @@ A share is any object with ``explore(until)``: a generator that, at each epoch e
 is sent the other's snapshots up to e - LAG, then (through ``boundary``, which takes them in and decides the gift)
 yields ("publish", snapshot); it returns when it is done. It also has ``load()`` (nodes in its line), ``give()``
 (half its line as bytes, or None), ``take_gift(bytes)``, ``take_plans(plans)``, ``flush()`` (the plans found since
-its last snapshot), ``settled`` (progress), ``final()`` (its last snapshot, done) and ``result()`` (a picklable
-summary for the caller). The caller owns the shares; this module only runs them.
+its last snapshot), ``settled`` (progress), ``final()`` (its last snapshot, done), ``result()`` (a picklable
+summary for the caller) and ``prepare()`` (work that needs nothing from the other, run by the child as soon as it is
+forked, and by explore where it has not run yet). The caller owns the shares; this module only runs them.
 """
 
 from __future__ import annotations
@@ -172,7 +173,7 @@ class Lockstep:
 
     def explore(self, until: float, best=None):
         """Both shares' explore(until), to the end; the second share's result(). ``best``: where given, the plans
-        the second share starts from (the first share's list after what came between two calls)."""
+        the second share starts from (the first share's list, after what came before this call)."""
         if self.child is None:
             if best is not None:
                 self.shares[1].best = list(best)
@@ -260,6 +261,7 @@ def _child_main(share, inbox_queue, outbox_queue) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     share.progress = None
     try:
+        share.prepare()  # (while the parent goes on with what comes before the first explore)
         while True:
             msg = inbox_queue.get()
             if msg[0] == "snapshot":  # the parent's, after this share had ended: not needed

@@ -162,10 +162,11 @@ class HeteroCandidate:
 
 
 # ----------------------------------------------------------------------------------------------- search
-def _families(ctx: MixedContext) -> list[tuple[float, _TpChoiceNode, int]]:
-    """(bound, group of families, candidates in it) for every dp, cp, ep, micro-batch, baseline recompute and
+def _roots(ctx: MixedContext) -> list[tuple[_TpChoiceNode, int]]:
+    """(group of families, candidates in it) for every dp, cp, ep, micro-batch, baseline recompute and
     interleaving degree; each group stands for its families (one per per-group TP choice, None = unused), opened
-    as it is visited. With vpp model chunks per stage a pipeline has at most num_layers/vpp stages."""
+    as it is visited (its bound is worked out by the share that searches it: _PipelineSearch.prepare). With vpp
+    model chunks per stage a pipeline has at most num_layers/vpp stages."""
     job, opts = ctx.job, ctx.opts
     m, t = job.model, job.training
     L = m.num_layers
@@ -192,7 +193,7 @@ def _families(ctx: MixedContext) -> list[tuple[float, _TpChoiceNode, int]]:
                         kmax = {g: {tp: min(k, L // vpp) for tp, k in kmax_of[g].items()} for g in ctx.order}
                         size = _space_size(ctx, tp_opts, kmax, L // vpp) * len(zeros)
                         grp = _TpChoiceNode(dp, cp, mbs, base, zeros, mb, tp_opts, kmax, ep=ep, vpp=vpp)
-                        out.append((grp.bound(ctx, memory=False), grp, size))
+                        out.append((grp, size))
     return out
 
 
@@ -910,9 +911,9 @@ class _PipelineSearch:
     def __init__(self, ctx: MixedContext, roots, best: list[Plan], top: int, time_limit_s: float, workers: int):
         self.ctx, self.top, self.time_limit_s, self.workers = ctx, top, time_limit_s, workers
         self.L = ctx.job.model.num_layers
-        self.heap = [(lb, i, grp, None) for i, lb, grp, _ in roots]  # (a root's index breaks ties, as before)
-        heapq.heapify(self.heap)
-        self.tie = itertools.count(max((i for i, *_ in roots), default=0) + 1)
+        self.roots = roots  # (index, root, candidates): put in line at their bounds by prepare
+        self.heap: list = []
+        self.tie = itertools.count(max((i for i, *_ in roots), default=0) + 1)  # (a root's index breaks ties)
         self.counted = sum(size for *_, size in roots)  # candidates under its roots
         self.total = self.counted  # candidates of every share (progress)
         self.best = list(best)
@@ -929,6 +930,14 @@ class _PipelineSearch:
         self.cache: dict = {}
         self.progress: Callable[..., None] | None = None
         self.other: dict = {}  # the other share's last result()
+
+    def prepare(self) -> None:
+        """The roots put in line at their bounds (in the child as soon as it is forked, while the parent takes
+        its first look at the replica plans)."""
+        if self.roots:
+            self.heap = [(grp.bound(self.ctx, memory=False), i, grp, None) for i, grp, _ in self.roots]
+            heapq.heapify(self.heap)
+            self.roots = []
 
     def kth_time(self) -> float:
         return self.best[self.top - 1].time if len(self.best) >= self.top else float("inf")
@@ -985,6 +994,7 @@ class _PipelineSearch:
         generator (lockstep's share): at every EPOCH units of work it trades plans and work with the other share
         (lockstep.boundary); out of work, it goes on from epoch to epoch until both shares are out of work for
         good."""
+        self.prepare()
         self.deadline, self.timed_out, self.frontier = until, False, float("inf")
         self.report()
         start, tag = self.work, 0
@@ -1175,15 +1185,11 @@ def _unpickle_nodes(ctx: MixedContext, payload: bytes) -> tuple[list, int]:
     return _NodeUnpickler(io.BytesIO(payload), ctx).load()
 
 
-def _shares(groups) -> list[list[tuple]]:
-    """The roots dealt to the two shares in the order of their bounds (ties: enumeration order), alternately, so
-    that each share holds roots of every bound: (index, bound, root, candidates)."""
-    order = sorted(range(len(groups)), key=lambda i: (groups[i][0], i))
-    out: list[list[tuple]] = [[], []]
-    for rank, i in enumerate(order):
-        lb, grp, size = groups[i]
-        out[rank % 2].append((i, lb, grp, size))
-    return out
+def _shares(roots) -> list[list[tuple]]:
+    """The roots dealt to the two shares alternately, in the order they were listed: (index, root, candidates).
+    (Work is moved later where one share runs out: lockstep's gifts.)"""
+    dealt = [(i, grp, size) for i, (grp, size) in enumerate(roots)]
+    return [dealt[0::2], dealt[1::2]]
 
 
 def search_hetero(
@@ -1217,9 +1223,15 @@ def search_hetero(
     share = 0.6 if single_type else 1.0
     deadline = start + time_limit_s * share * 0.7
     ctx = MixedContext(job, opts, opts.framework, cost_source(job), group_order(job.cluster))
-    groups = _families(ctx)
-    counted = sum(size for _, _, size in groups)
+    roots = _roots(ctx)
+    counted = sum(size for _, size in roots)
     best: list[Plan] = []
+    shares = [_PipelineSearch(ctx, dealt, best, top, time_limit_s, workers) for dealt in _shares(roots)]
+    main = shares[0]  # this process's share; after each explore it holds the other's plans too
+    for s in shares:
+        s.total = counted
+    main.progress = progress
+    processes = processes_available() if processes is None else processes
 
     # A first, short look at the replica plans (the best-bound shapes): the best of them is the first cut of the
     # mixed pipelines. The replica search proper comes after them, cut by the best plan of either kind.
@@ -1231,19 +1243,13 @@ def search_hetero(
             keep_top(best, Plan(cand, est, "optimal" if exact else "feasible"), top)
         return rs
 
-    if with_replicas:
-        # its shape enumeration (kept for the replica search proper) may take up to the mixed pipelines' deadline;
-        # the look itself at most REPLICA_LOOK steps after it
-        replica_pass(float("inf"), deadline, exact_pass=False, look=REPLICA_LOOK)
-
-    shares = [_PipelineSearch(ctx, roots, best, top, time_limit_s, workers) for roots in _shares(groups)]
-    main = shares[0]  # this process's share; after each explore it holds the other's plans too
-    for s in shares:
-        s.total = counted
-    main.progress = progress
-    processes = processes_available() if processes is None else processes
-    with Lockstep(shares, processes) as lockstep:
-        main.absorb(lockstep.explore(deadline))
+    with Lockstep(shares, processes) as lockstep:  # (the second share's roots are bounded in the child meanwhile)
+        if with_replicas:
+            # its shape enumeration (kept for the replica search proper) may take up to the mixed pipelines'
+            # deadline; the look itself at most REPLICA_LOOK steps after it
+            replica_pass(float("inf"), deadline, exact_pass=False, look=REPLICA_LOOK)
+        main.best = list(best)
+        main.absorb(lockstep.explore(deadline, best))
         best = main.best  # (replica_pass and the rest below add to it)
         rs = None
         if with_replicas:
