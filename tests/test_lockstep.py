@@ -45,7 +45,7 @@ class Toy:
         self.epoch = 0
         self.seen: list = []  # (epoch, tag) of the other's snapshots taken in
 
-    def prepare(self) -> None:
+    def prepare(self, forked: bool = False) -> None:
         pass
 
     def explore(self, until: float):

@@ -22,8 +22,9 @@ is sent the other's snapshots up to e - LAG, then (through ``boundary``, which t
 yields ("publish", snapshot); it returns when it is done. It also has ``load()`` (nodes in its line), ``give()``
 (half its line as bytes, or None), ``take_gift(bytes)``, ``take_plans(plans)``, ``flush()`` (the plans found since
 its last snapshot), ``settled`` (progress), ``final()`` (its last snapshot, done), ``result()`` (a picklable
-summary for the caller) and ``prepare()`` (work that needs nothing from the other, run by the child as soon as it is
-forked, and by explore where it has not run yet). The caller owns the shares; this module only runs them.
+summary for the caller) and ``prepare(forked=False)`` (work that needs nothing from the other: run by the child as
+soon as it is forked, with ``forked`` True, and by explore where it has not run yet). The caller owns the shares;
+this module only runs them.
 """
 
 from __future__ import annotations
@@ -261,7 +262,7 @@ def _child_main(share, inbox_queue, outbox_queue) -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     share.progress = None
     try:
-        share.prepare()  # (while the parent goes on with what comes before the first explore)
+        share.prepare(forked=True)  # (while the parent goes on with what comes before the first explore)
         while True:
             msg = inbox_queue.get()
             if msg[0] == "snapshot":  # the parent's, after this share had ended: not needed
