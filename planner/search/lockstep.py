@@ -128,8 +128,9 @@ def boundary(share, peer: Peer, epoch: int):
 
 
 def processes_available() -> int:
-    """Two where the shares can run side by side (fork, Linux, two or more cores for this process), else one."""
-    if not sys.platform.startswith("linux"):
+    """Two where the shares can run side by side (fork, Linux, two or more cores for this process, and not itself
+    a daemonic worker, which may not start processes), else one."""
+    if not sys.platform.startswith("linux") or multiprocessing.current_process().daemon:
         return 1
     try:
         cores = len(os.sched_getaffinity(0))
