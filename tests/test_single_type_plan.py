@@ -37,7 +37,7 @@ def test_a_single_type_plan_prices_the_same_as_a_mixed_layout():
 def test_the_mixed_search_returns_a_faster_single_type_plan(monkeypatch, tmp_path):
     # no mixed candidate at all (as when a time limit stops the mixed search early): the job's plan is the best
     # single-type plan, placed on its group, and it re-prices to its time as a layout of the mixed job
-    monkeypatch.setattr(mixed_pipelines, "_families", lambda ctx: [])
+    monkeypatch.setattr(mixed_pipelines, "_roots", lambda ctx: [])
     job = _job()
     res = search_hetero(job, top=1, time_limit_s=60, replicas=False)
     assert res.plans and res.single_type_best_s is not None
