@@ -1189,10 +1189,16 @@ def _unpickle_nodes(ctx: MixedContext, payload: bytes) -> tuple[list, int]:
 
 
 def _shares(roots) -> list[list[tuple]]:
-    """The roots dealt to the two shares alternately, in the order they were listed: (index, root, candidates).
-    (Work is moved later where one share runs out: lockstep's gifts.)"""
-    dealt = [(i, grp, size) for i, (grp, size) in enumerate(roots)]
-    return [dealt[0::2], dealt[1::2]]
+    """The roots dealt to the two shares, those of one dp, cp, ep, micro-batch and baseline recompute (every vpp
+    of them) to the same share, alternately in the order they were listed: (index, root, candidates). The roots
+    of one such key share the groups' memory and DP-tail terms (ZeroTerms, cached per process), which the other
+    process would build again. (Work is moved later where one share runs out: lockstep's gifts.)"""
+    keys: dict[tuple, int] = {}
+    out: list[list[tuple]] = [[], []]
+    for i, (grp, size) in enumerate(roots):
+        key = (grp.dp, grp.cp, grp.ep, grp.mbs, grp.base)
+        out[keys.setdefault(key, len(keys) % 2)].append((i, grp, size))
+    return out
 
 
 def search_hetero(
