@@ -9,7 +9,8 @@ since the last one. At its epoch e a share takes in the other's snapshots up to 
 the other is not there yet. What a share sees is thus fixed by the two shares' work counts alone, so its cuts,
 solves and prune counts are the same whether the shares run side by side in two processes (fork, on Linux with two
 or more cores) or one after the other in this process (elsewhere, and in tests). The lag lets the faster share run
-up to LAG epochs ahead before it waits. Wall time is the slower share's: how evenly the roots split the work.
+up to LAG epochs ahead before it waits, so a step that takes longer than its units say costs a wait only where it
+is longer than LAG epochs of the other's work.
 
 Roots split the work unevenly (on the suite one share often had half again the other's), so a share that runs out
 of work is given some: at an epoch where a share sees the other out of work (its snapshot says so, and it has taken

@@ -922,6 +922,7 @@ class _PipelineSearch:
         self.others_settled = 0  # the other share's, as last heard (progress)
         self.pops = 0
         self.work = 0  # lockstep's work units (WORK): nodes out of and into line, refined bounds, solves
+        self.epoch = 0  # the last epoch of the current explore
         self.solved = 0
         self.frontier = float("inf")
         self.timed_out = False
@@ -1000,13 +1001,13 @@ class _PipelineSearch:
         self.prepare()
         self.deadline, self.timed_out, self.frontier = until, False, float("inf")
         self.report()
-        start, tag = self.work, 0
+        start, self.epoch = self.work, 0
         peer = Peer()
         while True:
             if not self.heap:  # out of work: the next epoch, for a gift or the end
-                tag += 1
-                self.work = max(self.work, start + tag * EPOCH)
-                if (yield from boundary(self, peer, tag)):
+                self.epoch += 1
+                self.work = max(self.work, start + self.epoch * EPOCH)
+                if (yield from boundary(self, peer, self.epoch)):
                     break
                 continue
             kth = self.cut()
@@ -1028,9 +1029,9 @@ class _PipelineSearch:
             rows = Meter.rows
             self.step(kth, lb, fam, box)
             self.work += (Meter.rows - rows) // WORK["rows"]
-            while (self.work - start) // EPOCH > tag:  # every epoch the step's work reached, one by one
-                tag += 1
-                yield from boundary(self, peer, tag)
+            while (self.work - start) // EPOCH > self.epoch:  # every epoch the step's work reached, one by one
+                self.epoch += 1
+                yield from boundary(self, peer, self.epoch)
         self.report()
 
     # lockstep's share: plans and nodes traded with the other share
@@ -1069,7 +1070,7 @@ class _PipelineSearch:
 
     def final(self) -> Snapshot:
         """What explore found after its last epoch, tagged one past the epoch it ended in."""
-        return Snapshot(self.work // EPOCH + 1, self.flush(), self.settled, True, self.load())
+        return Snapshot(self.epoch + 1, self.flush(), self.settled, True, self.load())
 
     def result(self) -> dict:
         """What the caller takes of this share after an explore (picklable): its plans, solve count and what it
