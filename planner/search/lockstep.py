@@ -12,17 +12,17 @@ or more cores) or one after the other in this process (elsewhere, and in tests).
 up to LAG epochs ahead before it waits, so a step that takes longer than its units say costs a wait only where it
 is longer than LAG epochs of the other's work.
 
-Roots split the work unevenly (on the suite one share often had half again the other's), so a share that runs out
-of work is given some: at an epoch where a share sees the other out of work (its snapshot says so, and it has taken
-in the last gift), it gives every other node of its line, best bound first, in its snapshot. A share out of work
-does not stop: it goes on from epoch to epoch taking in the other's snapshots, until a gift comes or both are out
-of work for good (each out of work, and every gift taken in).
+Roots split the work unevenly (on the suite one share often had half again the other's), so a share that runs out of
+work is given some: at an epoch where a share sees the other out of work (its snapshot says so, and it has taken in
+the last gift), it gives part of its line in its snapshot (the mixed search: every other one of its best nodes,
+mixed_pipelines.GIFT). A share out of work does not stop: it goes on from epoch to epoch taking in the other's
+snapshots, until a gift comes or both are out of work for good (each out of work, and every gift taken in).
 
 A share is any object with ``explore(until)``: a generator that, at each epoch e it reaches, yields ("need", e) and
 is sent the other's snapshots up to e - LAG, then (through ``boundary``, which takes them in and decides the gift)
 yields ("publish", snapshot); it returns when it is done. It also has ``load()`` (nodes in its line), ``give()``
-(half its line as bytes, or None), ``take_gift(bytes)``, ``take_plans(plans)``, ``flush()`` (the plans found since
-its last snapshot), ``settled`` (progress), ``final()`` (its last snapshot, done), ``result()`` (a picklable
+(part of its line as bytes, or None), ``take_gift(bytes)``, ``take_plans(plans)``, ``flush()`` (the plans found
+since its last snapshot), ``settled`` (progress), ``final()`` (its last snapshot, done), ``result()`` (a picklable
 summary for the caller) and ``prepare(forked=False)`` (work that needs nothing from the other: run by the child as
 soon as it is forked, with ``forked`` True, and by explore where it has not run yet). The caller owns the shares;
 this module only runs them.
