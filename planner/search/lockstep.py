@@ -22,10 +22,10 @@ A share is any object with ``explore(until)``: a generator that, at each epoch e
 is sent the other's snapshots up to e - LAG, then (through ``boundary``, which takes them in and decides the gift)
 yields ("publish", snapshot); it returns when it is done. It also has ``load()`` (nodes in its line), ``give()``
 (part of its line as bytes, or None), ``take_gift(bytes)``, ``take_plans(plans)``, ``flush()`` (the plans found
-since its last snapshot), ``settled`` (progress), ``final()`` (its last snapshot, done), ``result()`` (a picklable
-summary for the caller) and ``prepare(forked=False)`` (work that needs nothing from the other: run by the child as
-soon as it is forked, with ``forked`` True, and by explore where it has not run yet). The caller owns the shares;
-this module only runs them.
+since its last snapshot), ``settled`` and ``others_settled`` (progress: its own, and the other's as last heard),
+``final()`` (its last snapshot, done), ``result()`` (a picklable summary for the caller) and
+``prepare(forked=False)`` (work that needs nothing from the other: run by the child as soon as it is forked, with
+``forked`` True, and by explore where it has not run yet). The caller owns the shares; this module only runs them.
 """
 
 from __future__ import annotations
@@ -174,12 +174,12 @@ class Lockstep:
         self.from_child.close()
         self.child = None
 
-    def explore(self, until: float, best=None):
-        """Both shares' explore(until), to the end; the second share's result(). ``best``: where given, the plans
-        the second share starts from (the first share's list, after what came before this call)."""
+    def explore(self, until: float, best=()):
+        """Both shares' explore(until), to the end, each starting from the plans ``best``; the second share's
+        result()."""
+        self.shares[0].best = list(best)
         if self.child is None:
-            if best is not None:
-                self.shares[1].best = list(best)
+            self.shares[1].best = list(best)
             _alternate(self.shares, until)
             return self.shares[1].result()
         self.to_child.put(("explore", until, best))
@@ -262,7 +262,6 @@ def _child_main(share, inbox_queue, outbox_queue) -> None:
     """The forked child: explores its share whenever asked, trading snapshots with the parent, until closed.
     Ctrl-C is the parent's to handle (it ends the child)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
-    share.progress = None
     try:
         share.prepare(forked=True)  # (while the parent goes on with what comes before the first explore)
         while True:
@@ -272,8 +271,7 @@ def _child_main(share, inbox_queue, outbox_queue) -> None:
             if msg[0] == "close":
                 break
             _, until, best = msg
-            if best is not None:
-                share.best = list(best)
+            share.best = list(best)
             inbox = Inbox()
 
             def receive(inbox=inbox):

@@ -908,18 +908,28 @@ class _PipelineSearch:
     (_TpChoiceNode groups), a box's bound holding for every candidate in it, a one-point box a candidate. The first
     box whose bound reaches the K-th best time ends it (all others are worse). A bound must beat the K-th best by
     more than RESOLUTION (0.01%) to be explored: plans closer than that are equal in time (as in
-    planner/search/quick.py), so the top K are optimal to within it. ``best`` starts as the plans known before
-    (the replica look's) and takes in the other share's plans at the epochs lockstep gives them."""
+    planner/search/quick.py), so the top K are optimal to within it. ``best`` is set to the plans known before each
+    explore (lockstep.Lockstep.explore) and takes in the other share's plans at the epochs lockstep gives them.
+    ``total``: the candidates of every share, and ``progress``, where given, what reports them (MIXED_PROGRESS)."""
 
-    def __init__(self, ctx: MixedContext, roots, best: list[Plan], top: int, time_limit_s: float, workers: int):
+    def __init__(
+        self,
+        ctx: MixedContext,
+        roots,
+        top: int,
+        time_limit_s: float,
+        workers: int,
+        total: int,
+        progress: Callable[..., None] | None = None,
+    ):
         self.ctx, self.top, self.time_limit_s, self.workers = ctx, top, time_limit_s, workers
+        self.total, self.progress = total, progress
         self.L = ctx.job.model.num_layers
         self.roots = roots  # (index, root, candidates): put in line at their bounds by prepare
         self.heap: list = []
         self.tie = itertools.count(max((i for i, *_ in roots), default=0) + 1)  # (a root's index breaks ties)
         self.counted = sum(size for *_, size in roots)  # candidates under its roots
-        self.total = self.counted  # candidates of every share (progress)
-        self.best = list(best)
+        self.best: list[Plan] = []
         self.found: list[Plan] = []  # plans found since the last snapshot
         self.settled = 0  # candidates solved or ruled out (progress)
         self.others_settled = 0  # the other share's, as last heard (progress)
@@ -932,7 +942,6 @@ class _PipelineSearch:
         self.deadline = 0.0
         self.open_solves: list[tuple[float, HeteroCandidate, list[StageModel]]] = []  # solves stopped by their cap
         self.cache: dict = {}
-        self.progress: Callable[..., None] | None = None
         self.other: dict = {}  # the other share's last result()
 
     def prepare(self, forked: bool = False) -> None:
@@ -1241,11 +1250,10 @@ def search_hetero(
     roots = _roots(ctx)
     counted = sum(size for _, size in roots)
     best: list[Plan] = []
-    shares = [_PipelineSearch(ctx, dealt, best, top, time_limit_s, workers) for dealt in _shares(roots)]
-    main = shares[0]  # this process's share; after each explore it holds the other's plans too
-    for s in shares:
-        s.total = counted
-    main.progress = progress
+    main, other = (
+        _PipelineSearch(ctx, dealt, top, time_limit_s, workers, counted, report)
+        for dealt, report in zip(_shares(roots), (progress, None))
+    )  # main: this process's share; after each explore it holds the other's plans too
     processes = processes_available() if processes is None else processes
 
     # A first, short look at the replica plans (the best-bound shapes): the best of them is the first cut of the
@@ -1258,12 +1266,11 @@ def search_hetero(
             keep_top(best, Plan(cand, est, "optimal" if exact else "feasible"), top)
         return rs
 
-    with Lockstep(shares, processes) as lockstep:  # (the second share's roots are bounded in the child meanwhile)
+    with Lockstep([main, other], processes) as lockstep:  # (the other share's roots are bounded in the child meanwhile)
         if with_replicas:
             # its shape enumeration (kept for the replica search proper) may take up to the mixed pipelines'
             # deadline; the look itself at most REPLICA_LOOK steps after it
             replica_pass(float("inf"), deadline, exact_pass=False, look=REPLICA_LOOK)
-        main.best = list(best)
         main.absorb(lockstep.explore(deadline, best))
         best = main.best  # (replica_pass and the rest below add to it)
         rs = None
