@@ -502,36 +502,44 @@ def least_schedule_with_tail(
     differ) or where memory forces recompute on the stages that would take the most layers. The least over tau
     lies at one of the reach values (the caps only step up there); they are walked upwards from the least tail
     at which every stage holds a chunk until tau plus the schedule with no tail cap reaches the least found. With
-    ``target``: where some level is below it, the walk stops there and the bound returned is that first floor
-    (the schedule with no tail cap plus the least level), valid but weaker."""
+    ``target`` only whether the bound reaches it is decided: where some level is below it, the walk stops there
+    and the bound returned is that first floor (the schedule with no tail cap plus the least level), valid but
+    weaker; the walk also stops where tau plus the schedule with no tail cap reaches it, and each level's schedule
+    is only worked out as far as it takes to tell whether it is below target - tau (least_schedule_of_times'
+    ``below``), so a bound that reaches target is returned as a valid one at or above it, not the least."""
     hulls = [_hull_increments(t) for t in times]
     full = [len(t) for t in times]
     free = least_schedule_of_times(times, hulls, full, L, T, k, v, work_floor)
     tails = [reach[1:] for reach in reaches]
     first = max(values[v - 1] for values in tails)  # every stage holds at least one chunk
     levels = [x for x in merged_levels(tails) if x >= first]
+    stop = float("inf") if target is None else target
     best = float("inf")
     for tau in levels:
-        if tau + free >= best:
-            break
+        if tau + free >= min(best, stop):
+            return min(best, tau + free)  # every level from here on is at least that
         held = [min(most, bisect.bisect_right(values, tau) // v) for most, values in zip(full, tails)]
         if min(held) < 1 or sum(held) < L:
             continue
-        value = least_schedule_of_times(times, hulls, held, L, T, k, v, work_floor) + tau
+        below = None if target is None else target - tau
+        value = least_schedule_of_times(times, hulls, held, L, T, k, v, work_floor, below) + tau
         if target is not None and value < target:
             return free + first
         best = min(best, value)
     return best
 
 
-def least_schedule_of_times(times, hulls, most, L: int, T: float, k: float, v: int, work_floor: float) -> float:
+def least_schedule_of_times(
+    times, hulls, most, L: int, T: float, k: float, v: int, work_floor: float, below: float | None = None
+) -> float:
     """least_schedule_time for stage times given as floors by count: stage s takes at least times[s][q - 1] with
     q chunks (growing with q), holds at most most[s] of them, and T <= max_s t_s. With max_s t_s <= M it holds at
     most the q with times[s][q - 1] <= M, and sum_s t_s is at least W(M), the least sum over the splits under
     those caps, taken on each stage's lower convex envelope (``hulls``: _hull_increments) so that the cheapest
     next chunk of any stage first gives it (at most the least over the true times). W only falls where a cap
     steps up (M at one of the times), and k M + W(M) / v grows between those steps, so the least lies at T or at
-    a step: walked upwards as _least_over_steps does."""
+    a step: walked upwards as _least_over_steps does (``below``: only as far as it takes to tell whether the least
+    is below it)."""
     S = len(times)
     if S > L:
         return float("inf")
@@ -552,7 +560,7 @@ def least_schedule_of_times(times, hulls, most, L: int, T: float, k: float, v: i
         return k * M + max(work_floor, work(held)) / v
 
     steps = sorted({x for t, n in zip(times, most) for x in t[:n] if T < x < float("inf")})
-    return _least_over_steps(at, T, steps, k, v, max(work_floor, work(most)))
+    return _least_over_steps(at, T, steps, k, v, max(work_floor, work(most)), below)
 
 
 def _hull_increments(values) -> list[float]:
@@ -573,18 +581,21 @@ def _hull_increments(values) -> list[float]:
     return out
 
 
-def _least_over_steps(at, T: float, steps, k: float, v: int, work: float) -> float:
+def _least_over_steps(at, T: float, steps, k: float, v: int, work: float, below: float | None = None) -> float:
     """The least of at(M) over M >= T for least_schedule_time, least_schedule_of_times and box_schedule_time:
     at(M) = k M + (a least work that only falls where some room steps up) / v, ``steps`` the values M > T where
     one does, ascending. Between steps at(M) grows, so its least lies at T or at a step; the steps are walked
     upwards while k M + work / v (at's floor at M, ``work`` the least work with no bottleneck) is below the least
-    found, at most SCHEDULE_STEPS of them (then that floor at the next step stands for the rest)."""
+    found, at most SCHEDULE_STEPS of them (then that floor at the next step stands for the rest). With ``below``,
+    only whether the least is below it is decided: the first at(M) below it is returned (not the least), else a
+    valid bound at or above it."""
     best = at(T)
     for i, M in enumerate(steps):
-        if i >= SCHEDULE_STEPS:
-            return min(best, k * M + work / v)
-        if k * M + work / v >= best:
+        if below is not None and best < below:
             return best
+        floor = k * M + work / v
+        if i >= SCHEDULE_STEPS or floor >= best or (below is not None and floor >= below):
+            return min(best, floor)
         best = min(best, at(M))
     return best
 
