@@ -275,8 +275,8 @@ def test_solves_stopped_by_their_cap_are_solved_again(monkeypatch):
     free = search_hetero(small_job(), top=1, time_limit_s=3600, options=OPTS, replicas=False)
     real, seen = mixed_pipelines._solve, set()
 
-    def capped_first(ctx, c, sms, cap_s, remaining, workers):
-        res, est = real(ctx, c, sms, cap_s, remaining, workers)
+    def capped_first(ctx, c, sms, cap_s, limit, wall, workers):
+        res, est = real(ctx, c, sms, cap_s, limit, wall, workers)
         if c in seen or res.status != "optimal":
             return res, est
         seen.add(c)
@@ -287,6 +287,28 @@ def test_solves_stopped_by_their_cap_are_solved_again(monkeypatch):
     assert seen  # some solve was cut short
     assert result.complete and result.gap == 0.0 and result.stop_reason == "proven"
     assert result.plans[0].time == free.plans[0].time and result.plans[0].status == "optimal"
+
+
+def test_mixed_solves_are_capped_in_deterministic_time(monkeypatch):
+    """A mixed-pipeline solve's cap is CP-SAT's deterministic time (the same stop on any machine, so the same plans
+    and counts after it), the cap a solve gets whatever time is left; the wall clock only backs it up."""
+    from test_hetero import OPTS, small_job
+
+    from planner.search import mixed_pipelines
+    from planner.search.mixed_pipelines import search_hetero
+    from planner.search.result import SOLVE_WALL, solve_cap
+
+    real, calls = mixed_pipelines.solve_partition, []
+
+    def record(*args, **kwargs):
+        calls.append((kwargs["work_limit"], kwargs["time_limit_s"]))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(mixed_pipelines, "solve_partition", record)
+    search_hetero(small_job(), top=1, time_limit_s=3600, options=OPTS, replicas=False)
+    assert calls
+    assert {work for work, _ in calls} <= {solve_cap(0.0), solve_cap(3600)}  # (no plan yet: find one)
+    assert all(0 < wall <= SOLVE_WALL * work for work, wall in calls)
 
 
 # ----------------------------------------------------------------------------------- ties collapsed

@@ -79,12 +79,14 @@ from planner.search.partition import cp_sat, solve_partition
 from planner.search.quick import RESOLUTION
 from planner.search.replicas import search_replicas
 from planner.search.result import (
+    SOLVE_WALL,
     STOP_REASONS,
     Plan,
     SearchResult,
     keep_top,
     mixed_order,
     settle_open_solves,
+    solve_cap,
     solve_limit,
     stage_tuple,
     unproven,
@@ -877,14 +879,15 @@ def _stage_models(ctx: MixedContext, c: HeteroCandidate, cache: dict) -> list[St
     return out
 
 
-def _solve(ctx: MixedContext, c: HeteroCandidate, sms, cap_s: float, remaining: float, workers: int):
+def _solve(ctx: MixedContext, c: HeteroCandidate, sms, cap_s: float, limit: float, wall: float, workers: int):
     caps = [ctx.capacity(g) for g in c.stage_groups]
     partial = ctx.opts.partial_recompute
     res = solve_partition(
         sms,
         caps,
         partial_recompute=partial,
-        time_limit_s=remaining,
+        time_limit_s=wall,
+        work_limit=limit,
         workers=workers,
         objective_cap_s=cap_s if cap_s < float("inf") else None,
         even_layers=ctx.opts.even_layers,
@@ -966,16 +969,28 @@ class _PipelineSearch:
         if self.progress is not None:
             self.progress(min(self.settled + self.others_settled, self.total), self.total, MIXED_PROGRESS)
 
-    def solve(self, c: HeteroCandidate, sms: list[StageModel], kth: float, bound: float, limit: float | None = None):
+    def solve(
+        self,
+        c: HeteroCandidate,
+        sms: list[StageModel],
+        kth: float,
+        bound: float,
+        limit: float | None = None,
+        until: float | None = None,
+    ):
         """CP-SAT on one candidate, capped at ``kth``. A candidate's first solve (no limit given; solve_again
         gives one) is counted; without a plan to beat it only needs to find one: a short limit (its bound is
-        kept)."""
+        kept). The limit is CP-SAT's deterministic time, so that a solve stops at the same point on any machine
+        (and the plans and counts after it are the same); the wall clock stops it only at ``until`` (default: the
+        explore's deadline) or at SOLVE_WALL times its limit."""
         if limit is None:
-            limit = solve_limit(self.deadline - time.monotonic(), self.time_limit_s if kth < float("inf") else 0.0)
+            limit = solve_cap(self.time_limit_s if kth < float("inf") else 0.0)
             self.solved += 1
             self.settled += 1
+        wall = min((self.deadline if until is None else until) - time.monotonic(), SOLVE_WALL * limit)
         self.work += WORK["solve"] + c.pp * self.L  # (CP-SAT's model grows with both)
-        res, est = _solve(self.ctx, c, with_group_sends(self.ctx.job, c.stage_groups, sms), kth, limit, self.workers)
+        sent = with_group_sends(self.ctx.job, c.stage_groups, sms)
+        res, est = _solve(self.ctx, c, sent, kth, limit, wall, self.workers)
         if res.status not in ("optimal", "infeasible"):
             # the candidate's own bound holds for the solve too
             self.open_solves.append((max(res.bound_s, bound), c, sms))
@@ -996,7 +1011,7 @@ class _PipelineSearch:
                 self.open_solves.extend(left[i:])
                 return
             share = max(remaining / (len(left) - i), solve_limit(remaining, self.time_limit_s))
-            self.solve(c, sms, self.kth_time(), bound, limit=share)
+            self.solve(c, sms, self.kth_time(), bound, limit=share, until=until)
 
     def push(self, bound: float, node, nbox) -> None:
         self.work += WORK["bound"]

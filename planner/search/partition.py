@@ -48,11 +48,14 @@ def cp_sat():
     return cp_model
 
 
-def new_solver(time_limit_s: float, workers: int, seed: int = 0):
+def new_solver(time_limit_s: float, workers: int, seed: int = 0, work_limit: float | None = None):
     """A CP-SAT solver for one partition model: its time limit, workers and seed, and Ctrl-C left to Python (exit
-    130) instead of ending one solve."""
+    130) instead of ending one solve. ``work_limit``: a limit in CP-SAT's deterministic time too, which stops a
+    solve at the same point on any machine (with one worker), where the time limit is the wall clock's."""
     solver = cp_sat().CpSolver()
     solver.parameters.max_time_in_seconds = max(0.01, time_limit_s)
+    if work_limit is not None:
+        solver.parameters.max_deterministic_time = max(0.01, work_limit)
     solver.parameters.num_workers = max(1, workers)
     solver.parameters.random_seed = seed
     solver.parameters.catch_sigint_signal = False
@@ -435,6 +438,7 @@ def solve_partition(
     uniform_recompute: bool = False,
     hint: list[StagePlan] | None = None,
     recompute_step: int = 1,
+    work_limit: float | None = None,
 ) -> PartitionResult:
     """Best layer partition and recompute placement.
 
@@ -448,7 +452,8 @@ def solve_partition(
     ``--recompute-num-layers`` applies to each stage alike); ``recompute_step`` makes every recompute count a
     multiple of it (Megatron counts per model chunk: the interleaving degree). ``hint`` (a known feasible split)
     seeds the search; it changes how fast the optimum is found, not which optimum (ties are broken in the
-    objective)."""
+    objective). ``work_limit``: a cap in CP-SAT's deterministic time (new_solver), ``time_limit_s`` the wall
+    clock's."""
     built = build_partition_model(
         sm,
         capacity_gib,
@@ -464,7 +469,7 @@ def solve_partition(
         folder.mkdir(parents=True, exist_ok=True)
         built.dump(folder / f"partition-{os.getpid()}-{next(_dumped):05d}.pbtxt")
     cp_model = cp_sat()
-    solver = new_solver(time_limit_s, workers, seed)
+    solver = new_solver(time_limit_s, workers, seed, work_limit)
     # one presolve pass: on the partition models of 9 mixed suite jobs and the shipped examples (249 models) the
     # same status, objective and split, in 10-15% less solver time (most of a solve that proves no split beats the
     # cap is presolve)
