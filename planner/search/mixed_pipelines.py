@@ -276,7 +276,7 @@ class _TpChoiceNode:
     # suite, but build the models of every choice at every ZeRO stage: jobs 4, 13 and 49 took longer with them.)
     memory: bool = False
     # the row terms of the nodes of one root, which share its degrees (memoized per root: cheap keys): (group, TP)
-    # -> _terms, ("free", i) -> _free, ("kind", choices, hi) -> _kind_row
+    # -> _terms, ("free", i) -> _free, ("row", i, TP or "free") -> _row
     memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     def max_pp(self, ctx: MixedContext) -> int:
@@ -323,20 +323,12 @@ class _TpChoiceNode:
         (_free); a model with dense and MoE layers counts the two kinds apart (_kind_mix). With ``memory``, where
         that is below ``target``, the groups' memory too (memory_floor, each group at any one of its choices): inf
         when they cannot hold the layers at any ZeRO stage, else the least bottleneck their memory forces."""
-        choices = self._choices(ctx)
-        if not choices:
+        rows = [row for row in map(self._row, itertools.repeat(ctx), range(len(ctx.order))) if row is not None]
+        if not rows:
             return float("inf")
-        rows = []
-        for i, row_choices in choices:
-            if i < len(self.fixed):  # a used group at its one TP choice
-                g, tp = row_choices[0]
-                rows.append((*self._terms(ctx, (g, tp)), 1, self.kmax_of[g][tp], False))
-            else:
-                rows.append((*self._free(ctx, i), True))
-        choices = [c for _, c in choices]
-        a, ends, send, lo, hi, free = zip(*rows)
+        a, ends, send, lo, hi, free = zip(*(terms for terms, _ in rows))
         L = ctx.job.model.num_layers
-        mix = self._kind_mix(ctx, choices, hi)
+        mix = self._kind_mix(ctx, [kinds for _, kinds in rows])
         ends = Ends.any_order(a, ends)
         depths = _depths(ctx, self.vpp, self.mb) if self.vpp > 1 else ()
         deepest = depths[-1] if depths else None
@@ -356,6 +348,29 @@ class _TpChoiceNode:
                 a, lo, hi, ends, L, self.mb, send, self.vpp, floor, mix, whole=True, relaxed=free, max_stages=deepest
             ),
         )
+
+    def _row(self, ctx: MixedContext, i: int) -> tuple | None:
+        """Group i's row of the bound: its box_bound terms (a, (emb, logits), send, lo, hi, relaxed), a used group
+        at its one TP choice (at least one stage) or a group whose TP is still open relaxed (_free), and its
+        _kind_row for a model with dense and MoE layers (else None); None where the group has no stage (unused, or
+        no TP option). Memoized per root (the nodes of a root share its rows)."""
+        fixed = i < len(self.fixed)
+        key = ("row", i, self.fixed[i] if fixed else "free")
+        if key in self.memo:
+            return self.memo[key]
+        g = ctx.order[i]
+        tps = (self.fixed[i],) if fixed else self.tp_opts[i]
+        choices = tuple((g, tp) for tp in tps if tp)
+        row = None
+        if choices:
+            if fixed:
+                terms = (*self._terms(ctx, choices[0]), 1, self.kmax_of[g][choices[0][1]], False)
+            else:
+                terms = (*self._free(ctx, i), True)
+            count = layer_counts(ctx.job.model)
+            row = terms, self._kind_row(ctx, choices, terms[4]) if count["dense"] and count["moe"] else None
+        self.memo[key] = row
+        return row
 
     def _choices(self, ctx: MixedContext) -> list[tuple[int, tuple[tuple[int, int], ...]]]:
         """(index in ctx.order, (group, TP) choices) of each row of the node: a used group's one fixed choice, a
@@ -408,15 +423,15 @@ class _TpChoiceNode:
             hit = ctx.caches.memory_rows[key] = tuple(out)
         return hit
 
-    def _kind_mix(self, ctx: MixedContext, choices, hi) -> KindMix | None:
+    def _kind_mix(self, ctx: MixedContext, kind_rows) -> KindMix | None:
         """The KindMix of the rows (None for a model with one kind), each row standing for its (group, TP) choices
-        (_kind_row), the least MoE-to-dense ratio over every choice, the least seconds of each kind for the work,
-        and no end terms (they only add)."""
+        (``kind_rows``: their _kind_row), the least MoE-to-dense ratio over every choice, the least seconds of each
+        kind for the work, and no end terms (they only add)."""
         count = layer_counts(ctx.job.model)
         D, E = count["dense"], count["moe"]
         if not D or not E:
             return None
-        dense, moe, ratio, x_min, y_min = zip(*(self._kind_row(ctx, c, k) for c, k in zip(choices, hi)))
+        dense, moe, ratio, x_min, y_min = zip(*kind_rows)
         work = D * min(x_min) + E * min(y_min)
         none = Ends(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, ordered=False)
         return KindMix(dense, none, D + min(ratio) * E, work, moe=moe, moe_layers=E, moe_from=D + E)
@@ -424,20 +439,16 @@ class _TpChoiceNode:
     def _kind_row(self, ctx: MixedContext, choices, hi: float) -> tuple[float, ...]:
         """(dense, MoE seconds per layer at which the row's hi stages have the best throughput of its choices (hi /
         x = the most k_tp / x_tp), least MoE-to-dense ratio, least dense and MoE seconds) of a row standing for
-        its (group, TP) choices, memoized."""
-        key = ("kind", choices, hi)
-        hit = self.memo.get(key)
-        if hit is None:
-            kinds = [kind_layer_bounds(ctx, g, tp, self.cp, self.mbs, self.base, self.ep) for g, tp in choices]
-            stages = [self.kmax_of[g][tp] for g, tp in choices]
-            hit = self.memo[key] = (
-                hi / max(k / x for (x, _), k in zip(kinds, stages)),
-                hi / max(k / y for (_, y), k in zip(kinds, stages)),
-                min(y / x for x, y in kinds),
-                min(x for x, _ in kinds),
-                min(y for _, y in kinds),
-            )
-        return hit
+        its (group, TP) choices (memoized with the row: _row)."""
+        kinds = [kind_layer_bounds(ctx, g, tp, self.cp, self.mbs, self.base, self.ep) for g, tp in choices]
+        stages = [self.kmax_of[g][tp] for g, tp in choices]
+        return (
+            hi / max(k / x for (x, _), k in zip(kinds, stages)),
+            hi / max(k / y for (_, y), k in zip(kinds, stages)),
+            min(y / x for x, y in kinds),
+            min(x for x, _ in kinds),
+            min(y for _, y in kinds),
+        )
 
     def families(
         self, ctx: MixedContext, target: float = float("inf")
