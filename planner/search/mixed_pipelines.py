@@ -221,7 +221,11 @@ def _count_space(ctx: MixedContext, tp_opts, kmax_of, L: int) -> int:
 
 
 def _group_size(ctx: MixedContext, grp: _TpChoiceNode) -> int:
-    """Candidates a _TpChoiceNode stands for (every ZeRO stage): as _count_space, with its fixed choices."""
+    """Candidates a _TpChoiceNode stands for (every ZeRO stage): as _count_space, with its fixed choices
+    (memoized per root, and across roots with the same stage-count limits)."""
+    hit = grp.memo.get(("size", grp.fixed))
+    if hit is not None:
+        return hit
     L = grp.max_pp(ctx)
     key = (grp.fixed, grp.tp_opts, tuple(tuple(sorted(grp.kmax_of[g].items())) for g in ctx.order), L)
     if key not in ctx.caches.group_space_size:
@@ -233,7 +237,8 @@ def _group_size(ctx: MixedContext, grp: _TpChoiceNode) -> int:
                     len(used)
                 )
         ctx.caches.group_space_size[key] = size
-    return ctx.caches.group_space_size[key] * len(grp.zeros)
+    hit = grp.memo["size", grp.fixed] = ctx.caches.group_space_size[key] * len(grp.zeros)
+    return hit
 
 
 def _node_size(ctx: MixedContext, node, box) -> int:
@@ -276,7 +281,7 @@ class _TpChoiceNode:
     # suite, but build the models of every choice at every ZeRO stage: jobs 4, 13 and 49 took longer with them.)
     memory: bool = False
     # the row terms of the nodes of one root, which share its degrees (memoized per root: cheap keys): (group, TP)
-    # -> _terms, ("free", i) -> _free, ("row", i, TP or "free") -> _row
+    # -> _terms, ("free", i) -> _free, ("row", i, TP or "free") -> _row, ("size", fixed) -> _group_size
     memo: dict = field(default_factory=dict, compare=False, repr=False)
 
     def max_pp(self, ctx: MixedContext) -> int:
