@@ -19,7 +19,16 @@ from planner.cost.stage import StageModel
 from planner.parallel import ParallelDims
 from planner.search import quick
 from planner.search.partition import solve_partition
-from planner.search.result import Plan, SearchResult, keep_top, settle_open_solves, solve_limit, stage_tuple, unproven
+from planner.search.result import (
+    SOLVE_WALL,
+    Plan,
+    SearchResult,
+    keep_top,
+    settle_open_solves,
+    solve_cap,
+    stage_tuple,
+    unproven,
+)
 from planner.search.space import Candidate, SearchOptions, check_searchable, dims_for, enumerate_candidates
 from planner.spec import Job
 
@@ -103,7 +112,8 @@ def search(
             sm,
             capacity,
             partial_recompute=opts.partial_recompute,
-            time_limit_s=solve_limit(remaining, time_limit_s),
+            time_limit_s=min(remaining, SOLVE_WALL * solve_cap(time_limit_s)),
+            work_limit=solve_cap(time_limit_s),  # (deterministic: the same stop on any machine)
             workers=workers,
             objective_cap_s=cap if cap < float("inf") else None,
             even_layers=opts.even_layers,

@@ -32,7 +32,7 @@ class Plan:
 
 # Why a search's top K are not proven (SearchResult.stop_reason), most decisive first: the time limit (or a
 # phase's share of it) stopped the search with bounds below the K-th best unexplored; a CP-SAT solve stopped at
-# its per-solve cap (solve_limit) with its bound below the K-th best; replica shapes (planner/search/replicas.py)
+# its per-solve cap (solve_cap) with its bound below the K-th best; replica shapes (planner/search/replicas.py)
 # are evaluated heuristically and their bound is below the K-th best.
 STOP_REASONS = ("proven", "time_limit", "solve_cap", "heuristic")
 
