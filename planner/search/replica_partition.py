@@ -36,12 +36,13 @@ from planner.search.partition import (
     cp_sat,
     new_solver,
 )
+from planner.search.result import SOLVE_WALL
 
 MAX_CHOICES = 4096  # micro-batch choices one shape may enumerate (more: the shape stays open)
 # Partial choices the enumeration may visit (most are dropped because the last group's count does not divide): a
 # shape with three or more groups and thousands of micro-batches has millions; past this the shape stays open.
 MAX_VISITS = 64 * MAX_CHOICES
-STEADY_SOLVE_S = 1.0  # the variable-count model's time before the choices are solved one by one
+STEADY_SOLVE_S = 1.0  # the variable-count model's cap (CP-SAT's deterministic time) before the choices one by one
 
 
 @dataclass
@@ -166,11 +167,12 @@ def solve_split(
     cap_s: float,
     time_limit_s: float,
     workers: int,
+    work_limit: float | None = None,
 ) -> tuple[ShapeSplit | None, str, float]:
     """(split or None, status, proven lower bound in seconds) of the shared split for micro-batch counts ``ms``
     (fixed counts, or per group a (lo, hi) range, solved for with sum_g d_g m_g = M); ``per[g][i]`` prices stage
     i of replica group g, ``caps[g]`` its GPUs' capacity. Only splits faster than ``cap_s`` (up to the time unit's
-    precision) are of interest."""
+    precision) are of interest. ``work_limit``: a cap in CP-SAT's deterministic time (partition.new_solver)."""
     ranges = [m if isinstance(m, tuple) else (m, m) for m in ms]
     s0 = per[0][0]
     job, d = s0.job, s0.dims
@@ -235,7 +237,7 @@ def solve_split(
         weight = 1
         m.Minimize(z)
 
-    solver = new_solver(time_limit_s, workers)
+    solver = new_solver(time_limit_s, workers, work_limit=work_limit)
     # With every count fixed the model is linear and small: CP-SAT's presolve is most of its time (an infeasible
     # choice, the common case below the cut, is proved in about 1 ms without it and 10 ms with it, suite job 30),
     # while the model with the counts as variables needs it (0.03 s with it, 0.46 s without)
@@ -300,7 +302,8 @@ def exact_splits(
             counts,
             M,
             cap_s=beat,
-            time_limit_s=min(left, STEADY_SOLVE_S),
+            time_limit_s=min(left, SOLVE_WALL * STEADY_SOLVE_S),
+            work_limit=STEADY_SOLVE_S,  # (deterministic: the choices below do not depend on the machine)
             workers=workers,
             **kw,
         )
