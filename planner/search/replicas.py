@@ -102,14 +102,16 @@ def replica_ep_options(ctx, counts, cp: int, eps: list[int] | None = None) -> li
     return out
 
 
-def shapes(ctx, deadline: float, beat: float):
+def shapes(ctx, deadline: float, beat: float, keep: int | None = None):
     """_shapes, kept for the whole search: an enumeration the deadline did not cut short holds every shape below its
-    bound, so a later call below the same or a lower bound only filters it."""
+    bound, so a later call below the same or a lower bound only filters it. ``keep``: only the ``keep`` first
+    shapes in the order (bound, shape) (not kept for later calls)."""
     for cut, found in ctx.caches.replica_shapes.items():
         if beat <= cut:
-            return [x for x in found if x[0] < beat], False
-    found, cut_short = _shapes(ctx, deadline, beat)
-    if not cut_short:
+            found = [x for x in found if x[0] < beat]
+            return (found if keep is None else sorted(found, key=lambda x: (x[0], x[1]))[:keep]), False
+    found, cut_short = _shapes(ctx, deadline, beat, keep)
+    if not cut_short and keep is None:
         ctx.caches.replica_shapes[beat] = found
     return found, cut_short
 
@@ -120,9 +122,12 @@ def micro_batch_work(ctx, g: int, tp: int, cp: int, mbs: int, base: str, ep: int
     return model_layers_bound(ctx, g, tp, cp, mbs, base, ep) + sum(end_costs(ctx, (g, tp), (g, tp), cp, mbs))
 
 
-def _shapes(ctx, deadline: float, beat: float):
+def _shapes(ctx, deadline: float, beat: float, keep: int | None = None):
     """((bound, shape, work) for every tp, cp, pp, micro-batch, baseline recompute, set of >= 2 used groups and EP
-    degree whose bound is below ``beat``, whether the deadline cut the enumeration short)."""
+    degree whose bound is below ``beat``, whether the deadline cut the enumeration short). ``keep``: only the
+    ``keep`` first of them in the order (bound, shape), the enumeration skipping what lies above the keep-th bound
+    found so far (a look of that many steps pops no other: the suite's first looks, of 1,000 steps, kept 1,000 of
+    up to 111,428 shapes)."""
     job = ctx.job
     m, t = job.model, job.training
     L = m.num_layers
@@ -136,6 +141,11 @@ def _shapes(ctx, deadline: float, beat: float):
     subsets = [s for k in range(2, len(groups) + 1) for s in itertools.combinations(groups, k)]
     gpus = {g: job.cluster[g].num_gpus for g in groups}
     out = []
+    limit = float("inf")  # with keep: the keep-th least bound kept so far (anything above it is not kept)
+
+    def over(x: float) -> bool:
+        return x >= beat or x > limit
+
     for tp in node_group_tp_options(m, (job.cluster[g].gpus_per_node for g in groups)):
         for cp in cps:
             if seq_shard_error(t, cp, tp):
@@ -149,19 +159,19 @@ def _shapes(ctx, deadline: float, beat: float):
                     # every depth: d_g <= GPUs_g/(tp*cp*pp), so the rate below is at most the groups' GPU rate,
                     # and with >= 2 replicas the bound is at least (M + 2(pp - 1)) over it, growing with pp
                     most = sum(gpus[g] / (tp * cp * least[g]) for g in groups)
-                    if M / most >= beat:
+                    if over(M / most):
                         continue
                     for pp in range(1, L + 1):
-                        if (M + 2 * (pp - 1)) / most >= beat:
+                        if over((M + 2 * (pp - 1)) / most):
                             break
                         if ctx.opts.even_layers and L % pp:
                             continue
                         if time.monotonic() > deadline:
-                            return out, True
+                            return (out if keep is None else _first(out, keep)), True
                         fit = {g: gpus[g] // (tp * cp * pp) for g in groups}  # whole replicas per group
                         if sum(1 for d in fit.values() if d >= 1) < 2:
                             break  # deeper pipelines fit even fewer replicas
-                        if M / sum(fit[g] * pp / least[g] for g in groups) >= beat:
+                        if over(M / sum(fit[g] * pp / least[g] for g in groups)):
                             continue  # the bound below, even with every group's replicas
                         for used in subsets:
                             counts = tuple((g, fit[g]) for g in used)
@@ -176,10 +186,18 @@ def _shapes(ctx, deadline: float, beat: float):
                                     (M + (pp - 1) * sum(d for _, d in counts)) / rate,
                                     max(per_mb[ep][g] for g, _ in counts),
                                 )
-                                if bound < beat:
+                                if not over(bound):
                                     work = tuple(per_mb[ep][g] for g, _ in counts)
                                     out.append((bound, (tp, cp, pp, mbs, base, counts, ep), work))
-    return out, False
+                                    if keep is not None and len(out) >= 2 * keep:
+                                        out = _first(out, keep)
+                                        limit = out[-1][0]
+    return (out if keep is None else _first(out, keep)), False
+
+
+def _first(found, keep: int) -> list:
+    """The ``keep`` first shapes of ``found`` in the order (bound, shape)."""
+    return sorted(found, key=lambda x: (x[0], x[1]))[:keep]
 
 
 def _min_recompute(job, sms: list[StageModel], layers, caps: list[float], base_full: bool):
@@ -561,7 +579,7 @@ def search_replicas(
     pipeline floor worked out, or a candidate evaluated), each candidate from its greedy splits only
     (_heuristic_shape's greedy_only): a count of work, not seconds, so that what it finds is the same on any
     machine (the deadline aside)."""
-    found_shapes, cut_short = shapes(ctx, deadline, incumbent_s)
+    found_shapes, cut_short = shapes(ctx, deadline, incumbent_s, look)  # (a look pops at most ``look`` of them)
     found_shapes.sort(key=lambda x: (x[0], x[1]))
     t = ctx.job.training
     grad_wire = 2.0 if t.grad_dtype == "bf16" else 4.0
