@@ -141,6 +141,7 @@ class MixedCaches:
     replica_floor: dict = field(default_factory=dict)  # replicas.pipeline_floor, by ReplicaCandidate.key
     replica_exact: dict = field(default_factory=dict)  # replicas._exact_once: (cut, best plan) where proven
     replica_shapes: dict = field(default_factory=dict)  # replicas.shapes: the enumeration below a bound, by bound
+    replica_blocks: dict = field(default_factory=dict)  # replicas._shapes: per (tp, cp, mbs, base), its work terms
     moe_windows: dict = field(default_factory=dict)  # moe_windows, by the first layer (window_start)
     kind_memory: dict = field(default_factory=dict)  # mixed_pipeline_bounds._kind_memory_times
     window_arrays: dict = field(default_factory=dict)  # moe_window_arrays, by the first layer

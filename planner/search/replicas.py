@@ -154,11 +154,17 @@ def _shapes(ctx, deadline: float, beat: float, keep: int | None = None):
             for mbs in micro_batch_options(t, 1, ctx.opts.max_micro_batch):  # replicas run their own counts
                 M = t.global_batch_size // mbs
                 for base in bases:
-                    per_mb = {ep: {g: micro_batch_work(ctx, g, tp, cp, mbs, base, ep) for g in groups} for ep in eps}
-                    least = {g: min(per_mb[ep][g] for ep in eps) for g in groups}  # valid at every EP degree
-                    # every depth: d_g <= GPUs_g/(tp*cp*pp), so the rate below is at most the groups' GPU rate,
-                    # and with >= 2 replicas the bound is at least (M + 2(pp - 1)) over it, growing with pp
-                    most = sum(gpus[g] / (tp * cp * least[g]) for g in groups)
+                    hit = ctx.caches.replica_blocks.get((tp, cp, mbs, base))  # (a later enumeration reads them)
+                    if hit is None:
+                        per_mb = {
+                            ep: {g: micro_batch_work(ctx, g, tp, cp, mbs, base, ep) for g in groups} for ep in eps
+                        }
+                        least = {g: min(per_mb[ep][g] for ep in eps) for g in groups}  # valid at every EP degree
+                        # every depth: d_g <= GPUs_g/(tp*cp*pp), so the rate below is at most the groups' GPU rate,
+                        # and with >= 2 replicas the bound is at least (M + 2(pp - 1)) over it, growing with pp
+                        most = sum(gpus[g] / (tp * cp * least[g]) for g in groups)
+                        hit = ctx.caches.replica_blocks[tp, cp, mbs, base] = per_mb, least, most
+                    per_mb, least, most = hit
                     if over(M / most):
                         continue
                     for pp in range(1, L + 1):
