@@ -189,14 +189,17 @@ def _roots(ctx: MixedContext) -> list[tuple[_TpChoiceNode, int]]:
             continue
         per_replica = t.global_batch_size // dp
         max_pp = sum(max(kmax_of[g].values(), default=0) for g in ctx.order)
+        per_vpp = {}  # vpp -> (stage limits, candidates): the same for every ep, micro-batch and recompute mode
         for ep in ep_options(ctx, dp, cp):
             for mbs in micro_batch_options(t, dp, opts.max_micro_batch):
                 mb = per_replica // mbs
                 vpps = vpp_options(ctx, mb, max_pp)
                 for base in bases:
                     for vpp in vpps:
-                        kmax = {g: {tp: min(k, L // vpp) for tp, k in kmax_of[g].items()} for g in ctx.order}
-                        size = _space_size(ctx, tp_opts, kmax, L // vpp) * len(zeros)
+                        if vpp not in per_vpp:
+                            kmax = {g: {tp: min(k, L // vpp) for tp, k in kmax_of[g].items()} for g in ctx.order}
+                            per_vpp[vpp] = kmax, _space_size(ctx, tp_opts, kmax, L // vpp) * len(zeros)
+                        kmax, size = per_vpp[vpp]
                         grp = _TpChoiceNode(dp, cp, mbs, base, zeros, mb, tp_opts, kmax, ep=ep, vpp=vpp)
                         out.append((grp, size))
     return out
