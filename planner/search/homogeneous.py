@@ -20,12 +20,12 @@ from planner.parallel import ParallelDims
 from planner.search import quick
 from planner.search.partition import solve_partition
 from planner.search.result import (
-    SOLVE_WALL,
     Plan,
     SearchResult,
     keep_top,
     settle_open_solves,
     solve_cap,
+    solve_wall,
     stage_tuple,
     unproven,
 )
@@ -112,7 +112,7 @@ def search(
             sm,
             capacity,
             partial_recompute=opts.partial_recompute,
-            time_limit_s=min(remaining, SOLVE_WALL * solve_cap(time_limit_s)),
+            time_limit_s=solve_wall(remaining, solve_cap(time_limit_s)),
             work_limit=solve_cap(time_limit_s),  # (deterministic: the same stop on any machine)
             workers=workers,
             objective_cap_s=cap if cap < float("inf") else None,

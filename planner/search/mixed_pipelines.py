@@ -79,7 +79,6 @@ from planner.search.partition import cp_sat, solve_partition
 from planner.search.quick import RESOLUTION
 from planner.search.replicas import search_replicas
 from planner.search.result import (
-    SOLVE_WALL,
     STOP_REASONS,
     Plan,
     SearchResult,
@@ -88,6 +87,7 @@ from planner.search.result import (
     settle_open_solves,
     solve_cap,
     solve_limit,
+    solve_wall,
     stage_tuple,
     unproven,
 )
@@ -366,13 +366,12 @@ class _TpChoiceNode:
         key = ("row", i, self.fixed[i] if fixed else "free")
         if key in self.memo:
             return self.memo[key]
-        g = ctx.order[i]
-        tps = (self.fixed[i],) if fixed else self.tp_opts[i]
-        choices = tuple((g, tp) for tp in tps if tp)
+        choices = self._row_choices(ctx, i)
         row = None
         if choices:
             if fixed:
-                terms = (*self._terms(ctx, choices[0]), 1, self.kmax_of[g][choices[0][1]], False)
+                g, tp = choices[0]
+                terms = (*self._terms(ctx, (g, tp)), 1, self.kmax_of[g][tp], False)
             else:
                 terms = (*self._free(ctx, i), True)
             count = layer_counts(ctx.job.model)
@@ -383,13 +382,12 @@ class _TpChoiceNode:
     def _choices(self, ctx: MixedContext) -> list[tuple[int, tuple[tuple[int, int], ...]]]:
         """(index in ctx.order, (group, TP) choices) of each row of the node: a used group's one fixed choice, a
         group whose TP is still open its every TP (the unused groups, and those with no TP option, have none)."""
-        out = []
-        for i, g in enumerate(ctx.order):
-            tps = (self.fixed[i],) if i < len(self.fixed) else self.tp_opts[i]
-            row = tuple((g, tp) for tp in tps if tp)
-            if row:
-                out.append((i, row))
-        return out
+        return [(i, row) for i in range(len(ctx.order)) if (row := self._row_choices(ctx, i))]
+
+    def _row_choices(self, ctx: MixedContext, i: int) -> tuple[tuple[int, int], ...]:
+        """The (group, TP) choices of group i's row: its fixed TP, or every TP while it is open (none: unused)."""
+        tps = (self.fixed[i],) if i < len(self.fixed) else self.tp_opts[i]
+        return tuple((ctx.order[i], tp) for tp in tps if tp)
 
     def memory_floor(self, ctx: MixedContext) -> float:
         """The least bottleneck (seconds per micro-batch of the slowest stage) at which the node's groups hold the
@@ -1006,7 +1004,7 @@ class _PipelineSearch:
             limit = solve_cap(self.time_limit_s if kth < float("inf") else 0.0)
             self.solved += 1
             self.settled += 1
-        wall = min((self.deadline if until is None else until) - time.monotonic(), SOLVE_WALL * limit)
+        wall = solve_wall((self.deadline if until is None else until) - time.monotonic(), limit)
         self.work += WORK["solve"] + c.pp * self.L  # (CP-SAT's model grows with both)
         sent = with_group_sends(self.ctx.job, c.stage_groups, sms)
         res, est = _solve(self.ctx, c, sent, kth, limit, wall, self.workers)
@@ -1302,7 +1300,7 @@ def search_hetero(
 
     with Lockstep([main, other], processes) as lockstep:  # (the other share's roots are bounded in the child meanwhile)
         if with_replicas:
-            # its shape enumeration (kept for the replica search proper) may take up to the mixed pipelines'
+            # its shape enumeration (of the shapes it can reach only) may take up to the mixed pipelines'
             # deadline; the look itself at most REPLICA_LOOK steps after it
             replica_pass(float("inf"), deadline, exact_pass=False, look=REPLICA_LOOK)
         main.absorb(lockstep.explore(deadline, best))

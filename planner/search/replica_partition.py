@@ -36,7 +36,7 @@ from planner.search.partition import (
     cp_sat,
     new_solver,
 )
-from planner.search.result import SOLVE_WALL
+from planner.search.result import solve_wall
 
 MAX_CHOICES = 4096  # micro-batch choices one shape may enumerate (more: the shape stays open)
 # Partial choices the enumeration may visit (most are dropped because the last group's count does not divide): a
@@ -302,7 +302,7 @@ def exact_splits(
             counts,
             M,
             cap_s=beat,
-            time_limit_s=min(left, SOLVE_WALL * STEADY_SOLVE_S),
+            time_limit_s=solve_wall(left, STEADY_SOLVE_S),
             work_limit=STEADY_SOLVE_S,  # (deterministic: the choices below do not depend on the machine)
             workers=workers,
             **kw,

@@ -109,7 +109,7 @@ def shapes(ctx, deadline: float, beat: float, keep: int | None = None):
     for cut, found in ctx.caches.replica_shapes.items():
         if beat <= cut:
             found = [x for x in found if x[0] < beat]
-            return (found if keep is None else sorted(found, key=lambda x: (x[0], x[1]))[:keep]), False
+            return (found if keep is None else _first(found, keep)), False
     found, cut_short = _shapes(ctx, deadline, beat, keep)
     if not cut_short and keep is None:
         ctx.caches.replica_shapes[beat] = found

@@ -96,6 +96,12 @@ def solve_limit(remaining: float, time_limit_s: float) -> float:
     return min(remaining, solve_cap(time_limit_s))
 
 
+def solve_wall(remaining: float, cap: float) -> float:
+    """Wall-clock seconds for a solve capped at ``cap`` deterministic seconds: the time left, at most SOLVE_WALL
+    times the cap."""
+    return min(remaining, SOLVE_WALL * cap)
+
+
 def settle_open_solves(complete: bool, open_bounds: list[float], best: list[Plan], top: int) -> tuple[bool, float]:
     """(whether the top list is still proven, smallest open bound). A solve stopped before proving its optimum
     only leaves the result unproven when its bound is below the K-th best time: otherwise nothing it could still
