@@ -160,3 +160,43 @@ def test_cp_sat_models_stay_valid_without_free_recompute_counts(opts):
     result = search(j, top=3, time_limit_s=60, options=opts)
     assert result.plans and result.complete
     assert all(p.status == "optimal" for p in result.plans)
+
+
+def test_cp_sat_loads_without_pandas_and_leaves_the_real_pandas_importable():
+    """partition.cp_sat imports OR-Tools' cp_model with a stand-in for pandas (its import only reads two names):
+    the solver works, pandas stays unloaded, and a later `import pandas` gets the real library."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "from planner.search.partition import cp_sat\n"
+        "cp = cp_sat()\n"
+        "m = cp.CpModel(); x = m.new_int_var(0, 9, 'x'); m.maximize(x)\n"
+        "s = cp.CpSolver(); assert s.solve(m) == cp.OPTIMAL and s.value(x) == 9\n"
+        "print('pandas' in sys.modules)\n"
+        "import pandas\n"
+        "print(hasattr(pandas, 'DataFrame'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["False", "True"]
+
+
+def test_cp_sat_falls_back_to_the_real_pandas_where_the_stand_in_falls_short():
+    """Should OR-Tools read more of pandas at import than the stand-in has, cp_sat imports it again for real."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, types\n"
+        "import planner.search.partition as p\n"
+        "orig = types.ModuleType\n"
+        "class Short(types.ModuleType):\n"
+        "    def __setattr__(self, name, value):\n"
+        "        if name != 'Series': super().__setattr__(name, value)\n"
+        "p.types = types.SimpleNamespace(ModuleType=Short)\n"
+        "cp = p.cp_sat()\n"
+        "print(cp.CpModel is not None, 'pandas' in sys.modules, hasattr(sys.modules.get('pandas'), 'DataFrame'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
+    assert out == ["True", "True", "True"]
