@@ -228,63 +228,90 @@ def kind_coeffs(
     if hit is not None:
         return hit
     costs.keep(m)
+    kinds = LayerKinds()
+    for kind in KINDS:
+        if kind == "moe" and m.moe is None:
+            continue
+        # a dense layer's coefficients do not depend on the EP degree: one entry serves every degree
+        kind_key = (kind, *key[:5], ep if kind == "moe" else 1, *key[6:])
+        coeffs = costs.kind_coeffs.get(kind_key)
+        if coeffs is None:
+            coeffs = costs.kind_coeffs[kind_key] = _kind_coeffs(
+                job, costs, kind, tokens, tp, cp, ep, sp, base_rc, tp_overlap, fp8_inputs
+            )
+        kinds[kind] = coeffs
+    costs.kind_coeffs[key] = kinds
+    return kinds
+
+
+def _kind_coeffs(
+    job: Job,
+    costs: AnalyticCosts,
+    kind: str,
+    tokens: int,
+    tp: int,
+    cp: int,
+    ep: int,
+    sp: bool,
+    base_rc: str,
+    tp_overlap: bool,
+    fp8_inputs: bool,
+) -> KindCoeffs:
+    """kind_coeffs of one layer kind."""
+    m, t = job.model, job.training
+    seq = t.seq_length
+    flash = t.fused_attention
     spans = ParallelDims.spans(tp, cp, ep, costs.group.gpus_per_node)
     tp_link, cp_link, ep_link = (costs.link(*spans[k]) for k in ("tp", "cp", "ep"))
     act_tok = 2.0 * tokens * m.hidden_size  # one 16-bit activation of the micro-batch
-    kinds = LayerKinds()
-    for kind in KINDS:
-        moe = kind == "moe"
-        if moe and m.moe is None:
-            continue
-        lt = costs.layer(m, tokens, seq, tp, sp, cp, ep, moe, flash, base_rc)
-        full = costs.layer(m, tokens, seq, tp, sp, cp, ep, moe, flash, "full")
-        ar = tp_link.all_reduce(act_tok) if tp > 1 else 0.0
-        share = None
-        if tp_overlap:
-            share = tp_overlap_share(tp_link.all_gather(act_tok), costs.tp_gemms(m, tokens, tp, sp, moe, ep), tp)
-        tp_s, tp_recompute_s = tp_exposed(ar, base_rc, t.tp_backward_overlap, share)
-        ring_exposed = 0.0
-        if cp > 1:
-            ring_exposed = ring_attention_exposed(
-                cp_link,
-                kv_bytes=F.attention_kv_bytes(m, tokens, tp),
-                attention_s=F.attention_core_flops(m, tokens, seq, tp, causal=flash) / costs.attention_rate(),
-                cp=cp,
-            )
-        a2a = ep_link.all_to_all(act_tok * m.moe.top_k) if (moe and ep > 1) else 0.0
-        if moe:
-            pd = F.attention_params_per_tp_rank(m, tp) + F.moe_shared_params(m) / tp
-            pe = m.moe.num_experts / ep * F.expert_params(m) / tp
-        else:
-            pd, pe = F.attention_params_per_tp_rank(m, tp) + F.dense_mlp_params(m) / tp, 0.0
-        act_kw = {
-            "tokens": tokens,
-            "seq": seq,
-            "tp": tp,
-            "sp": sp,
-            "flash": flash,
-            "moe": moe,
-            "fp8_inputs": fp8_inputs,
-        }
-        accumulate = costs.grad_accumulation(pd + pe, t.grad_dtype)  # after each micro-batch's backward
-        kinds[kind] = KindCoeffs(
-            compute=lt.forward + lt.backward + lt.recompute + accumulate,
-            forward=lt.forward,
-            backward=lt.backward + accumulate,
-            recompute_extra=full.recompute - lt.recompute,
-            tp=tp_s,
-            tp_recompute=tp_recompute_s,
-            cp=ring_exposed,
-            ep=4 * a2a,
-            ep_recompute=2 * a2a,
-            params_dense=pd,
-            params_expert=pe,
-            act=M.activation_bytes_per_layer(m, recompute=base_rc, **act_kw),
-            act_recomputed=M.activation_bytes_per_layer(m, recompute="full", **act_kw),
-            act_working=M.working_bytes_full_recompute(m, **act_kw),
+    moe = kind == "moe"
+    lt = costs.layer(m, tokens, seq, tp, sp, cp, ep, moe, flash, base_rc)
+    full = costs.layer(m, tokens, seq, tp, sp, cp, ep, moe, flash, "full")
+    ar = tp_link.all_reduce(act_tok) if tp > 1 else 0.0
+    share = None
+    if tp_overlap:
+        share = tp_overlap_share(tp_link.all_gather(act_tok), costs.tp_gemms(m, tokens, tp, sp, moe, ep), tp)
+    tp_s, tp_recompute_s = tp_exposed(ar, base_rc, t.tp_backward_overlap, share)
+    ring_exposed = 0.0
+    if cp > 1:
+        ring_exposed = ring_attention_exposed(
+            cp_link,
+            kv_bytes=F.attention_kv_bytes(m, tokens, tp),
+            attention_s=F.attention_core_flops(m, tokens, seq, tp, causal=flash) / costs.attention_rate(),
+            cp=cp,
         )
-    costs.kind_coeffs[key] = kinds
-    return kinds
+    a2a = ep_link.all_to_all(act_tok * m.moe.top_k) if (moe and ep > 1) else 0.0
+    if moe:
+        pd = F.attention_params_per_tp_rank(m, tp) + F.moe_shared_params(m) / tp
+        pe = m.moe.num_experts / ep * F.expert_params(m) / tp
+    else:
+        pd, pe = F.attention_params_per_tp_rank(m, tp) + F.dense_mlp_params(m) / tp, 0.0
+    act_kw = {
+        "tokens": tokens,
+        "seq": seq,
+        "tp": tp,
+        "sp": sp,
+        "flash": flash,
+        "moe": moe,
+        "fp8_inputs": fp8_inputs,
+    }
+    accumulate = costs.grad_accumulation(pd + pe, t.grad_dtype)  # after each micro-batch's backward
+    return KindCoeffs(
+        compute=lt.forward + lt.backward + lt.recompute + accumulate,
+        forward=lt.forward,
+        backward=lt.backward + accumulate,
+        recompute_extra=full.recompute - lt.recompute,
+        tp=tp_s,
+        tp_recompute=tp_recompute_s,
+        cp=ring_exposed,
+        ep=4 * a2a,
+        ep_recompute=2 * a2a,
+        params_dense=pd,
+        params_expert=pe,
+        act=M.activation_bytes_per_layer(m, recompute=base_rc, **act_kw),
+        act_recomputed=M.activation_bytes_per_layer(m, recompute="full", **act_kw),
+        act_working=M.working_bytes_full_recompute(m, **act_kw),
+    )
 
 
 def tp_exposed(

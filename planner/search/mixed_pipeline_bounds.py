@@ -129,6 +129,7 @@ def box_bound_reach(
     whole: bool = False,
     relaxed: tuple[bool, ...] = (),
     max_stages: int | None = None,
+    target: float = float("inf"),
 ) -> tuple[float, float]:
     """Iteration seconds no candidate with lo_g <= k_g <= hi_g stages per used group g beats (lo = hi: one
     candidate). Each stage of group g takes at least a_g seconds per layer and, when there are >= 2 stages,
@@ -150,6 +151,9 @@ def box_bound_reach(
     group whose TP is still open: hi/a its best throughput), which holds a continuous share instead. ``max_stages``:
     the most stages a candidate has (default L // v: one chunk of v layers each; fewer where the interleaved schedule
     runs only at some depths).
+    ``target``: where the bound with the continuous bottleneck already reaches it, that bound is returned (the
+    whole-chunk steps only raise it): a caller that only asks whether a box reaches its target (the K-th best) is told
+    at half the cost.
     Returned with its reach: any floor below it gives the same bound, so a caller with a floor (memory_floor) only
     works the bound out again above it. The reach is the bottleneck the bound settled on (a floor below it leaves
     every step the same: the whole-chunk walks return the first bottleneck at or above where they start at which
@@ -187,8 +191,13 @@ def box_bound_reach(
             T = max(T, (mix.layers + mix.ends.emb_per_a + mix.ends.logits_per_a) / capped_rate(mix.dense, hi, cap))
         work = max(work, mix.work + sum(k * y for k, y in zip(lo, ys)))
     if most > T:  # the monotonicity above fails: drop the sends
-        value, reach = box_bound_reach(a, lo, hi, ends, L, m, None, v, floor, mix, whole, relaxed, max_stages)
+        value, reach = box_bound_reach(a, lo, hi, ends, L, m, None, v, floor, mix, whole, relaxed, max_stages, target)
         return value, min(reach, most)
+    total = ends.emb + ends.logits + work
+    if whole and target < float("inf"):
+        early = schedule_bound(T, total, m, v)
+        if early >= target:
+            return early, T
     if whole:
         T = whole_chunk_bottleneck(a, hi, ends, L, send if sends else None, v, T, relaxed)
         if mix is not None and mix.moe:
@@ -196,7 +205,6 @@ def box_bound_reach(
             # dense layers only add), so the stages hold them only where sum floor((T - c) / y_g) reaches E
             moe_sends = send if sends else None
             T = whole_chunk_bottleneck(mix.moe, hi, mix.ends, mix.moe_layers, moe_sends, 1, T, relaxed)
-    total = ends.emb + ends.logits + work
     if whole and not any(relaxed):
         fixed = ends.emb + ends.logits + sum(k * y for k, y in zip(lo, ys))
         return box_schedule_time(a, lo, hi, ys, L, T, m - 1 / v, v, fixed, total), T

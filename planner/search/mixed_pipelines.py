@@ -341,7 +341,19 @@ class _TpChoiceNode:
         depths = _depths(ctx, self.vpp, self.mb) if self.vpp > 1 else ()
         deepest = depths[-1] if depths else None
         plain, reach = box_bound_reach(
-            a, lo, hi, ends, L, self.mb, send, self.vpp, mix=mix, whole=True, relaxed=free, max_stages=deepest
+            a,
+            lo,
+            hi,
+            ends,
+            L,
+            self.mb,
+            send,
+            self.vpp,
+            mix=mix,
+            whole=True,
+            relaxed=free,
+            max_stages=deepest,
+            target=target,
         )
         if not memory or plain >= target:
             return plain
@@ -510,7 +522,7 @@ class _TpChoiceNode:
                 self.vpp,
                 memo=self.memo,
             )
-            out.append((node.bound(ctx, memory=False), node, None))
+            out.append((node.bound(ctx, target, memory=False), node, None))
         return out
 
 
@@ -610,7 +622,7 @@ class _Family:
         # two or more stages: ZeRO-2/3 traffic, and the DP tail of the slowest group to sync (read only where the
         # bound without it is below target: the tail terms are worked out when first read)
         plain, reach = box_bound_reach(
-            a, lo, hi, ends, L, self.mb, self.send, v, mix=mix, whole=True, max_stages=self.deepest
+            a, lo, hi, ends, L, self.mb, self.send, v, mix=mix, whole=True, max_stages=self.deepest, target=target
         )
         if plain >= target:
             return plain
@@ -677,7 +689,7 @@ class _Family:
             return float("inf")
         a, ends, mix = (self.a, self.bound_ends, self.open_terms[0]) if sum(lo) < 2 else terms
         zbound, reach = box_bound_reach(
-            a, lo, hi, ends, L, self.mb, self.send, v, mix=mix, whole=True, max_stages=self.deepest
+            a, lo, hi, ends, L, self.mb, self.send, v, mix=mix, whole=True, max_stages=self.deepest, target=target
         )
         if zbound >= target:
             return zbound
