@@ -145,8 +145,9 @@ def enumerate_candidates(
     out: list[Candidate] = []
     pruned = 0
     complete = True
+    lb_memo: dict = {}  # the per-micro-batch bound does not depend on the world size, pp, dp, vpp or ZeRO
     for world in worlds:
-        cands, p, done = _enumerate_world(job, costs, opts, world, deadline, cap)
+        cands, p, done = _enumerate_world(job, costs, opts, world, deadline, cap, lb_memo)
         out += cands
         pruned += p
         complete = complete and done
@@ -164,9 +165,8 @@ def usable_node_counts(nodes: int) -> list[int]:
 
 
 def _enumerate_world(
-    job: Job, costs: AnalyticCosts, opts: SearchOptions, world: int, deadline: float | None, cap: float
+    job: Job, costs: AnalyticCosts, opts: SearchOptions, world: int, deadline: float | None, cap: float, lb_memo: dict
 ) -> tuple[list[Candidate], int, bool]:
-    lb_memo: dict = {}  # the per-micro-batch bound does not depend on pp, dp, vpp or ZeRO
     m, t = job.model, job.training
     gpn = job.cluster[0].gpus_per_node
     L = m.num_layers
