@@ -26,6 +26,8 @@ since its last snapshot), ``settled`` and ``others_settled`` (progress: its own,
 ``final()`` (its last snapshot, done), ``result()`` (a picklable summary for the caller) and
 ``prepare(forked=False)`` (work that needs nothing from the other: run by the child as soon as it is forked, with
 ``forked`` True, and by explore where it has not run yet). The caller owns the shares; this module only runs them.
+Between explores the caller may also hand the second share's side a call of its own (start_call, finish_call), which
+runs in the child while this process does other work.
 """
 
 from __future__ import annotations
@@ -148,6 +150,7 @@ class Lockstep:
         assert len(shares) == 2
         self.shares = shares
         self.child = None
+        self._call = None
         if processes >= 2:
             ctx = multiprocessing.get_context("fork")
             self.to_child, self.from_child = ctx.Queue(), ctx.Queue()
@@ -173,6 +176,24 @@ class Lockstep:
         self.to_child.close()
         self.from_child.close()
         self.child = None
+
+    def start_call(self, fn, *args) -> None:
+        """``fn(share, *args)`` on the second share's side (its process, with its share: a module-level function and
+        picklable arguments), while this process goes on with other work; its result comes from finish_call. In
+        one process it runs at finish_call."""
+        self._call = (fn, args)
+        if self.child is not None:
+            self.to_child.put(("call", fn, args))
+
+    def finish_call(self):
+        """The result of the call start_call began (waiting for it)."""
+        fn, args = self._call
+        self._call = None
+        if self.child is None:
+            return fn(self.shares[1], *args)
+        msg = self._message()
+        assert msg[0] == "called"
+        return msg[1]
 
     def explore(self, until: float, best=()):
         """Both shares' explore(until), to the end, each starting from the plans ``best``; the second share's
@@ -270,6 +291,10 @@ def _child_main(share, inbox_queue, outbox_queue) -> None:
                 continue
             if msg[0] == "close":
                 break
+            if msg[0] == "call":
+                _, fn, args = msg
+                outbox_queue.put(("called", fn(share, *args)))
+                continue
             _, until, best = msg
             share.best = list(best)
             inbox = Inbox()

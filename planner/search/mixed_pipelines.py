@@ -22,8 +22,9 @@ optimal within this space, as planner/search/homogeneous.py does. The roots are 
 side by side in two processes, trading the plans they find in lock step (planner/search/lockstep.py: the same
 answer and counts in one process or two). A short first look at the replica plans
 (planner/search/replicas.py, heuristic evaluation of the best-bound shapes) gives the search its first cut; the
-replica search proper follows, cut by the best plan of either kind, then the single-type baselines
-(planner/search/single_type.py, whose plan is a mixed layout and a cut too). What the mixed pipelines' deadline left
+replica search proper follows, cut by the best plan of either kind, and the single-type baselines
+(planner/search/single_type.py, below the best plan found before them, their groups shared by the two processes;
+their plan is a mixed layout and a cut too). What the mixed pipelines' deadline left
 in line, the solves stopped by their cap and the replica shapes still below the K-th best then get the time those
 phases left. SearchResult.stop_reason and gap_source say what leaves a gap, and in which part of the space.
 """
@@ -91,7 +92,7 @@ from planner.search.result import (
     stage_tuple,
     unproven,
 )
-from planner.search.single_type import as_mixed_plan, best_single_type
+from planner.search.single_type import as_mixed_plan, best_single_type, better_single_type
 from planner.search.space import SearchOptions
 from planner.spec import Job
 
@@ -1260,6 +1261,15 @@ def _shares(roots) -> list[list[tuple]]:
     return out
 
 
+def _single_type_baselines(
+    share: _PipelineSearch, workers: int, limit: float, beat: float, part: tuple[int, int], progress=None
+):
+    """best_single_type for the share's job below ``beat`` on the ``part`` of the groups, with the share's cost
+    caches: on the other share's side (lockstep.Lockstep.start_call, without progress) or this one's."""
+    ctx = share.ctx
+    return best_single_type(ctx.job, ctx.opts, workers, limit, progress, beat, ctx.costs, part)
+
+
 def search_hetero(
     job: Job,
     *,
@@ -1282,8 +1292,8 @@ def search_hetero(
     ``progress(done, total, what)`` is called as each phase moves, ``what`` naming what it counts: mixed-pipeline
     replica shapes evaluated in a first, short look, then candidates solved or ruled out by a bound
     (MIXED_PROGRESS; a box cut by its bound settles every candidate in it), then replica shapes evaluated or ruled
-    out, then each single-type search's candidates; then, where the mixed pipelines or replica shapes are still
-    open, their counts again as the time left goes on with them."""
+    out, then each single-type search of this process (every other group); then, where the mixed pipelines or
+    replica shapes are still open, their counts again as the time left goes on with them."""
     opts = (options or SearchOptions()).for_job(job)
     start = time.monotonic()
     # shares of the time limit: mixed pipelines, then replicas on different types, then the single-type searches;
@@ -1317,18 +1327,23 @@ def search_hetero(
             replica_pass(float("inf"), deadline, exact_pass=False, look=REPLICA_LOOK)
         main.absorb(lockstep.explore(deadline, best))
         best = main.best  # (replica_pass and the rest below add to it)
+        single = group = single_beat = None
+        if single_type:
+            # a single-type plan matters if it beats the best mixed plan: the baselines are searched below its time,
+            # on the other share's side while this process searches the replica shapes proper
+            single_beat = best[0].time if best else None
+            beat = single_beat * (1 + RESOLUTION) if best else float("inf")
+            limit = max(0.5, start + time_limit_s - time.monotonic())
+            lockstep.start_call(_single_type_baselines, workers, limit, beat, (0, 2))
         rs = None
         if with_replicas:
             stop = min(start + time_limit_s * share, time.monotonic() + 0.25 * time_limit_s * share)
             rs = replica_pass(main.kth_time(), stop)
-        single = group = single_beat = None
         if single_type:
-            # a single-type plan matters if it beats the best mixed plan: the baselines are searched below its time
-            single_beat = best[0].time if best else None
-            beat = single_beat * (1 + RESOLUTION) if best else float("inf")
-            single, group = best_single_type(
-                job, opts, workers, max(0.5, start + time_limit_s - time.monotonic()), progress, beat, ctx.costs
-            )
+            # every other group here (after the replica shapes), the others on the other side
+            limit = max(0.5, start + time_limit_s - time.monotonic())
+            here = _single_type_baselines(main, workers, limit, beat, (1, 2), progress)
+            single, group = better_single_type(job, lockstep.finish_call(), here)
             # it is a mixed layout too (every stage on that group): a plan of the job, unless mixed layouts cannot
             # express it (then the report names the faster group), and a cut for the rest of the mixed search
             adopted = None if single is None else as_mixed_plan(job, group, single, opts)

@@ -29,16 +29,18 @@ def best_single_type(
     progress=None,
     beat: float = float("inf"),
     costs: CostSource | None = None,
+    part: tuple[int, int] = (0, 1),
 ) -> tuple[Plan | None, int | None]:
     """(plan, group) of the best homogeneous plan on one node group alone that is faster than ``beat``, or
     (None, None) if none fits or none is faster. Each group's search is capped by ``beat`` and by the best
     single-type plan found before it. ``progress(done, total, what)``: each search's candidates. ``costs``: the
     mixed job's cost source, whose per-group providers (and the per-layer costs memoized on them) the searches
-    share: a group alone is priced as the same GPUs, model and training."""
+    share: a group alone is priced as the same GPUs, model and training. ``part`` (i, n): only every n-th group
+    from the i-th (two processes each take a part: better_single_type picks the better of their answers)."""
     from planner.search.homogeneous import search
 
     out: tuple[Plan | None, int | None] = (None, None)
-    groups = group_order(job.cluster)
+    groups = group_order(job.cluster)[part[0] :: part[1]]
     for i, g in enumerate(groups):
         sub = job.model_copy(update={"cluster": (job.cluster[g],), "layout": None})
         share = time_limit_s / (len(groups) - i)
@@ -54,6 +56,17 @@ def best_single_type(
         if res.plans and (out[0] is None or res.plans[0].time < out[0].time):
             out = (res.plans[0], g)
     return out
+
+
+def better_single_type(job: Job, *answers: tuple[Plan | None, int | None]) -> tuple[Plan | None, int | None]:
+    """The better of best_single_type's answers on parts of the groups: the faster plan, on a tie the group first
+    in group_order (the one a search over all groups keeps: a later group must beat the plan before it)."""
+    rank = {g: i for i, g in enumerate(group_order(job.cluster))}
+    found = [(plan.time, rank[g], plan, g) for plan, g in answers if plan is not None]
+    if not found:
+        return None, None
+    _, _, plan, g = min(found, key=lambda x: x[:2])
+    return plan, g
 
 
 def as_mixed_plan(job: Job, group: int, plan: Plan, opts: SearchOptions) -> Plan | None:
