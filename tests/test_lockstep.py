@@ -5,6 +5,7 @@ The toy shares below do random amounts of work per step and find random plans, a
 plans they are sent (a share stops once the best plan it knows is good enough, and its finds depend on that best),
 so any difference in what they are sent shows in their logs."""
 
+import os
 import pickle
 import random
 
@@ -174,3 +175,25 @@ def test_inbox_gives_out_snapshots_in_order_up_to_an_epoch():
     assert [s.plans for s in inbox.take(5)] == [["b", "c"]]
     inbox.add(Snapshot(4, ["d"], done=True))
     assert inbox.known(10**9) and inbox.take(3) == [] and [s.plans for s in inbox.take(4)] == [["d"]]
+
+
+def _toy_call(share, x: int) -> tuple:
+    """A call on the second share's side: what that share knows (its state after explore), and the argument."""
+    return share.done, x * 2, os.getpid()
+
+
+@pytest.mark.parametrize("processes", [1, 2])
+def test_a_call_runs_on_the_second_shares_side_between_explores(processes):
+    """start_call hands a function to the second share's side (the child's process with two processes), this one
+    goes on meanwhile; finish_call returns its result, which sees that share as its explore left it, and the
+    shares explore again afterwards."""
+    if processes == 2 and processes_available() < 2:
+        pytest.skip("no second core, or no fork here")
+    shares = [Toy(1, 100), Toy(2, 100)]
+    with Lockstep(shares, processes) as ls:
+        other = ls.explore(float("inf"))
+        ls.start_call(_toy_call, 21)
+        done, doubled, pid = ls.finish_call()
+        assert ls.explore(float("inf"))["done"] == other["done"]  # (nothing left: the same share again)
+    assert (done, doubled) == (other["done"], 42)
+    assert (pid == os.getpid()) == (processes == 1)

@@ -90,3 +90,22 @@ def test_a_baseline_capped_by_a_time_finds_the_plan_below_it_or_none():
     assert under.plans[0].time == best.time and under.plans[0].estimate.dims == best.estimate.dims
     assert under.complete and under.gap == 0.0
     assert search(sub, top=1, time_limit_s=60, beat=best.time).plans == []
+
+
+def test_better_single_type_takes_the_faster_answer_and_on_a_tie_the_group_first_in_order():
+    """The two processes' parts of the single-type baselines are merged as one search over every group would
+    answer: the faster plan, and on a tie the group first in group_order (a later group must beat it)."""
+    from types import SimpleNamespace
+
+    from test_hetero import small_job
+
+    from planner.parallel import group_order
+    from planner.search.single_type import better_single_type
+
+    job = small_job()
+    first, second = group_order(job.cluster)
+    fast, slow = SimpleNamespace(time=1.0), SimpleNamespace(time=2.0)
+    assert better_single_type(job, (slow, first), (fast, second)) == (fast, second)
+    assert better_single_type(job, (fast, second), (SimpleNamespace(time=1.0), first))[1] == first
+    assert better_single_type(job, (None, None), (slow, second)) == (slow, second)
+    assert better_single_type(job, (None, None), (None, None)) == (None, None)
