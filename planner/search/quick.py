@@ -75,8 +75,7 @@ def _effective_layers(sm: StageModel) -> float:
     # per-layer coefficients of the allocated memory do not depend on the position, only on the in-flight count
     lines = sm.allocated_memory(False, False).layer_lines(("dense", "moe"))
     ratio = 0.0
-    for i in range(sm.dims.pp):
-        n = sm.inflight(i)
+    for n in set(sm.inflight_counts()):  # (the ratio is a max: each in-flight count once)
         (dense, dense_rc), (moe, moe_rc) = ((s + (m * n + e), sr + (mr * n + er)) for s, m, e, sr, mr, er in lines)
         ratio = max(ratio, dense / moe, (dense + dense_rc) / (moe + moe_rc))
     return L - n_dense * (1 - min(1.0, ratio))
@@ -97,24 +96,30 @@ def forced_recompute(sm: StageModel, capacity_gib: float) -> float | None:
     full_total = 0
     memories = _per_stage(p, sm.allocated_memory)
     lines = memories[0].layer_lines(kinds)  # per-layer coefficients: the same at every position
+    seen: dict = {}  # stages at one end position and in-flight count hold alike (one micro-batch: all but the ends)
     for memory, n in zip(memories, sm.inflight_counts()):
-        rows = [(s + (m * n + e), sr + (mr * n + er)) for s, m, e, sr, mr, er in lines]  # per layer, recomputed
-        alpha, saved = rows[heavy]
-        lean = alpha + saved
-        if len(rows) == 1:
-            beta, lightest = -saved, lean
-        else:
-            beta = max(-rc for _, rc in rows)
-            lightest = min(layer + rc for layer, rc in rows)
-        room = cap - memory.const(n)
-        if room < lightest * d.vpp:
-            return None
-        full = int(room / lean) if lean > 0 else L
-        free = min(room / alpha, full) if alpha > 0 else L
+        key = (id(memory), n)
+        hit = seen.get(key)
+        if hit is None:
+            rows = [(s + (m * n + e), sr + (mr * n + er)) for s, m, e, sr, mr, er in lines]  # per layer, recomputed
+            alpha, saved = rows[heavy]
+            lean = alpha + saved
+            if len(rows) == 1:
+                beta, lightest = -saved, lean
+            else:
+                beta = max(-rc for _, rc in rows)
+                lightest = min(layer + rc for layer, rc in rows)
+            room = cap - memory.const(n)
+            if room < lightest * d.vpp:
+                return None
+            full = int(room / lean) if lean > 0 else L
+            free = min(room / alpha, full) if alpha > 0 else L
+            hit = seen[key] = (free, full, (alpha / beta, full - free) if full > free and beta > 0 else None)
+        free, full, item = hit
         free_total += free
         full_total += full
-        if full > free and beta > 0:
-            extra.append((alpha / beta, full - free))
+        if item is not None:
+            extra.append(item)
     effective = _effective_layers(sm)
     if full_total < effective:
         return None
@@ -132,7 +137,13 @@ def forced_recompute(sm: StageModel, capacity_gib: float) -> float | None:
 def _stage_memory_terms(sm: StageModel, capacity_gib: float):
     """Per stage (room, alpha, beta): allocatable bytes left after the stage's fixed items, bytes per layer of the
     heaviest kind, and bytes saved per fully recomputed layer."""
-    return [stage_memory_term(sm, capacity_gib, i) for i in range(sm.dims.pp)]
+    p, seen, out = sm.dims.pp, {}, []
+    for i, n in enumerate(sm.inflight_counts()):
+        key = (i == 0, i == p - 1, n)  # (stage_memory_term: stages at one end position and in-flight count alike)
+        if key not in seen:
+            seen[key] = memory_term(sm, capacity_gib, *key)
+        out.append(seen[key])
+    return out
 
 
 def stage_memory_term(sm: StageModel, capacity_gib: float, i: int) -> tuple[float, float, float]:
