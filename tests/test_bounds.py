@@ -883,7 +883,6 @@ def test_box_bound_with_layer_kinds_is_below_every_candidate_of_the_box():
     a stage of group g takes d x_g + e y_g (its dense and MoE layers) plus its sends (two or more stages) and the
     embedding / logits at the ends; the schedule is (m - 1) max + sum. Never above the best candidate, and the
     MoE layers counted in whole layers at their own seconds (KindMix.moe, moe_only_top) raise it somewhere."""
-    from dataclasses import replace
 
     from planner.search.mixed_pipeline_bounds import Ends, KindMix, box_bound
 
@@ -920,7 +919,7 @@ def test_box_bound_with_layer_kinds_is_below_every_candidate_of_the_box():
         args = (a, tuple(lo), tuple(hi), Ends.of(a, ends, 0, G - 1), L, m, tuple(send), 1)
         bound = box_bound(*args, mix=mix, whole=True)
         assert bound <= best * (1 + 1e-9), (xs, ys, send, lo, hi, ends, D, E, m)
-        raised += bound > box_bound(*args, mix=replace(mix, moe=()), whole=True) * (1 + 1e-9)
+        raised += bound > box_bound(*args, mix=mix._replace(moe=()), whole=True) * (1 + 1e-9)
     assert raised
 
 

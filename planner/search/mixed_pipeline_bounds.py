@@ -12,7 +12,6 @@ import functools
 import heapq
 import itertools
 import math
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, NamedTuple
 
 from planner.cost.estimate import neighbour_links
@@ -29,11 +28,12 @@ if TYPE_CHECKING:
     from planner.search.mixed_pipelines import HeteroCandidate, _Family
 
 
-@dataclass(frozen=True)
-class Ends:
+class Ends(NamedTuple):
     """The embedding (first stage) and logits (last stage) terms of a bound, per micro-batch: their seconds, their
     seconds over the per-layer time of the stage that runs them, and that stage's one-layer time plus them. For
-    a family whose group order is still open each term is its minimum over the possible first / last groups."""
+    a family whose group order is still open each term is its minimum over the possible first / last groups. (A
+    named tuple, like KindMix: the bounds build one per box, and a tuple is built in a fraction of a frozen
+    dataclass's time.)"""
 
     emb: float
     logits: float
@@ -55,20 +55,23 @@ class Ends:
 
     @classmethod
     def any_order(cls, a, ends) -> Ends:
-        emb, logits = zip(*ends)
-        return cls(
-            min(emb),
-            min(logits),
-            min([e / x for e, x in zip(emb, a)]),
-            min([lg / x for lg, x in zip(logits, a)]),
-            min([x + e for x, e in zip(a, emb)]),
-            min([x + lg for x, lg in zip(a, logits)]),
-            ordered=False,
-        )
+        """The terms at their least over the groups (per-layer seconds ``a``, (embedding, logits) seconds ``ends``):
+        the group order still open."""
+        return cls.least([cls.row(x, end) for x, end in zip(a, ends)])
+
+    @staticmethod
+    def row(a: float, end: tuple[float, float]) -> tuple[float, ...]:
+        """One group's terms (its per-layer seconds ``a`` and (embedding, logits) seconds ``end``), for least."""
+        emb, logits = end
+        return emb, logits, emb / a, logits / a, a + emb, a + logits
+
+    @classmethod
+    def least(cls, rows) -> Ends:
+        """any_order from the groups' row terms (a caller that keeps them per group builds no other)."""
+        return cls(*map(min, zip(*rows)), ordered=False)
 
 
-@dataclass(frozen=True)
-class KindMix:
+class KindMix(NamedTuple):
     """A model with dense and MoE layers in a box bound. A stage holding d dense and e MoE layers on group g takes
     at least d*x_g + e*y_g + c seconds (x_g, y_g: each kind's least seconds per layer there, with what the caller
     adds per layer), and y_g >= rho*x_g with rho the least y_g/x_g over the groups, so d + rho*e <= (T - c)/x_g:

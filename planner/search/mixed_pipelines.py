@@ -335,10 +335,10 @@ class _TpChoiceNode:
         rows = [row for row in map(self._row, itertools.repeat(ctx), range(len(ctx.order))) if row is not None]
         if not rows:
             return float("inf")
-        a, ends, send, lo, hi, free = zip(*(terms for terms, _ in rows))
+        a, _, send, lo, hi, free = zip(*(terms for terms, _, _ in rows))
         L = ctx.job.model.num_layers
-        mix = self._kind_mix(ctx, [kinds for _, kinds in rows])
-        ends = Ends.any_order(a, ends)
+        mix = self._kind_mix(ctx, [kinds for _, kinds, _ in rows])
+        ends = Ends.least([ends for _, _, ends in rows])  # (Ends.any_order of the rows)
         depths = _depths(ctx, self.vpp, self.mb) if self.vpp > 1 else ()
         deepest = depths[-1] if depths else None
         plain, reach = box_bound_reach(
@@ -372,9 +372,9 @@ class _TpChoiceNode:
 
     def _row(self, ctx: MixedContext, i: int) -> tuple | None:
         """Group i's row of the bound: its box_bound terms (a, (emb, logits), send, lo, hi, relaxed), a used group
-        at its one TP choice (at least one stage) or a group whose TP is still open relaxed (_free), and its
-        _kind_row for a model with dense and MoE layers (else None); None where the group has no stage (unused, or
-        no TP option). Memoized per root (the nodes of a root share its rows)."""
+        at its one TP choice (at least one stage) or a group whose TP is still open relaxed (_free), its _kind_row
+        for a model with dense and MoE layers (else None) and its Ends.row; None where the group has no stage
+        (unused, or no TP option). Memoized per root (the nodes of a root share its rows)."""
         fixed = i < len(self.fixed)
         key = ("row", i, self.fixed[i] if fixed else "free")
         if key in self.memo:
@@ -388,7 +388,8 @@ class _TpChoiceNode:
             else:
                 terms = (*self._free(ctx, i), True)
             count = layer_counts(ctx.job.model)
-            row = terms, self._kind_row(ctx, choices, terms[4]) if count["dense"] and count["moe"] else None
+            kinds = self._kind_row(ctx, choices, terms[4]) if count["dense"] and count["moe"] else None
+            row = terms, kinds, Ends.row(terms[0], terms[1])
         self.memo[key] = row
         return row
 
@@ -452,8 +453,7 @@ class _TpChoiceNode:
             return None
         dense, moe, ratio, x_min, y_min = zip(*kind_rows)
         work = D * min(x_min) + E * min(y_min)
-        none = Ends(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, ordered=False)
-        return KindMix(dense, none, D + min(ratio) * E, work, moe=moe, moe_layers=E, moe_from=D + E)
+        return KindMix(dense, _NO_ENDS, D + min(ratio) * E, work, moe=moe, moe_layers=E, moe_from=D + E)
 
     def _kind_row(self, ctx: MixedContext, choices, hi: float) -> tuple[float, ...]:
         """(dense, MoE seconds per layer at which the row's hi stages have the best throughput of its choices (hi /
@@ -807,6 +807,9 @@ class _Family:
                     return []
         groups = tuple((g, tp, k) for (g, tp), k in zip(self.used, ks))
         return [HeteroCandidate(self.dp, self.cp, self.mbs, self.zero, self.base, groups, lb, self.ep, v)]
+
+
+_NO_ENDS = Ends(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, ordered=False)  # (_TpChoiceNode._kind_mix: the ends only add)
 
 
 def _kinds(ctx: MixedContext, used, node: _TpChoiceNode) -> dict:
