@@ -131,9 +131,8 @@ class AnalyticCosts:
         flash: bool,
         recompute: str,
     ) -> compute.PassTime:
-        # cached by the model's identity: hashing a pydantic model on every call costs more than the formula; a
-        # dense layer's work does not depend on the EP degree (flops.mlp_gemms), so one entry serves every degree
-        key = (id(model), tokens, seq, tp, sp, cp, ep if moe else 1, moe, flash, recompute)
+        # cached by the model's identity: hashing a pydantic model on every call costs more than the formula
+        key = (id(model), tokens, seq, tp, sp, cp, ep, moe, flash, recompute)
         hit = self._layers.get(key)
         if hit is None:
             hit = self._layers[key] = self._other_mode(key) or compute.layer_time(

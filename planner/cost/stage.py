@@ -205,26 +205,24 @@ def kind_coeffs(
     GEMMs, ``tp_overlap``), CP, EP, the micro-batch and the model, so they are memoized on the costs object and
     shared by every pipeline/DP/ZeRO choice."""
     m, t = job.model, job.training
-    seq = t.seq_length
-    flash = t.fused_attention
     tp_overlap = tp_overlap and tp > 1
     fp8_inputs = t.fp8_saved_inputs and runs_fp8(costs.group.gpu, t.precision)
-    key = (
+    # what the coefficients read besides EP, which a dense layer's do not read (flops.mlp_gemms, ParallelDims.spans)
+    shared = (
         id(m),
         tokens,
-        seq,
+        t.seq_length,
         tp,
         cp,
-        ep,
         sp,
-        flash,
+        t.fused_attention,
         base_rc,
         t.tp_backward_overlap,
         tp_overlap,
         fp8_inputs,
         t.grad_dtype,
     )
-    hit = costs.kind_coeffs.get(key)
+    hit = costs.kind_coeffs.get((*shared, ep))
     if hit is not None:
         return hit
     costs.keep(m)
@@ -232,15 +230,14 @@ def kind_coeffs(
     for kind in KINDS:
         if kind == "moe" and m.moe is None:
             continue
-        # a dense layer's coefficients do not depend on the EP degree: one entry serves every degree
-        kind_key = (kind, *key[:5], ep if kind == "moe" else 1, *key[6:])
-        coeffs = costs.kind_coeffs.get(kind_key)
-        if coeffs is None:
-            coeffs = costs.kind_coeffs[kind_key] = _kind_coeffs(
-                job, costs, kind, tokens, tp, cp, ep, sp, base_rc, tp_overlap, fp8_inputs
+        kind_ep = ep if kind == "moe" else 1  # (one dense entry serves every EP degree)
+        kind_key = (kind, *shared, kind_ep)
+        if kind_key not in costs.kind_coeffs:
+            costs.kind_coeffs[kind_key] = _kind_coeffs(
+                job, costs, kind, tokens, tp, cp, kind_ep, sp, base_rc, tp_overlap, fp8_inputs
             )
-        kinds[kind] = coeffs
-    costs.kind_coeffs[key] = kinds
+        kinds[kind] = costs.kind_coeffs[kind_key]
+    costs.kind_coeffs[(*shared, ep)] = kinds
     return kinds
 
 

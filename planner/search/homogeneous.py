@@ -108,12 +108,13 @@ def search(
                 continue
             incumbent = Plan(c, est, "feasible")
         cap = min(kth, incumbent.time) if incumbent else kth
+        work = solve_cap(time_limit_s)  # (CP-SAT's deterministic time: the same stop on any machine)
         res = solve_partition(
             sm,
             capacity,
             partial_recompute=opts.partial_recompute,
-            time_limit_s=solve_wall(remaining, solve_cap(time_limit_s)),
-            work_limit=solve_cap(time_limit_s),  # (deterministic: the same stop on any machine)
+            time_limit_s=solve_wall(remaining, work),
+            work_limit=work,
             workers=workers,
             objective_cap_s=cap if cap < float("inf") else None,
             even_layers=opts.even_layers,

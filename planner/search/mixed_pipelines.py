@@ -340,22 +340,9 @@ class _TpChoiceNode:
         mix = self._kind_mix(ctx, [kinds for _, kinds, _ in rows])
         ends = Ends.least([ends for _, _, ends in rows])  # (Ends.any_order of the rows)
         depths = _depths(ctx, self.vpp, self.mb) if self.vpp > 1 else ()
-        deepest = depths[-1] if depths else None
-        plain, reach = box_bound_reach(
-            a,
-            lo,
-            hi,
-            ends,
-            L,
-            self.mb,
-            send,
-            self.vpp,
-            mix=mix,
-            whole=True,
-            relaxed=free,
-            max_stages=deepest,
-            target=target,
-        )
+        args = (a, lo, hi, ends, L, self.mb, send, self.vpp)
+        kw = {"mix": mix, "whole": True, "relaxed": free, "max_stages": depths[-1] if depths else None}
+        plain, reach = box_bound_reach(*args, **kw, target=target)
         if not memory or plain >= target:
             return plain
         floor = self.memory_floor(ctx)
@@ -363,12 +350,7 @@ class _TpChoiceNode:
             return floor
         if floor < reach:  # (the bound with it is the bound without)
             return plain
-        return max(
-            plain,
-            box_bound(
-                a, lo, hi, ends, L, self.mb, send, self.vpp, floor, mix, whole=True, relaxed=free, max_stages=deepest
-            ),
-        )
+        return max(plain, box_bound(*args, floor=floor, **kw))
 
     def _row(self, ctx: MixedContext, i: int) -> tuple | None:
         """Group i's row of the bound: its box_bound terms (a, (emb, logits), send, lo, hi, relaxed), a used group

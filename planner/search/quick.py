@@ -87,35 +87,18 @@ def forced_recompute(sm: StageModel, capacity_gib: float) -> float | None:
     (layers counted in units of the heaviest kind, _effective_layers; the largest saving for beta), so n layers
     need r >= (n*alpha_i - room_i)/beta_i: each stage holds room_i/alpha_i layers (fractional) without recompute,
     and every layer beyond costs alpha_i/beta_i recomputed layers, cheapest stages first."""
-    d = sm.dims
-    L, p = sm.job.model.num_layers, d.pp
     cap = sm.allocatable(capacity_gib)
     kinds = tuple(sm.kinds)
     heavy = kinds.index(heavy_kind(sm.job.model)[0])
     free_total, extra = 0.0, []
     full_total = 0
-    memories = _per_stage(p, sm.allocated_memory)
-    lines = memories[0].layer_lines(kinds)  # per-layer coefficients: the same at every position
-    seen: dict = {}  # stages at one end position and in-flight count hold alike (one micro-batch: all but the ends)
-    for memory, n in zip(memories, sm.inflight_counts()):
-        key = (id(memory), n)
-        hit = seen.get(key)
-        if hit is None:
-            rows = [(s + (m * n + e), sr + (mr * n + er)) for s, m, e, sr, mr, er in lines]  # per layer, recomputed
-            alpha, saved = rows[heavy]
-            lean = alpha + saved
-            if len(rows) == 1:
-                beta, lightest = -saved, lean
-            else:
-                beta = max(-rc for _, rc in rows)
-                lightest = min(layer + rc for layer, rc in rows)
-            room = cap - memory.const(n)
-            if room < lightest * d.vpp:
-                return None
-            full = int(room / lean) if lean > 0 else L
-            free = min(room / alpha, full) if alpha > 0 else L
-            hit = seen[key] = (free, full, (alpha / beta, full - free) if full > free and beta > 0 else None)
-        free, full, item = hit
+    positions = [sm.position(i) for i in range(sm.dims.pp)]
+    lines = sm.allocated_memory(positions[0].first, positions[0].last).layer_lines(kinds)  # the same at every position
+    holds = {pos: _stage_holds(sm, pos, lines, heavy, cap) for pos in set(positions)}  # (stages at one position alike)
+    for pos in positions:
+        if holds[pos] is None:
+            return None
+        free, full, item = holds[pos]
         free_total += free
         full_total += full
         if item is not None:
@@ -134,21 +117,39 @@ def forced_recompute(sm: StageModel, capacity_gib: float) -> float | None:
     return forced
 
 
+def _stage_holds(sm: StageModel, pos, lines, heavy: int, cap: float) -> tuple | None:
+    """forced_recompute's terms of a stage at position ``pos`` (StageModel.position): (layers it holds without
+    recompute, layers it holds with every one recomputed, (recomputed layers per layer beyond the first count, how
+    many) or None), or None where not even a chunk of vpp layers fits recomputed."""
+    n = pos.inflight
+    rows = [(s + (m * n + e), sr + (mr * n + er)) for s, m, e, sr, mr, er in lines]  # per layer, recomputed
+    alpha, saved = rows[heavy]
+    lean = alpha + saved
+    if len(rows) == 1:
+        beta, lightest = -saved, lean
+    else:
+        beta = max(-rc for _, rc in rows)
+        lightest = min(layer + rc for layer, rc in rows)
+    room = cap - sm.allocated_memory(pos.first, pos.last).const(n)
+    if room < lightest * sm.dims.vpp:
+        return None
+    L = sm.job.model.num_layers
+    full = int(room / lean) if lean > 0 else L
+    free = min(room / alpha, full) if alpha > 0 else L
+    return free, full, ((alpha / beta, full - free) if full > free and beta > 0 else None)
+
+
 def _stage_memory_terms(sm: StageModel, capacity_gib: float):
     """Per stage (room, alpha, beta): allocatable bytes left after the stage's fixed items, bytes per layer of the
-    heaviest kind, and bytes saved per fully recomputed layer."""
-    p, seen, out = sm.dims.pp, {}, []
-    for i, n in enumerate(sm.inflight_counts()):
-        key = (i == 0, i == p - 1, n)  # (stage_memory_term: stages at one end position and in-flight count alike)
-        if key not in seen:
-            seen[key] = memory_term(sm, capacity_gib, *key)
-        out.append(seen[key])
-    return out
+    heaviest kind, and bytes saved per fully recomputed layer (once per position: stages at one position alike)."""
+    positions = [sm.position(i) for i in range(sm.dims.pp)]
+    terms = {pos: memory_term(sm, capacity_gib, *pos) for pos in set(positions)}
+    return [terms[pos] for pos in positions]
 
 
 def stage_memory_term(sm: StageModel, capacity_gib: float, i: int) -> tuple[float, float, float]:
     """(room, alpha, beta) of stage i (see _stage_memory_terms), read off its allocated-memory form."""
-    return memory_term(sm, capacity_gib, i == 0, i == sm.dims.pp - 1, sm.inflight(i))
+    return memory_term(sm, capacity_gib, *sm.position(i))
 
 
 def memory_term(sm: StageModel, capacity_gib: float, first: bool, last: bool, inflight: float):
