@@ -47,15 +47,27 @@ def run_search(
 
 @contextlib.contextmanager
 def _older_objects_frozen() -> Iterator[None]:
-    """Keep the objects that exist before the search (imported modules: pydantic, OR-Tools, the job) out of the
-    cyclic garbage collector while it runs. The search allocates millions of short-lived objects, and each full
-    collection would otherwise walk every one of those older objects again (about a tenth of the search time on
-    the bench jobs). Objects the search creates are collected as usual. See the `gc.freeze` documentation."""
+    """Keep the cyclic garbage collector's full collections out of the search while it runs.
+
+    The objects that exist before the search (imported modules: pydantic, OR-Tools, the job) are frozen: no
+    collection walks them again (about a tenth of the search time on the bench jobs). The search itself allocates
+    millions of short-lived objects and keeps many long-lived ones (its memoized bounds and cost terms), which
+    every full collection would walk again as they grow: Llama 4 Maverick on four GPU types (bench_hetero --suite,
+    job 46) ran 10 of them, 7% of its search time. So the young generations are collected as usual (short-lived
+    cycles go at once) and the oldest one not at all until the search ends (it holds little cyclic garbage: the
+    same job's peak memory grew by under 1%). See the `gc.freeze` and `gc.set_threshold` documentation."""
+    thresholds = gc.get_threshold()
     gc.freeze()
+    gc.set_threshold(thresholds[0], thresholds[1], NO_FULL_COLLECTION)
     try:
         yield
     finally:
+        gc.set_threshold(*thresholds)
         gc.unfreeze()
+
+
+# gc.set_threshold's third threshold while the search runs: young-generation collections before a full one
+NO_FULL_COLLECTION = 2**30
 
 
 def _search(job, options, top, limit, workers, progress):
