@@ -137,6 +137,7 @@ class MixedCaches:
     space_size: dict = field(default_factory=dict)  # mixed_pipelines: candidates below a family
     group_space_size: dict = field(default_factory=dict)  # mixed_pipelines: candidates below a TP-choice node
     memory_rows: dict = field(default_factory=dict)  # mixed_pipelines: a TP-choice node row's memory room and floor
+    memory_floors: dict = field(default_factory=dict)  # mixed_pipelines: a TP-choice node's memory floor
     depths: dict = field(default_factory=dict)  # mixed_pipelines: the depths that take a vpp, by (vpp, mb)
     replica_floor: dict = field(default_factory=dict)  # replicas.pipeline_floor, by ReplicaCandidate.key
     replica_exact: dict = field(default_factory=dict)  # replicas._exact_once: (cut, best plan) where proven
@@ -645,20 +646,17 @@ def tail_profile(lines, windows: tuple[np.ndarray, np.ndarray]) -> TailProfile:
     layers, for every n: those hold e MoE layers with fewest[n] <= e <= most[n] (moe_windows) and n - e dense ones,
     and each part is linear in e for e >= 1 (_kind_lines), so its least value over e lies at fewest[n], most[n] or
     1; the parts' least values add up to at most the tail's. An MoE model whose few dense layers carry little
-    traffic thus no longer has the tail of a stage of dense layers only."""
+    traffic thus no longer has the tail of a stage of dense layers only. (All parts at once, as arrays of part x
+    choice of e x n: built for every group model the bounds read.)"""
     import numpy as np
 
     fewest, most = windows
+    e = np.stack((fewest, most, np.maximum(fewest, np.minimum(1.0, most))))  # (choice of e, n)
     n = np.arange(len(fewest), dtype=float)
-    total = np.zeros(len(fewest))
-    for kinds in lines:
-        c_d, p_d = kinds.get("dense", (0.0, 0.0))
-        c_m, p_m = kinds.get("moe", (0.0, 0.0))
-        least = None
-        for e in (fewest, most, np.maximum(fewest, np.minimum(1.0, most))):
-            value = np.where(e > 0, c_m, c_d) + (n - e) * p_d + e * p_m
-            least = value if least is None else np.minimum(least, value)
-        total += np.maximum(0.0, least)
+    coeffs = np.array([(*kinds.get("dense", (0.0, 0.0)), *kinds.get("moe", (0.0, 0.0))) for kinds in lines])
+    c_d, p_d, c_m, p_m = (coeffs[:, i, None, None] for i in range(4))  # (part, 1, 1) each
+    value = np.where(e > 0, c_m, c_d) + (n - e) * p_d + e * p_m
+    total = np.maximum(0.0, value.min(axis=1)).sum(axis=0)
     total[0] = np.inf
     reach = np.minimum.accumulate(total[::-1])[::-1]
     return TailProfile(tuple(total.tolist()), tuple(reach.tolist()))

@@ -300,9 +300,12 @@ def whole_chunk_bottleneck(a, hi, ends: Ends, L: int, send, v: int, start: float
     a few layers per stage that is worth several percent. The held chunks step up at c + q v a_g: the search walks
     those steps from ``start``. A ``relaxed`` group (see box_bound; its ends unordered) holds its continuous share
     k (T - c) / (v a_g), so between two steps the held chunks grow linearly: solved there."""
-    rows = list(zip(a, hi, send or (0.0,) * len(a), relaxed or (False,) * len(a)))
-    free = [(k, y, v * x) for x, k, y, r in rows if r]  # (stages, constant seconds, seconds per chunk)
-    fixed = [(x, k, y) for x, k, y, r in rows if not r]
+    ys = send or (0.0,) * len(a)
+    if any(relaxed):
+        free = [(k, y, v * x) for x, k, y, r in zip(a, hi, ys, relaxed) if r]  # (stages, constant s, s per chunk)
+        fixed = [(x, k, y) for x, k, y, r in zip(a, hi, ys, relaxed) if not r]
+    else:
+        free, fixed = (), list(zip(a, hi, ys))
     if not ends.ordered:
         stages = [(k, y, v * x) for x, k, y in fixed]
     elif sum(k for _, k, _ in fixed) == 1:
@@ -326,7 +329,11 @@ def whole_chunk_bottleneck(a, hi, ends: Ends, L: int, send, v: int, start: float
             q = math.floor((T - c) / u + 1e-9)  # (rounding: a chunk that just fits is held)
             if q > 0:
                 held += k * q
-            step = min(step, c + (max(q, 0) + 1) * u)
+                nxt = c + (q + 1) * u
+            else:
+                nxt = c + u
+            if nxt < step:
+                step = nxt
         rate = 0.0  # chunks per second the relaxed groups add from T on (each from its own c)
         for k, c, u in free:
             if T >= c:
@@ -1038,13 +1045,29 @@ def kind_memory_floor(groups, L: int) -> float:
     """The box form of _kind_memory_bottleneck: ``groups`` per node group, its choices (TP degree) as (stages,
     times), each of its at most ``stages`` stages holding n layers in at least times[n - 1] seconds (its roomiest
     stage's kind_memory_times; the stages' constants left out); a group whose choice is still open holds the most
-    any one choice holds. The smallest T at which they hold the L layers, inf where they cannot."""
-    groups = [[(k, values) for k, values in choices if k > 0] for choices in groups]
-
-    def held(x: float) -> int:
-        return sum(max((k * bisect.bisect_right(values, x) for k, values in choices), default=0) for choices in groups)
-
-    return _first_level(held, merged_levels(values for choices in groups for _, values in choices), L)
+    any one choice holds. The smallest T at which they hold the L layers, inf where they cannot: the times of every
+    choice walked in ascending order (a merge of the sorted lists), each taken as one more layer its stages hold,
+    until the groups hold L. (It is one of the times; the walk reads only those up to it.)"""
+    rows = [(g, k, values) for g, choices in enumerate(groups) for k, values in choices if k > 0]
+    heap = [(values[0], i) for i, (_, _, values) in enumerate(rows) if values and values[0] < math.inf]
+    heapq.heapify(heap)
+    counts = [0] * len(rows)  # times taken of each choice
+    most = [0] * len(groups)  # the layers each group holds: the most any one of its choices holds
+    held = 0
+    while heap:
+        x = heap[0][0]
+        while heap and heap[0][0] == x:  # every time equal to x, then whether they hold L at x
+            _, i = heapq.heappop(heap)
+            g, k, values = rows[i]
+            n = counts[i] = counts[i] + 1
+            if n < len(values) and values[n] < math.inf:
+                heapq.heappush(heap, (values[n], i))
+            if k * n > most[g]:
+                held += k * n - most[g]
+                most[g] = k * n
+        if held >= L:
+            return x
+    return math.inf
 
 
 def _capped_bottleneck(a, c, caps, L, probe: float | None = None) -> float:

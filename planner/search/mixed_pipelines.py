@@ -391,10 +391,20 @@ class _TpChoiceNode:
         (_memory_rows): memory_floor, and kind_memory_floor for a model with dense and MoE layers, as
         _memory_floor for a family; inf where no ZeRO stage can hold them, 0 where a group has no depth-3 model.
         (The rooms by pipeline position, ZeroTerms.room, are left to the families: every stage here is taken at
-        the last stage's in-flight count, the same for every vpp, so the rows serve all of a root's vpp.)"""
+        the last stage's in-flight count, the same for every vpp, so the rows serve all of a root's vpp, and so does
+        the floor: memoized by what it reads, shared with the nodes of the same choices at other vpp.)"""
+        choices = tuple(c for _, c in self._choices(ctx))
+        key = (choices, tuple(tuple(self.kmax_of[g][tp] for g, tp in c) for c in choices))
+        key += (self.dp, self.cp, self.mbs, self.base, self.ep, self.zeros)
+        floor = ctx.caches.memory_floors.get(key)
+        if floor is None:
+            floor = ctx.caches.memory_floors[key] = self._memory_floor(ctx, choices)
+        return floor
+
+    def _memory_floor(self, ctx: MixedContext, choices) -> float:
         model = ctx.job.model
         floor = float("inf")
-        for per_zero in zip(*(self._memory_rows(ctx, c) for _, c in self._choices(ctx))):
+        for per_zero in zip(*(self._memory_rows(ctx, c) for c in choices)):
             if any(row is None for row, _ in per_zero):
                 return 0.0
             kinds = tuple(t for _, t in per_zero)
