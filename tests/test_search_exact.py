@@ -200,3 +200,29 @@ def test_cp_sat_falls_back_to_the_real_pandas_where_the_stand_in_falls_short():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout.split()
     assert out == ["True", "True", "True"]
+
+
+def test_search_runs_without_full_collections_and_restores_the_collector():
+    """run_search keeps the cyclic collector's oldest generation out of the search (planner.search
+    _older_objects_frozen) and leaves the collector as it found it, also where the search fails."""
+    import gc
+
+    import planner.search as search_pkg
+    from planner.search import run_search
+
+    before = gc.get_threshold()
+    seen = []
+
+    def progress(*_):
+        seen.append((gc.get_threshold(), gc.get_freeze_count() > 0))
+
+    run_search(job(SMALL_GPT), SearchOptions(), top=1, time_limit_s=30, progress=progress)
+    assert seen and all(t == (*before[:2], search_pkg.NO_FULL_COLLECTION) and frozen for t, frozen in seen)
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+    with pytest.raises(ValueError):
+        run_search(job(SMALL_GPT), SearchOptions(), top=1, time_limit_s=30, progress=_fail)
+    assert gc.get_threshold() == before and gc.get_freeze_count() == 0
+
+
+def _fail(*_):
+    raise ValueError("stop")
