@@ -12,7 +12,7 @@ import random
 import pytest
 
 from planner.search import lockstep
-from planner.search.lockstep import EPOCH, LAG, Lockstep, Snapshot, boundary, processes_available, seal
+from planner.search.lockstep import EPOCH, LAG, Lockstep, Snapshot, boundary, processes_available
 
 
 class RecordingPeer(lockstep.Peer):
@@ -31,14 +31,10 @@ class Toy:
     """A share: a line of work items, each of random work; an item finds a plan below the best the share knows
     with some chance and may add items of its own; once its best is below ``good`` the rest of its line is cut."""
 
-    def __init__(
-        self, seed: int, items: int, good: float = 0.02, fail_at: int | None = None, long_every: int | None = None
-    ) -> None:
+    def __init__(self, seed: int, items: int, good: float = 0.02, fail_at: int | None = None) -> None:
         self.rng = random.Random(seed)
         self.line = [self.rng.randint(1, 2 * EPOCH) for _ in range(items)]
         self.good, self.fail_at = good, fail_at
-        self.long_every = long_every  # every so many items, a long one (10 epochs of work) whose epochs it seals
-        self.sealed: list[int] = []  # the epochs it sealed
         self.best: list[float] = []
         self.found: list[float] = []
         self.work = self.done = self.added = 0
@@ -68,13 +64,6 @@ class Toy:
             self.done += 1
             if self.done == self.fail_at:
                 raise ValueError("toy failure")
-            if self.long_every and self.done % self.long_every == 0:
-                self.work += 10 * EPOCH
-                while (self.work - start) // EPOCH > tag:  # sealed before the long item runs
-                    tag += 1
-                    self.epoch = tag
-                    self.sealed.append(tag)
-                    yield from seal(self, tag)
             self.work += amount
             if self.rng.random() < 0.3:
                 plan = round(min(self.best, default=1.0) * self.rng.uniform(0.5, 1.0), 9)
@@ -118,8 +107,7 @@ class Toy:
         return Snapshot(self.work // EPOCH + 1, self.flush(), self.settled, True, self.load())
 
     def result(self) -> dict:
-        out = {"log": self.log, "best": sorted(self.best), "done": self.done, "work": self.work, "seen": self.seen}
-        return out | {"sealed": self.sealed}
+        return {"log": self.log, "best": sorted(self.best), "done": self.done, "work": self.work, "seen": self.seen}
 
 
 def run(seeds, steps, processes: int, **kw):
@@ -139,28 +127,6 @@ def test_same_in_one_process_and_two(seeds, steps):
     if processes_available() < 2:
         pytest.skip("no second core, or no fork here")
     assert run(seeds, steps, processes=2) == one
-
-
-@pytest.mark.parametrize("seeds,steps", CASES)
-def test_sealed_epochs_are_the_same_in_one_process_and_two(seeds, steps):
-    """A share that seals the epochs of its long steps (lockstep.seal) takes nothing in at them, and still sees the
-    same, so does the same, in one process or two."""
-    one = run(seeds, steps, processes=1, long_every=7)
-    shares_sealed = [one[0]["sealed"], one[1]["sealed"]]
-    if sum(steps) >= 20:
-        assert any(shares_sealed)
-    for result, sealed in zip(one, shares_sealed):
-        assert not {epoch for epoch, _ in result["seen"]} & set(sealed)  # nothing taken in at a sealed epoch
-        assert all(tag <= epoch - LAG for epoch, tag in result["seen"])
-    if processes_available() < 2:
-        pytest.skip("no second core, or no fork here")
-    assert run(seeds, steps, processes=2, long_every=7) == one
-
-
-def test_a_sealed_snapshot_counts_the_step_in_line():
-    share = Toy(1, 0)
-    (kind, snap), *_ = list(seal(share, 3))
-    assert kind == "publish" and snap.tag == 3 and snap.load == 1 and not snap.done
 
 
 @pytest.mark.parametrize("seeds,steps", CASES)

@@ -20,17 +20,14 @@ snapshots, until a gift comes or both are out of work for good (each out of work
 
 A share is any object with ``explore(until)``: a generator that, at each epoch e it reaches, yields ("need", e) and
 is sent the other's snapshots up to e - LAG, then (through ``boundary``, which takes them in and decides the gift)
-yields ("publish", snapshot); it returns when it is done. A step of its own too long for the lag (the mixed search:
-a CP-SAT solve of a large candidate, a second or more) would hold the other up until it ends; so a share may seal
-the epochs such a step's work units span before it runs it (``seal``: each published at once, taking nothing in and
-giving nothing), and the other runs on through them meanwhile. What either sees is still fixed by the work counts.
-It also has ``load()`` (nodes in its line), ``give()`` (part of its line as bytes, or None), ``take_gift(bytes)``,
-``take_plans(plans)``, ``flush()`` (the plans found since its last snapshot), ``settled`` and ``others_settled``
-(progress: its own, and the other's as last heard), ``final()`` (its last snapshot, done), ``result()`` (a picklable
-summary for the caller) and ``prepare(forked=False)`` (work that needs nothing from the other: run by the child as
-soon as it is forked, with ``forked`` True, and by explore where it has not run yet). The caller owns the shares;
-this module only runs them. Between explores the caller may also hand the second share's side a call of its own
-(start_call, finish_call), which runs in the child while this process does other work.
+yields ("publish", snapshot); it returns when it is done. It also has ``load()`` (nodes in its line), ``give()``
+(part of its line as bytes, or None), ``take_gift(bytes)``, ``take_plans(plans)``, ``flush()`` (the plans found
+since its last snapshot), ``settled`` and ``others_settled`` (progress: its own, and the other's as last heard),
+``final()`` (its last snapshot, done), ``result()`` (a picklable summary for the caller) and
+``prepare(forked=False)`` (work that needs nothing from the other: run by the child as soon as it is forked, with
+``forked`` True, and by explore where it has not run yet). The caller owns the shares; this module only runs them.
+Between explores the caller may also hand the second share's side a call of its own (start_call, finish_call), which
+runs in the child while this process does other work.
 """
 
 from __future__ import annotations
@@ -131,14 +128,6 @@ def boundary(share, peer: Peer, epoch: int):
         peer.gave = epoch
     yield ("publish", Snapshot(epoch, share.flush(), share.settled, False, share.load(), gift))
     return share.load() == 0 and peer.idle_for_good()
-
-
-def seal(share, epoch: int):
-    """A share's epoch that one long step of its own spans, published before the step runs (``yield from`` in its
-    explore, for each such epoch): it takes none of the other's snapshots in and gives nothing (the next boundary
-    takes in all that came meanwhile), and it counts the step as one more node in line, so that the other never
-    takes a share in the middle of a step for out of work."""
-    yield ("publish", Snapshot(epoch, share.flush(), share.settled, False, share.load() + 1))
 
 
 def processes_available() -> int:

@@ -49,7 +49,7 @@ from planner.cost.provider import cost_source
 from planner.cost.stage import StageModel, heavy_kind, layer_counts
 from planner.parallel import HeteroDims, baseline_recompute_modes, dp_options, group_order, micro_batch_options
 from planner.parallel import vpp_options as depth_vpp_options
-from planner.search.lockstep import EPOCH, Lockstep, Peer, Snapshot, boundary, processes_available, seal
+from planner.search.lockstep import EPOCH, Lockstep, Peer, Snapshot, boundary, processes_available
 from planner.search.mixed_context import (
     MixedContext,
     ZeroTerms,
@@ -969,7 +969,6 @@ class _PipelineSearch:
         self.timed_out = False
         self.deadline = 0.0
         self.open_solves: list[tuple[float, HeteroCandidate, list[StageModel]]] = []  # solves stopped by their cap
-        self.pending: list[tuple] = []  # solves a step asked for: explore seals their epochs, then runs them
         self.cache: dict = {}
         self.other: dict = {}  # the other share's last result()
 
@@ -1003,21 +1002,18 @@ class _PipelineSearch:
         bound: float,
         limit: float | None = None,
         until: float | None = None,
-        counted: bool = False,
     ):
         """CP-SAT on one candidate, capped at ``kth``. A candidate's first solve (no limit given; solve_again
         gives one) is counted; without a plan to beat it only needs to find one: a short limit (its bound is
         kept). The limit is CP-SAT's deterministic time, so that a solve stops at the same point on any machine
         (and the plans and counts after it are the same); the wall clock stops it only at ``until`` (default: the
-        explore's deadline) or at SOLVE_WALL times its limit. ``counted``: its work units are counted already
-        (explore, which seals their epochs first)."""
+        explore's deadline) or at SOLVE_WALL times its limit."""
         if limit is None:
             limit = solve_cap(self.time_limit_s if kth < float("inf") else 0.0)
             self.solved += 1
             self.settled += 1
         wall = solve_wall((self.deadline if until is None else until) - time.monotonic(), limit)
-        if not counted:
-            self.work += self.solve_work(c)
+        self.work += WORK["solve"] + c.pp * self.L  # (CP-SAT's model grows with both)
         sent = with_group_sends(self.ctx.job, c.stage_groups, sms)
         res, est = _solve(self.ctx, c, sent, kth, limit, wall, self.workers)
         if res.status not in ("optimal", "infeasible"):
@@ -1028,10 +1024,6 @@ class _PipelineSearch:
             keep_top(self.best, plan, self.top)
             self.found.append(plan)
         self.report()
-
-    def solve_work(self, c: HeteroCandidate) -> int:
-        """Work units of a CP-SAT solve: CP-SAT's model grows with the stages and the layers."""
-        return WORK["solve"] + c.pp * self.L
 
     def solve_again(self, until: float) -> None:
         """Solves stopped by their cap whose bound is below the K-th best, again, best bound first, each with an
@@ -1093,13 +1085,6 @@ class _PipelineSearch:
             while (self.work - start) // EPOCH > self.epoch:  # every epoch the step's work reached, one by one
                 self.epoch += 1
                 yield from boundary(self, peer, self.epoch)
-            while self.pending:  # the step's solves, each after sealing the epochs it spans (lockstep.seal)
-                c, sms, cap, bound = self.pending.pop(0)
-                self.work += self.solve_work(c)
-                while (self.work - start) // EPOCH > self.epoch:
-                    self.epoch += 1
-                    yield from seal(self, self.epoch)
-                self.solve(c, sms, cap, bound, counted=True)
         self.report()
 
     # lockstep's share: plans and nodes traded with the other share
@@ -1192,7 +1177,7 @@ class _PipelineSearch:
                 self.settled += 1
                 self.report()
                 return
-            self.pending.append((fam, sms, kth, lb))
+            self.solve(fam, sms, kth, lb)
             return
         lo, hi = box
         if not fam.ordered:
@@ -1221,8 +1206,7 @@ class _PipelineSearch:
                 self.settled += 1
                 continue
             if refined * (1 + DIVE) < kth and (not self.heap or refined <= self.heap[0][0] * (1 + DIVE)):
-                # no good plan yet: one close to the frontier cuts (solved once the step is done: explore)
-                self.pending.append((c, sms, kth, max(lb, refined)))
+                self.solve(c, sms, kth, max(lb, refined))  # no good plan yet: one close to the frontier cuts
             else:
                 heapq.heappush(self.heap, (max(lb, refined), next(self.tie), c, (fam, sms)))
 
