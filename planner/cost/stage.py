@@ -544,6 +544,10 @@ class StageModel:
     def position(self, stage: int) -> Position:
         return Position(stage == 0, stage == self.dims.pp - 1, self.inflight(stage))
 
+    def positions(self) -> list[Position]:
+        """The position of every stage, in pipeline order (stages at one position are alike)."""
+        return [self.position(i) for i in range(self.dims.pp)]
+
     def inflight(self, stage: int) -> float:
         return self.inflight_counts()[stage]
 

@@ -45,6 +45,10 @@ def run_search(
     return result
 
 
+# gc.set_threshold's third threshold while the search runs: young-generation collections before a full one
+NO_FULL_COLLECTION = 2**30
+
+
 @contextlib.contextmanager
 def _older_objects_frozen() -> Iterator[None]:
     """Keep the cyclic garbage collector's full collections out of the search while it runs.
@@ -64,10 +68,6 @@ def _older_objects_frozen() -> Iterator[None]:
     finally:
         gc.set_threshold(*thresholds)
         gc.unfreeze()
-
-
-# gc.set_threshold's third threshold while the search runs: young-generation collections before a full one
-NO_FULL_COLLECTION = 2**30
 
 
 def _search(job, options, top, limit, workers, progress):

@@ -398,10 +398,10 @@ class _TpChoiceNode:
         key += (self.dp, self.cp, self.mbs, self.base, self.ep, self.zeros)
         floor = ctx.caches.memory_floors.get(key)
         if floor is None:
-            floor = ctx.caches.memory_floors[key] = self._memory_floor(ctx, choices)
+            floor = ctx.caches.memory_floors[key] = self._floor_of_choices(ctx, choices)
         return floor
 
-    def _memory_floor(self, ctx: MixedContext, choices) -> float:
+    def _floor_of_choices(self, ctx: MixedContext, choices) -> float:
         model = ctx.job.model
         floor = float("inf")
         for per_zero in zip(*(self._memory_rows(ctx, c) for c in choices)):
@@ -610,27 +610,33 @@ class _Family:
             after += k_lo
         if room < L:
             return float("inf")
-        a, ends = (self.a, self.bound_ends) if sum(lo) < 2 else self.sharded
-        mix = self.mixes[sum(lo) >= 2]
-        # two or more stages: ZeRO-2/3 traffic, and the DP tail of the slowest group to sync (read only where the
-        # bound without it is below target: the tail terms are worked out when first read)
-        plain, reach = box_bound_reach(
-            a, lo, hi, ends, L, self.mb, self.send, v, mix=mix, whole=True, max_stages=self.deepest, target=target
-        )
+        a, ends = (self.a, self.bound_ends) if sum(lo) < 2 else self.sharded  # (two or more: ZeRO-2/3 traffic)
+        return self._zero_stage_bound(self.zt, afters[::-1], a, ends, self.mixes[sum(lo) >= 2], L, lo, hi, target)
+
+    def _zero_stage_bound(self, zt, afters, a, ends, mix, L: int, lo, hi, target: float) -> float:
+        """box_bound of a box at one ZeRO stage (the used groups' ``zt``), with two or more stages plus the DP tail
+        of the slowest group to sync, raised by the memory floor of group j's stages with at least afters[j] stages
+        after them; the tail and memory terms only where the bound without them is below ``target`` (the tail
+        terms are worked out when first read). The one rule of an ordered family's bound and of an open one's at
+        each of its ZeRO stages."""
+        v = self.vpp
+        args = (a, lo, hi, ends, L, self.mb, self.send, v)
+        kw = {"mix": mix, "whole": True, "max_stages": self.deepest}
+        plain, reach = box_bound_reach(*args, **kw, target=target)
         if plain >= target:
             return plain
-        tail = 0.0 if sum(lo) < 2 else self._box_tail(self.zt, hi, L)
-        plain += tail
-        if plain >= target:
-            return plain
-        floor = _memory_floor(self.zt, afters[::-1], hi, v)
+        tail = 0.0
+        if sum(lo) >= 2:
+            tail = self._box_tail(zt, hi, L)
+            plain += tail
+            if plain >= target:
+                return plain
+        floor = _memory_floor(zt, afters, hi, v)
         if floor == float("inf"):
             return floor
-        if floor < reach:  # (the bound with it is the bound without)
+        if floor < reach:  # (below its reach the floor changes nothing)
             return plain
-        return (
-            box_bound(a, lo, hi, ends, L, self.mb, self.send, v, floor, mix, whole=True, max_stages=self.deepest) + tail
-        )
+        return box_bound(*args, floor=floor, **kw) + tail
 
     def _clip(self, lo, hi):
         """The box narrowed to the depths that take the family's vpp: with P = sum k between the least such depth
@@ -677,29 +683,10 @@ class _Family:
     def _zero_bound(self, zt, terms, L: int, lo, hi, target: float) -> float:
         """_open_bound's bound at one ZeRO stage (zt, and its open_terms ``terms``): its memory and DP tail terms
         only where the bound without them is below ``target``."""
-        v = self.vpp
-        if sum(z.room(0, k_hi, v) for z, k_hi in zip(zt, hi)) < L:
+        if sum(z.room(0, k_hi, self.vpp) for z, k_hi in zip(zt, hi)) < L:
             return float("inf")
         a, ends, mix = (self.a, self.bound_ends, self.open_terms[0]) if sum(lo) < 2 else terms
-        zbound, reach = box_bound_reach(
-            a, lo, hi, ends, L, self.mb, self.send, v, mix=mix, whole=True, max_stages=self.deepest, target=target
-        )
-        if zbound >= target:
-            return zbound
-        tail = 0.0
-        if sum(lo) >= 2:  # (the tail terms are worked out when first read)
-            tail = self._box_tail(zt, hi, L)
-            zbound += tail
-            if zbound >= target:
-                return zbound
-        floor = _memory_floor(zt, [0] * len(zt), hi, v)
-        if floor == float("inf"):
-            return floor
-        if floor < reach:  # (below its reach the floor changes nothing)
-            return zbound
-        return (
-            box_bound(a, lo, hi, ends, L, self.mb, self.send, v, floor, mix, whole=True, max_stages=self.deepest) + tail
-        )
+        return self._zero_stage_bound(zt, [0] * len(zt), a, ends, mix, L, lo, hi, target)
 
     def by_zero(self) -> list[_Family]:
         """The open family once per ZeRO stage (its order still open), each bounded by _open_bound like this one:

@@ -92,7 +92,7 @@ def forced_recompute(sm: StageModel, capacity_gib: float) -> float | None:
     heavy = kinds.index(heavy_kind(sm.job.model)[0])
     free_total, extra = 0.0, []
     full_total = 0
-    positions = [sm.position(i) for i in range(sm.dims.pp)]
+    positions = sm.positions()
     lines = sm.allocated_memory(positions[0].first, positions[0].last).layer_lines(kinds)  # the same at every position
     holds = {pos: _stage_holds(sm, pos, lines, heavy, cap) for pos in set(positions)}  # (stages at one position alike)
     for pos in positions:
@@ -142,7 +142,7 @@ def _stage_holds(sm: StageModel, pos, lines, heavy: int, cap: float) -> tuple | 
 def _stage_memory_terms(sm: StageModel, capacity_gib: float):
     """Per stage (room, alpha, beta): allocatable bytes left after the stage's fixed items, bytes per layer of the
     heaviest kind, and bytes saved per fully recomputed layer (once per position: stages at one position alike)."""
-    positions = [sm.position(i) for i in range(sm.dims.pp)]
+    positions = sm.positions()
     terms = {pos: memory_term(sm, capacity_gib, *pos) for pos in set(positions)}
     return [terms[pos] for pos in positions]
 
