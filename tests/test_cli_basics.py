@@ -94,3 +94,27 @@ def test_estimate_and_plan_share_one_memory_margin():
     assert est["fits"] == plan["current"]["fits"]
     loose = json.loads(planner("estimate", str(EXAMPLE), "--json", "--memory-margin", "0").stdout)
     assert loose["memory_capacity_gib"] == 80
+
+
+def test_the_console_ends_at_once_with_its_whole_output_and_status():
+    """planner.console skips the interpreter's teardown (os._exit): what was printed still reaches a pipe in
+    full, and the status is the one the command chose."""
+    res = planner("schema", "plan")
+    assert res.returncode == 0, res.stderr
+    assert json.loads(res.stdout)["title"]  # the whole document, flushed before the process ended
+    res = planner("plan", str(ROOT / "examples" / "no-such-job.yaml"))
+    assert res.returncode == 2 and res.stderr.startswith("error: job:")
+
+
+@pytest.mark.parametrize("code, status", [(None, 0), (3, 3), ("a message", 1)])
+def test_the_console_exit_status_follows_system_exit(code, status):
+    program = (
+        "import sys, planner.cli, planner.console\n"
+        f"planner.cli.main = lambda: sys.exit({code!r})\n"
+        "print('out', flush=False)\n"
+        "planner.console.run()\n"
+    )
+    res = subprocess.run([sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True)
+    assert res.returncode == status
+    assert res.stdout == "out\n"  # buffered output is flushed before the process ends
+    assert res.stderr == ("a message\n" if status == 1 else "")
