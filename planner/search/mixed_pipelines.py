@@ -337,11 +337,13 @@ class _TpChoiceNode:
             return float("inf")
         a, _, send, lo, hi, free = zip(*(terms for terms, _, _ in rows))
         L = ctx.job.model.num_layers
+        deepest = self._deepest(ctx) if self.vpp > 1 else None
+        if deepest == 0:
+            return float("inf")  # no depth that takes the vpp lies within the node's stage counts
         mix = self._kind_mix(ctx, [kinds for _, kinds, _ in rows])
         ends = Ends.least([ends for _, _, ends in rows])  # (Ends.any_order of the rows)
-        depths = _depths(ctx, self.vpp, self.mb) if self.vpp > 1 else ()
         args = (a, lo, hi, ends, L, self.mb, send, self.vpp)
-        kw = {"mix": mix, "whole": True, "relaxed": free, "max_stages": depths[-1] if depths else None}
+        kw = {"mix": mix, "whole": True, "relaxed": free, "max_stages": deepest}
         plain, reach = box_bound_reach(*args, **kw, target=target)
         if not memory or plain >= target:
             return plain
@@ -351,6 +353,21 @@ class _TpChoiceNode:
         if floor < reach:  # (the bound with it is the bound without)
             return plain
         return max(plain, box_bound(*args, floor=floor, **kw))
+
+    def _deepest(self, ctx: MixedContext) -> int:
+        """With vpp > 1: the most stages a candidate of the node has, the deepest depth that takes its vpp (_depths)
+        within its stage counts (each used group at least one stage, each group at most its kmax at any of its
+        choices); 0 where no such depth lies between them (as _Family._clip, for the families below the node).
+        Memoized per root."""
+        key = ("deepest", self.fixed)
+        hit = self.memo.get(key)
+        if hit is None:
+            depths = _depths(ctx, self.vpp, self.mb)
+            least = sum(1 for tp in self.fixed if tp)
+            most = sum(max(self.kmax_of[g][tp] for g, tp in choices) for _, choices in self._choices(ctx))
+            i = bisect.bisect_right(depths, most) - 1
+            hit = self.memo[key] = depths[i] if i >= 0 and depths[i] >= least else 0
+        return hit
 
     def _row(self, ctx: MixedContext, i: int) -> tuple | None:
         """Group i's row of the bound: its box_bound terms (a, (emb, logits), send, lo, hi, relaxed), a used group
