@@ -1353,6 +1353,7 @@ def search_hetero(
         end = start + time_limit_s
         if main.timed_out or main.other["timed_out"]:
             main.absorb(lockstep.explore(end, best))
+            best = main.best  # (explore starts the share from a copy of best: what it found since is there)
     main.solve_again(end)
     if rs is not None and rs.open_parts(main.kth_time() * (1 - 1e-9)) and time.monotonic() < end:
         rs = replica_pass(main.kth_time(), end)
