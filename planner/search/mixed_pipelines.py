@@ -942,7 +942,9 @@ class _PipelineSearch:
     more than RESOLUTION (0.01%) to be explored: plans closer than that are equal in time (as in
     planner/search/quick.py), so the top K are optimal to within it. ``best`` is set to the plans known before each
     explore (lockstep.Lockstep.explore) and takes in the other share's plans at the epochs lockstep gives them.
-    ``total``: the candidates of every share, and ``progress``, where given, what reports them (MIXED_PROGRESS)."""
+    ``total``: the candidates of every share, and ``progress``, where given, what reports them (MIXED_PROGRESS).
+    ``counting``: whether the candidates a cut node stands for are counted (_node_size) for a progress report of
+    either share; without one they are not (2% of suite job 46's search went into counting them)."""
 
     def __init__(
         self,
@@ -953,9 +955,10 @@ class _PipelineSearch:
         workers: int,
         total: int,
         progress: Callable[..., None] | None = None,
+        counting: bool = True,
     ):
         self.ctx, self.top, self.time_limit_s, self.workers = ctx, top, time_limit_s, workers
-        self.total, self.progress = total, progress
+        self.total, self.progress, self.counting = total, progress, counting
         self.L = ctx.job.model.num_layers
         self.roots = roots  # (index, root, candidates): put in line at their bounds by prepare
         self.heap: list = []
@@ -1046,7 +1049,7 @@ class _PipelineSearch:
         self.work += WORK["bound"]
         if bound < self.cut() and (not isinstance(node, _Family) or _has_depth(node, *nbox)):
             heapq.heappush(self.heap, (bound, next(self.tie), node, nbox))
-        else:  # cut by its bound (or, interleaved, no depth in it takes its vpp): every candidate in it is settled
+        elif self.counting:  # cut by its bound (or, interleaved, no depth in it takes its vpp): its candidates settled
             self.settled += _node_size(self.ctx, node, nbox)
 
     def explore(self, until: float):
@@ -1116,7 +1119,7 @@ class _PipelineSearch:
         given = {id(e) for e in gift}
         self.heap = [e for e in self.heap if id(e) not in given]
         heapq.heapify(self.heap)
-        size = sum(_node_size(self.ctx, node, box) for _, _, node, box in gift)
+        size = sum(_node_size(self.ctx, node, box) for _, _, node, box in gift) if self.counting else 0
         self.counted -= size
         return _pickle_nodes(self.ctx, [(lb, node, box) for lb, _, node, box in gift], size)
 
@@ -1304,7 +1307,7 @@ def search_hetero(
     counted = sum(size for _, size in roots)
     best: list[Plan] = []
     main, other = (
-        _PipelineSearch(ctx, dealt, top, time_limit_s, workers, counted, report)
+        _PipelineSearch(ctx, dealt, top, time_limit_s, workers, counted, report, progress is not None)
         for dealt, report in zip(_shares(roots), (progress, None))
     )  # main: this process's share; after each explore it holds the other's plans too
     processes = processes_available() if processes is None else processes
