@@ -1130,29 +1130,33 @@ def test_tp_choice_nodes_count_the_layer_kinds_apart():
     assert nodes and raised
 
 
-def candidate_depths(ctx, node) -> set[int]:
-    """The stage counts of every candidate under a _TpChoiceNode."""
+def candidates_under(ctx, node) -> list:
+    """Every candidate under a _TpChoiceNode."""
     L = ctx.job.model.num_layers
-    out = set()
+    out = []
     for _, fam, (lo, hi) in families(ctx, node):
         for ks in boxes_points(lo, hi, L):
-            out |= {c.pp for c in fam.candidates(ctx, ks, 0.0)}
+            out += fam.candidates(ctx, ks, 0.0)
     return out
 
 
 @pytest.mark.parametrize("model", [GPT6, MOE6])
 def test_an_interleaved_tp_choice_nodes_stage_cap_holds_every_candidate_under_it(model):
     """With vpp > 1 a _TpChoiceNode caps its stages at the deepest depth that takes its vpp within its stage counts
-    (_TpChoiceNode._deepest; its bound is inf where there is none): every candidate under it has at most that many
-    stages, and the cap is below the deepest depth of all somewhere, or a node has none."""
+    (_TpChoiceNode._deepest; its bound is inf where there is none), and each used group's at that less one stage
+    of each other used group: every candidate under it has at most that many stages, and the cap is below the
+    deepest depth of all somewhere, or a node has none."""
     ctx = search_context(mixed_job(model))
     tighter = nodes = 0
     for node in tp_choice_nodes(ctx):
         if node.vpp == 1:
             continue
         nodes += 1
-        cap, depths = node._deepest(ctx), candidate_depths(ctx, node)
-        assert all(pp <= cap for pp in depths), (node, cap, depths)
+        cap, cands = node._deepest(ctx), candidates_under(ctx, node)
+        assert all(c.pp <= cap for c in cands), (node, cap)
+        used = {g for g, tp in zip(ctx.order, node.fixed) if tp}
+        each = cap - len(used) + 1
+        assert all(k <= each for c in cands for g, _, k in c.groups if g in used), (node, cap)
         if cap == 0:
             assert node.bound(ctx, memory=False) == float("inf")
         tighter += cap < mixed_pipelines._depths(ctx, node.vpp, node.mb)[-1]

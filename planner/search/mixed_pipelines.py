@@ -340,6 +340,9 @@ class _TpChoiceNode:
         deepest = self._deepest(ctx) if self.vpp > 1 else None
         if deepest == 0:
             return float("inf")  # no depth that takes the vpp lies within the node's stage counts
+        if deepest:  # a used group has at most that many stages less one of each other used group's
+            most = deepest - sum(lo) + 1
+            hi = tuple(k if relaxed else min(k, most) for k, relaxed in zip(hi, free))
         mix = self._kind_mix(ctx, [kinds for _, kinds, _ in rows])
         ends = Ends.least([ends for _, _, ends in rows])  # (Ends.any_order of the rows)
         args = (a, lo, hi, ends, L, self.mb, send, self.vpp)
