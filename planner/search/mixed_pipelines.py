@@ -365,11 +365,10 @@ class _TpChoiceNode:
         key = ("deepest", self.fixed)
         hit = self.memo.get(key)
         if hit is None:
-            depths = _depths(ctx, self.vpp, self.mb)
             least = sum(1 for tp in self.fixed if tp)
             most = sum(max(self.kmax_of[g][tp] for g, tp in choices) for _, choices in self._choices(ctx))
-            i = bisect.bisect_right(depths, most) - 1
-            hit = self.memo[key] = depths[i] if i >= 0 and depths[i] >= least else 0
+            span = _depth_span(_depths(ctx, self.vpp, self.mb), least, most)
+            hit = self.memo[key] = 0 if span is None else span[1]
         return hit
 
     def _row(self, ctx: MixedContext, i: int) -> tuple | None:
@@ -663,11 +662,10 @@ class _Family:
         >= sum(lo) and the largest <= sum(hi), group g has at least that least depth less the others' hi and at
         most the largest less the others' lo; (None, None) when no such depth lies in the box."""
         low, high = sum(lo), sum(hi)
-        i = bisect.bisect_left(self.depths, low)
-        j = bisect.bisect_right(self.depths, high) - 1
-        if i > j:
+        span = _depth_span(self.depths, low, high)
+        if span is None:
             return None, None
-        pmin, pmax = self.depths[i], self.depths[j]
+        pmin, pmax = span
         new_lo = tuple(max(a, pmin - (high - b)) for a, b in zip(lo, hi))
         new_hi = tuple(min(b, pmax - (low - a)) for a, b in zip(lo, hi))
         if any(a > b for a, b in zip(new_lo, new_hi)):
@@ -854,11 +852,7 @@ _cached_kind_memory_floor = functools.lru_cache(maxsize=1 << 16)(kind_memory_flo
 def _has_depth(fam: _Family, lo, hi) -> bool:
     """Whether a box of stage counts holds a depth P = sum k at which the family's vpp runs (_Family.depths);
     always with vpp = 1, whose depths are only limited by the layers."""
-    if fam.vpp == 1:
-        return True
-    depths = fam.depths
-    i = bisect.bisect_left(depths, sum(lo))
-    return i < len(depths) and depths[i] <= sum(hi)
+    return fam.vpp == 1 or _depth_span(fam.depths, sum(lo), sum(hi)) is not None
 
 
 def _depths(ctx: MixedContext, vpp: int, mb: int) -> tuple[int, ...]:
@@ -869,6 +863,15 @@ def _depths(ctx: MixedContext, vpp: int, mb: int) -> tuple[int, ...]:
         L = ctx.job.model.num_layers
         hit = ctx.caches.depths[key] = tuple(p for p in range(1, L + 1) if vpp in depth_vpp_options(L, p, mb))
     return hit
+
+
+def _depth_span(depths: tuple[int, ...], low: int, high: int) -> tuple[int, int] | None:
+    """(least, deepest) of the ascending ``depths`` (_depths) within low..high stages, None where none lies there:
+    the one rule an interleaved family's box (_has_depth, _Family._clip) and a TP-choice node (_TpChoiceNode._deepest)
+    read."""
+    i = bisect.bisect_left(depths, low)
+    j = bisect.bisect_right(depths, high) - 1
+    return (depths[i], depths[j]) if i <= j else None
 
 
 def _split(lo, hi) -> list[tuple]:
@@ -1325,13 +1328,18 @@ def search_hetero(
             keep_top(best, Plan(cand, est, "optimal" if exact else "feasible"), top)
         return rs
 
+    def explore(lockstep: Lockstep, until: float) -> list[Plan]:
+        """Both shares' explore until ``until`` from the plans in ``best``; the top list after it (main's: explore
+        starts each share from a copy of ``best``, so what it found is there, with the other share's plans)."""
+        main.absorb(lockstep.explore(until, best))
+        return main.best
+
     with Lockstep([main, other], processes) as lockstep:  # (the other share's roots are bounded in the child meanwhile)
         if with_replicas:
             # its shape enumeration (of the shapes it can reach only) may take up to the mixed pipelines'
             # deadline; the look itself at most REPLICA_LOOK steps after it
             replica_pass(float("inf"), deadline, exact_pass=False, look=REPLICA_LOOK)
-        main.absorb(lockstep.explore(deadline, best))
-        best = main.best  # (replica_pass and the rest below add to it)
+        best = explore(lockstep, deadline)  # (replica_pass and the rest below add to it)
         single = group = single_beat = None
         if single_type:
             # a single-type plan matters if it beats the best mixed plan: the baselines are searched below its time,
@@ -1358,8 +1366,7 @@ def search_hetero(
         # the solves their cap stopped, then the replica shapes whose bound is below the K-th best.
         end = start + time_limit_s
         if main.timed_out or main.other["timed_out"]:
-            main.absorb(lockstep.explore(end, best))
-            best = main.best  # (explore starts the share from a copy of best: what it found since is there)
+            best = explore(lockstep, end)
     main.solve_again(end)
     if rs is not None and rs.open_parts(main.kth_time() * (1 - 1e-9)) and time.monotonic() < end:
         rs = replica_pass(main.kth_time(), end)
