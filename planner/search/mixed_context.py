@@ -136,6 +136,7 @@ class MixedCaches:
     stage_bound: dict = field(default_factory=dict)  # mixed_pipeline_bounds: per-position bound rows
     space_size: dict = field(default_factory=dict)  # mixed_pipelines: candidates below a family
     group_space_size: dict = field(default_factory=dict)  # mixed_pipelines: candidates below a TP-choice node
+    node_rows: dict = field(default_factory=dict)  # mixed_pipelines: a TP-choice node's row of the bound
     memory_rows: dict = field(default_factory=dict)  # mixed_pipelines: a TP-choice node row's memory room and floor
     memory_floors: dict = field(default_factory=dict)  # mixed_pipelines: a TP-choice node's memory floor
     depths: dict = field(default_factory=dict)  # mixed_pipelines: the depths that take a vpp, by (vpp, mb)

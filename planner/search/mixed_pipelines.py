@@ -287,6 +287,9 @@ class _TpChoiceNode:
     # the row terms of the nodes of one root, which share its degrees (memoized per root: cheap keys): (group, TP)
     # -> _terms, ("free", i) -> _free, ("row", i, TP or "free") -> _row, ("size", fixed) -> _group_size
     memo: dict = field(default_factory=dict, compare=False, repr=False)
+    # every group's _row (None: no row), handed down from the parent with the newly fixed group's row swapped in
+    # (so a bound reads one new row, not every group's); None until first read
+    rows: tuple | None = field(default=None, compare=False, repr=False)
 
     def max_pp(self, ctx: MixedContext) -> int:
         """The most stages a pipeline of vpp model chunks per stage can have: one chunk of vpp layers each."""
@@ -332,10 +335,10 @@ class _TpChoiceNode:
         (_free); a model with dense and MoE layers counts the two kinds apart (_kind_mix). With ``memory``, where
         that is below ``target``, the groups' memory too (memory_floor, each group at any one of its choices): inf
         when they cannot hold the layers at any ZeRO stage, else the least bottleneck their memory forces."""
-        rows = [row for row in map(self._row, itertools.repeat(ctx), range(len(ctx.order))) if row is not None]
+        rows = [row for row in self._rows(ctx) if row is not None]
         if not rows:
             return float("inf")
-        a, _, send, lo, hi, free = zip(*(terms for terms, _, _ in rows))
+        a, _, send, lo, hi, free = zip(*(row[0] for row in rows))
         L = ctx.job.model.num_layers
         deepest = self._deepest(ctx) if self.vpp > 1 else None
         if deepest == 0:
@@ -343,8 +346,8 @@ class _TpChoiceNode:
         if deepest:  # a used group has at most that many stages less one of each other used group's
             most = deepest - sum(lo) + 1
             hi = tuple(k if relaxed else min(k, most) for k, relaxed in zip(hi, free))
-        mix = self._kind_mix(ctx, [kinds for _, kinds, _ in rows])
-        ends = Ends.least([ends for _, _, ends in rows])  # (Ends.any_order of the rows)
+        mix = self._kind_mix(ctx, [row[1] for row in rows])
+        ends = Ends.least([row[2] for row in rows])  # (Ends.any_order of the rows)
         args = (a, lo, hi, ends, L, self.mb, send, self.vpp)
         kw = {"mix": mix, "whole": True, "relaxed": free, "max_stages": deepest}
         plain, reach = box_bound_reach(*args, **kw, target=target)
@@ -361,38 +364,53 @@ class _TpChoiceNode:
         """With vpp > 1: the most stages a candidate of the node has, the deepest depth that takes its vpp (_depths)
         within its stage counts (each used group at least one stage, each group at most its kmax at any of its
         choices); 0 where no such depth lies between them (as _Family._clip, for the families below the node).
-        Memoized per root."""
-        key = ("deepest", self.fixed)
+        Memoized per root by the least and most stage counts (the rows' lo and most stages)."""
+        rows = [row for row in self._rows(ctx) if row is not None]
+        least, most = sum(row[0][3] for row in rows), sum(row[3] for row in rows)
+        key = ("deepest", least, most)
         hit = self.memo.get(key)
         if hit is None:
-            least = sum(1 for tp in self.fixed if tp)
-            most = sum(max(self.kmax_of[g][tp] for g, tp in choices) for _, choices in self._choices(ctx))
             span = _depth_span(_depths(ctx, self.vpp, self.mb), least, most)
             hit = self.memo[key] = 0 if span is None else span[1]
         return hit
 
-    def _row(self, ctx: MixedContext, i: int) -> tuple | None:
-        """Group i's row of the bound: its box_bound terms (a, (emb, logits), send, lo, hi, relaxed), a used group
-        at its one TP choice (at least one stage) or a group whose TP is still open relaxed (_free), its _kind_row
-        for a model with dense and MoE layers (else None) and its Ends.row; None where the group has no stage
-        (unused, or no TP option). Memoized per root (the nodes of a root share its rows)."""
-        fixed = i < len(self.fixed)
-        key = ("row", i, self.fixed[i] if fixed else "free")
+    def _rows(self, ctx: MixedContext) -> tuple:
+        """Every group's _row (None where it has none), as handed down (``rows``) or read once."""
+        if self.rows is None:
+            object.__setattr__(self, "rows", tuple(self._row(ctx, i) for i in range(len(ctx.order))))
+        return self.rows
+
+    def _row(self, ctx: MixedContext, i: int, choice="node") -> tuple | None:
+        """Group i's row of the bound at ``choice`` (default: the node's; a TP, None for unused, or "free" while
+        open): its box_bound terms (a, (emb, logits), send, lo, hi, relaxed), a used group at its one TP choice (at
+        least one stage) or a group whose TP is still open relaxed (_free), its _kind_row for a model with dense and
+        MoE layers (else None), its Ends.row and the most stages of any of its choices (_deepest); None where the
+        group has no stage (unused, or no TP option). Memoized per root (the nodes of a root share its rows)."""
+        if choice == "node":
+            choice = self.fixed[i] if i < len(self.fixed) else "free"
+        key = ("row", i, choice)
         if key in self.memo:
             return self.memo[key]
-        choices = self._row_choices(ctx, i)
-        row = None
-        if choices:
-            if fixed:
-                g, tp = choices[0]
-                terms = (*self._terms(ctx, (g, tp)), 1, self.kmax_of[g][tp], False)
-            else:
-                terms = (*self._free(ctx, i), True)
-            count = layer_counts(ctx.job.model)
-            kinds = self._kind_row(ctx, choices, terms[4]) if count["dense"] and count["moe"] else None
-            row = terms, kinds, Ends.row(terms[0], terms[1])
+        g = ctx.order[i]
+        choices = tuple((g, tp) for tp in (self.tp_opts[i] if choice == "free" else (choice,)) if tp)
+        stages = tuple(self.kmax_of[g][tp] for _, tp in choices)
+        # what the row reads: an open row leaves the sends out, so it is the same for every dp and vpp with these
+        # stage limits (shared across roots); a fixed row's sends are the vpp chunks' at this dp
+        shared = (choices, stages, self.cp, self.mbs, self.base, self.ep)
+        shared += () if choice == "free" else (self.dp, self.vpp)
+        row = ctx.caches.node_rows.get(shared, False)
+        if row is False:
+            row = ctx.caches.node_rows[shared] = self._row_of(ctx, i, choices, stages, choice == "free")
         self.memo[key] = row
         return row
+
+    def _row_of(self, ctx: MixedContext, i: int, choices, stages, free: bool) -> tuple | None:
+        if not choices:
+            return None
+        terms = (*self._free(ctx, i), True) if free else (*self._terms(ctx, choices[0]), 1, stages[0], False)
+        count = layer_counts(ctx.job.model)
+        kinds = self._kind_row(ctx, choices, terms[4]) if count["dense"] and count["moe"] else None
+        return terms, kinds, Ends.row(terms[0], terms[1]), max(stages)
 
     def _choices(self, ctx: MixedContext) -> list[tuple[int, tuple[tuple[int, int], ...]]]:
         """(index in ctx.order, (group, TP) choices) of each row of the node: a used group's one fixed choice, a
@@ -514,8 +532,10 @@ class _TpChoiceNode:
             box = (1,) * len(used), tuple(self.kmax_of[g][tp] for g, tp in used)
             return [(fam.bound(L, *box, target), fam, box)]
         out = []
-        last = len(self.fixed) + 1 == len(ctx.order)
-        for tp in self.tp_opts[len(self.fixed)]:
+        i = len(self.fixed)
+        last = i + 1 == len(ctx.order)
+        rows = self._rows(ctx)
+        for tp in self.tp_opts[i]:
             fixed = self.fixed + (tp,)
             used = tuple((g, t) for g, t in zip(ctx.order, fixed) if t)
             if (last and not used) or (used and not _uniform_ok(ctx, used)):
@@ -533,6 +553,7 @@ class _TpChoiceNode:
                 self.ep,
                 self.vpp,
                 memo=self.memo,
+                rows=rows[:i] + (self._row(ctx, i, tp),) + rows[i + 1 :],
             )
             out.append((node.bound(ctx, target, memory=False), node, None))
         return out
