@@ -135,8 +135,9 @@ def box_bound_reach(
     target: float = float("inf"),
 ) -> tuple[float, float]:
     """Iteration seconds no candidate with lo_g <= k_g <= hi_g stages per used group g beats (lo = hi: one
-    candidate). Each stage of group g takes at least a_g seconds per layer and, when there are >= 2 stages,
-    send_g seconds of pipeline sends per micro-batch (on its own links: a neighbour on another group is no
+    candidate). Each stage of group g takes at least a_g seconds per layer and, when there are >= 2 stages (with
+    lo adding up to 2 or more, or v > 1: interleaving needs a pipeline), send_g seconds of pipeline sends per
+    micro-batch (on its own links: a neighbour on another group is no
     faster; the caller counts a stage's v model chunks in it); the first stage adds the embedding and the last
     the logits (``ends``). With stage times t_s >= n_s a_s + c_s the schedule of v model chunks per stage takes
     (m - 1/v) max_s t_s + sum_s t_s / v (schedule_bound, planner/cost/schedule.py):
@@ -166,7 +167,7 @@ def box_bound_reach(
     moe_positions = mix is not None and mix.moe and whole and ends.ordered and not any(relaxed)
     if moe_positions:
         a, ends = moe_only_rates(a, lo, ends, mix)
-    sends = send is not None and sum(lo) >= 2
+    sends = send is not None and (sum(lo) >= 2 or v > 1)  # (an interleaved pipeline has two stages or more)
     ys = send if sends else (0.0,) * len(a)  # each group's sends (none for fewer than two stages)
     single = sum(hi) == 1  # one stage holds both ends
     top = max(ends.first_top + (ends.logits if single else 0.0), ends.last_top)

@@ -310,7 +310,8 @@ class _TpChoiceNode:
 
     def _free(self, ctx: MixedContext, i: int) -> tuple | None:
         """box_bound terms (a, (emb, logits), send, lo, hi) valid for group i at any of its choices: not required
-        (lo = 0), the ends at their least, sends left out, and its layer throughput (box_bound's k_g/a_g) at its
+        (lo = 0), the ends at their least, sends left out (_row puts in the least of its choices'), and its layer
+        throughput (box_bound's k_g/a_g) at its
         best TP: passed as its fastest per-layer time a with hi stages, hi/a being that best throughput."""
         key = ("free", i)
         if key not in self.memo:
@@ -394,13 +395,18 @@ class _TpChoiceNode:
         g = ctx.order[i]
         choices = tuple((g, tp) for tp in (self.tp_opts[i] if choice == "free" else (choice,)) if tp)
         stages = tuple(self.kmax_of[g][tp] for _, tp in choices)
-        # what the row reads: an open row leaves the sends out, so it is the same for every dp and vpp with these
-        # stage limits (shared across roots); a fixed row's sends are the vpp chunks' at this dp
+        # what the row reads: an open row's terms but its sends are the same for every dp and vpp with these stage
+        # limits (shared across roots); its sends, the least of its choices', and a fixed row's are the vpp chunks'
+        # at this dp
         shared = (choices, stages, self.cp, self.mbs, self.base, self.ep)
         shared += () if choice == "free" else (self.dp, self.vpp)
         row = ctx.caches.node_rows.get(shared, False)
         if row is False:
             row = ctx.caches.node_rows[shared] = self._row_of(ctx, i, choices, stages, choice == "free")
+        if row is not None and choice == "free":
+            terms = row[0]
+            send = min(self._terms(ctx, u)[2] for u in choices)
+            row = ((terms[0], terms[1], send, *terms[3:]), *row[1:])
         self.memo[key] = row
         return row
 
