@@ -169,7 +169,8 @@ def box_bound_reach(
         a, ends = moe_only_rates(a, lo, ends, mix)
     sends = send is not None and (sum(lo) >= 2 or v > 1)  # (an interleaved pipeline has two stages or more)
     ys = send if sends else (0.0,) * len(a)  # each group's sends (none for fewer than two stages)
-    single = sum(hi) == 1  # one stage holds both ends
+    stages = sum(hi)
+    single = stages == 1  # one stage holds both ends
     top = max(ends.first_top + (ends.logits if single else 0.0), ends.last_top)
     fast = min(a)
     inv = over = most = 0.0
@@ -185,15 +186,18 @@ def box_bound_reach(
         top = max(top, moe_only_top(mix, lo, ys, v))
     T = max(top, (L + ends.emb_per_a + ends.logits_per_a + over) / inv, floor)
     cap = L // v if max_stages is None else min(max_stages, L // v)
-    if sum(hi) > cap:  # the box's candidates have fewer stages than its groups allow together
+    if stages > cap:  # the box's candidates have fewer stages than its groups allow together
         T = max(T, (L + ends.emb_per_a + ends.logits_per_a) / capped_rate(a, hi, cap))
     if mix is not None:
-        inv_d = sum(k / x for k, x in zip(hi, mix.dense))
-        over_d = sum(k * y / x for k, y, x in zip(hi, ys, mix.dense))
+        inv_d = over_d = lo_sends = 0.0
+        for k, y, x, k_lo in zip(hi, ys, mix.dense, lo):
+            inv_d += k / x
+            over_d += k * y / x
+            lo_sends += k_lo * y
         T = max(T, (mix.layers + mix.ends.emb_per_a + mix.ends.logits_per_a + over_d) / inv_d)
-        if sum(hi) > cap:
+        if stages > cap:
             T = max(T, (mix.layers + mix.ends.emb_per_a + mix.ends.logits_per_a) / capped_rate(mix.dense, hi, cap))
-        work = max(work, mix.work + sum(k * y for k, y in zip(lo, ys)))
+        work = max(work, mix.work + lo_sends)
     if most > T:  # the monotonicity above fails: drop the sends
         value, reach = box_bound_reach(a, lo, hi, ends, L, m, None, v, floor, mix, whole, relaxed, max_stages, target)
         return value, min(reach, most)

@@ -341,7 +341,7 @@ class _TpChoiceNode:
             return float("inf")
         a, _, send, lo, hi, free = zip(*(row[0] for row in rows))
         L = ctx.job.model.num_layers
-        deepest = self._deepest(ctx) if self.vpp > 1 else None
+        deepest = self._deepest(ctx, rows) if self.vpp > 1 else None
         if deepest == 0:
             return float("inf")  # no depth that takes the vpp lies within the node's stage counts
         if deepest:  # a used group has at most that many stages less one of each other used group's
@@ -361,12 +361,14 @@ class _TpChoiceNode:
             return plain
         return max(plain, box_bound(*args, floor=floor, **kw))
 
-    def _deepest(self, ctx: MixedContext) -> int:
+    def _deepest(self, ctx: MixedContext, rows=None) -> int:
         """With vpp > 1: the most stages a candidate of the node has, the deepest depth that takes its vpp (_depths)
         within its stage counts (each used group at least one stage, each group at most its kmax at any of its
         choices); 0 where no such depth lies between them (as _Family._clip, for the families below the node).
-        Memoized per root by the least and most stage counts (the rows' lo and most stages)."""
-        rows = [row for row in self._rows(ctx) if row is not None]
+        ``rows``: the node's rows (_rows, without the None), where the caller has them. Memoized per root by the least
+        and most stage counts (the rows' lo and most stages)."""
+        if rows is None:
+            rows = [row for row in self._rows(ctx) if row is not None]
         least, most = sum(row[0][3] for row in rows), sum(row[3] for row in rows)
         key = ("deepest", least, most)
         hit = self.memo.get(key)
