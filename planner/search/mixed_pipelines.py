@@ -679,7 +679,10 @@ class _Family:
             plain += tail
             if plain >= target:
                 return plain
-        floor = _memory_floor(zt, afters, hi, v)
+        key = ("memory", id(zt), tuple(afters), hi)
+        floor = self._box_memo.get(key)
+        if floor is None:
+            floor = self._box_memo[key] = _memory_floor(zt, afters, hi, v)
         if floor == float("inf"):
             return floor
         if floor < reach:  # (below its reach the floor changes nothing)
@@ -743,7 +746,7 @@ class _Family:
         out = []
         for z, zt, terms in zip(self.zeros, self.zts, lined):
             child = dataclasses.replace(self, zeros=(z,), zts=(zt,))
-            child.__dict__.update(open_terms=(plain_mix, [terms]), _tail_levels=self._tail_levels)  # (cached props)
+            child.__dict__.update(open_terms=(plain_mix, [terms]), _box_memo=self._box_memo)  # (cached props)
             out.append(child)
         return out
 
@@ -767,16 +770,23 @@ class _Family:
 
     def _box_tail(self, zt: tuple[ZeroTerms, ...], hi, L: int) -> float:
         """The DP tail floor of a box of two or more stages: _tail, and the least largest tail at which at most hi
-        stages per group hold the layers (mixed_pipeline_bounds.tail_bottleneck)."""
-        reaches = [z.reach(self.vpp) for z in zt]
-        levels = self._tail_levels.get(id(zt))  # the same for every box of the family (its zt are its own)
-        if levels is None:
-            levels = self._tail_levels[id(zt)] = merged_levels(reaches)
-        return max(self._tail(zt), tail_bottleneck(reaches, hi, L, levels, self.vpp))
+        stages per group hold the layers (mixed_pipeline_bounds.tail_bottleneck). Memoized by hi (a halved box
+        keeps its parent's in one half)."""
+        key = ("tail", id(zt), hi)
+        hit = self._box_memo.get(key)
+        if hit is None:
+            reaches = [z.reach(self.vpp) for z in zt]
+            levels = self._box_memo.get(id(zt))  # the same for every box of the family (its zt are its own)
+            if levels is None:
+                levels = self._box_memo[id(zt)] = merged_levels(reaches)
+            hit = self._box_memo[key] = max(self._tail(zt), tail_bottleneck(reaches, hi, L, levels, self.vpp))
+        return hit
 
     @functools.cached_property
-    def _tail_levels(self) -> dict[int, list[float]]:
-        """merged_levels of the DP tail reaches of each of the family's zt (_box_tail), by the zt's identity."""
+    def _box_memo(self) -> dict:
+        """What the family's boxes share, by the identity of one of its zt (its ZeRO stage's terms): the merged_levels
+        of their DP tail reaches, and the tail (_box_tail) and memory floor (_zero_stage_bound) of a box by its hi
+        (and the stages after each group)."""
         return {}
 
     def expand(self, ctx: MixedContext, lo, hi) -> list[tuple[_Family, tuple]]:
