@@ -153,12 +153,16 @@ def brute_force_best(j, opts, vpps=None):
 def _best_of(j, c, L, opts, stage_model) -> float:
     """Every layer composition (each stage whole chunks of vpp layers) and recompute count of one candidate."""
     best = float("inf")
+    sent = {}  # the stage models with their sends, by whether every layer is recomputed (the rest is per split)
     for chunks in compositions(L // c.vpp, c.pp):
         split = tuple(c.vpp * n for n in chunks)
         for rec in itertools.product(*[range(n + 1) for n in split]):
             full = all(r == n for r, n in zip(rec, split))
             dims = c.dims(j, split, None if full or not any(rec) else rec, "full" if full else c.recompute)
-            sms = with_group_sends(j, c.stage_groups, [stage_model(dims, s, g) for s, g in enumerate(c.stage_groups)])
+            if full not in sent:
+                models = [stage_model(dims, s, g) for s, g in enumerate(c.stage_groups)]
+                sent[full] = with_group_sends(j, c.stage_groups, models)
+            sms = sent[full]
             plans = split_kinds(j, split, dims.stage_recompute, full)
             est = evaluate_stages(j, dims, sms, plans, opts.memory_margin)
             if est.fits and est.iteration_time_s < best:
