@@ -22,6 +22,7 @@ from planner.search.replicas import (
     _shapes,
     micro_batch_work,
     pipeline_floor,
+    throughput_floor,
 )
 from planner.search.space import SearchOptions
 
@@ -96,7 +97,7 @@ def test_micro_batch_range_holds_every_choice_below_the_bound():
 def test_the_pipeline_floor_of_a_replica_shape_is_below_every_plan_of_it(monkeypatch, shape, zero, memory_gib):
     """replicas.pipeline_floor bounds every layer split, recompute and micro-batch split of the shape (on a roomy
     GPU and on one so tight that some shapes fit only by recomputing), and proves the shape infeasible only when no plan
-    fits."""
+    fits; the cheaper throughput_floor (no memory) is positive and below it."""
     import planner.cost.estimate as E
 
     job = replica_job()
@@ -109,9 +110,11 @@ def test_the_pipeline_floor_of_a_replica_shape_is_below_every_plan_of_it(monkeyp
     base, counts = "none", ((0, 2), (1, 1))
     if job.training.global_batch_size // shape[3] < sum(d for _, d in counts):
         pytest.skip("fewer micro-batches than replicas")
-    floor = pipeline_floor(ctx, ReplicaCandidate(*shape, zero, base, counts, 0.0))
+    cand = ReplicaCandidate(*shape, zero, base, counts, 0.0)
+    floor, cheap = pipeline_floor(ctx, cand), throughput_floor(ctx, cand)
     expected = brute_force(job, shape, zero, counts, base)
     assert floor <= expected * (1 + 1e-9)
+    assert 0 < cheap <= floor * (1 + 1e-6)  # (the pipeline floor's bisection stops within 1e-6 of its root)
     if expected < float("inf"):
         assert floor > 0
     if (shape, zero) == ((1, 1, 2, 1), 3):  # fits on both GPUs, on the 5.5 GiB one only by recomputing
@@ -142,8 +145,10 @@ def test_the_shape_bound_of_a_model_with_dense_and_moe_layers_counts_each_layer_
             assert w == micro_batch_work(ctx, g, tp, cp, mbs, base)
             tighter += w > one_kind * (1 + 1e-9)
         expected = brute_force(job, (tp, cp, pp, mbs), 1, counts, base)
-        floor = pipeline_floor(ctx, ReplicaCandidate(tp, cp, pp, mbs, 1, base, counts, bound))
+        cand = ReplicaCandidate(tp, cp, pp, mbs, 1, base, counts, bound)
+        floor, cheap = pipeline_floor(ctx, cand), throughput_floor(ctx, cand)
         assert bound <= expected * (1 + 1e-9) and floor <= expected * (1 + 1e-9), (pp, counts)
+        assert cheap <= floor * (1 + 1e-6), (pp, counts)
         checked += expected < float("inf")
     assert checked and tighter
 

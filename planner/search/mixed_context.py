@@ -141,6 +141,7 @@ class MixedCaches:
     memory_floors: dict = field(default_factory=dict)  # mixed_pipelines: a TP-choice node's memory floor
     depths: dict = field(default_factory=dict)  # mixed_pipelines: the depths that take a vpp, by (vpp, mb)
     replica_floor: dict = field(default_factory=dict)  # replicas.pipeline_floor, by ReplicaCandidate.key
+    replica_throughput: dict = field(default_factory=dict)  # replicas.throughput_floor, by ReplicaCandidate.key
     replica_exact: dict = field(default_factory=dict)  # replicas._exact_once: (cut, best plan) where proven
     replica_shapes: dict = field(default_factory=dict)  # replicas.shapes: the enumeration below a bound, by bound
     replica_blocks: dict = field(default_factory=dict)  # replicas._shapes: per (tp, cp, mbs, base), its work terms

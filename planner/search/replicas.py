@@ -16,7 +16,8 @@ With pipelines (pp > 1) steps 1-2 fix a layer split the model does not prove opt
 (their bound sets the reported gap); with one stage the evaluation is exact (_heuristic_shape) and closes the
 shape. Shapes are visited best-first by a throughput bound (the M micro-batches and each replica's pipeline fill
 over the groups' fastest possible micro-batch rates; a shape's ZeRO stage goes back in line at its replicas'
-pipeline floor when it first comes out) and the search stops when the bound reaches the best plan already known.
+throughput floor, then at their pipeline floor, as it comes out below each) and the search stops when the bound
+reaches the best plan already known.
 """
 
 from __future__ import annotations
@@ -361,6 +362,24 @@ def pipeline_floor(ctx, cand: ReplicaCandidate) -> float:
     return hit
 
 
+def throughput_floor(ctx, cand: ReplicaCandidate) -> float:
+    """A cheaper, weaker pipeline_floor, worked out first: each replica's terms at one micro-batch without its
+    memory (quick.lower_bound_terms without a capacity: no forced recompute, no memory bottleneck), which hold for
+    every micro-batch count m, so a replica of group g runs at most 1 + (X - rest_g) / T_g micro-batches within X
+    and the counts reach M at the X of a linear equation (each replica still runs one). Suite job 43 of
+    scripts/bench_hetero.py: it alone cuts 588 of the 681 candidates whose pipeline floor was worked out, at a
+    sixth of the cost. Memoized by ReplicaCandidate.key."""
+    hit = ctx.caches.replica_throughput.get(cand.key)
+    if hit is None:
+        M = ctx.job.training.global_batch_size // cand.mbs
+        per = _probe_models(ctx, cand, [1] * len(cand.counts), stages=(0,))
+        terms = [(d, *quick.lower_bound_terms(sms[0])) for (_, d), sms in zip(cand.counts, per)]
+        rate = sum(d / T for d, T, _ in terms)
+        reach = (M - sum(d for d, _, _ in terms) + sum(d * rest / T for d, T, rest in terms)) / rate
+        hit = ctx.caches.replica_throughput[cand.key] = max([reach] + [rest for _, _, rest in terms])
+    return hit
+
+
 def _pipeline_floor(ctx, cand: ReplicaCandidate) -> float:
     pp = cand.pp
     M = ctx.job.training.global_batch_size // cand.mbs
@@ -582,7 +601,7 @@ def search_replicas(
     replica plans found so far. ``exact_pass`` False: no exact pass over the pipelined shapes (a quick look for a
     first plan; what it leaves open is in ``low``). ``progress(done, total, what)``: shapes evaluated or ruled
     out. ``look``: a first look of at most this many steps (a shape opened into its ZeRO stages, a candidate's
-    pipeline floor worked out, or a candidate evaluated), each candidate from its greedy splits only
+    throughput or pipeline floor worked out, or a candidate evaluated), each candidate from its greedy splits only
     (_heuristic_shape's greedy_only): a count of work, not seconds, so that what it finds is the same on any
     machine (the deadline aside)."""
     found_shapes, cut_short = shapes(ctx, deadline, incumbent_s, look)  # (a look pops at most ``look`` of them)
@@ -604,9 +623,9 @@ def search_replicas(
     # pipelined shapes the heuristic evaluation leaves open: (bound, order, candidate, work, plan, its index in found)
     pending = []
     # Best-first over (bound, order, shape, ZeRO stage or None): a shape opens into its ZeRO stages, each back in
-    # line at its own bound (the sharded traffic), and a ZeRO stage back in line at the replicas' pipeline floor
-    # (memoized) when it first comes out below it, so shapes are evaluated in the order of those bounds and the
-    # first bound that reaches the best plan ends the search.
+    # line at its own bound (the sharded traffic), and a ZeRO stage back in line at the replicas' throughput floor,
+    # then at their pipeline floor (both memoized), as it comes out below each, so shapes are evaluated in the order
+    # of those bounds and the first bound that reaches the best plan ends the search.
     heap = [(bound, i, shape, work, None) for i, (bound, shape, work) in enumerate(found_shapes)]
     heapq.heapify(heap)
     tie = itertools.count(len(heap))
@@ -637,15 +656,21 @@ def search_replicas(
                     continue
                 heapq.heappush(heap, (zbound, next(tie), (tp, cp, pp, mbs, base, counts, ep), work, z_cand))
             continue
-        floor = pipeline_floor(ctx, cand)
-        if floor > key:
+        settled = False  # cut by a floor, or back in line at it
+        for floor_of in (throughput_floor, pipeline_floor):  # the cheap floor first (memoized: free the next time)
+            floor = floor_of(ctx, cand)
+            if floor <= key:
+                continue
             key = floor
             if key >= best:
-                low = min(low, key)
-                continue
-            if heap and key > heap[0][0]:
+                low, settled = min(low, key), True
+            elif heap and key > heap[0][0]:
                 heapq.heappush(heap, (key, next(tie), (tp, cp, pp, mbs, base, counts, ep), work, cand))
-                continue
+                settled = True
+            if settled:
+                break
+        if settled:
+            continue
         est, infeasible, exact = _heuristic_shape(ctx, cand, deadline - time.monotonic(), workers, look is not None)
         if not infeasible and not exact:  # a pipelined shape: the exact pass below may close it
             pending.append((key, len(pending), cand, work, est, len(found) if est is not None else None))
