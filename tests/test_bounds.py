@@ -6,6 +6,7 @@ force (every layer split and recompute count, evaluated by the estimator) on sma
   - mixed pipelines: the bound of every _TpChoiceNode and _Family box on the way to a candidate, and the candidate's
     refined bound (mixed_pipeline_bounds.refined_bound, also probed at a target)."""
 
+import dataclasses
 import itertools
 import math
 import random
@@ -1128,6 +1129,23 @@ def test_tp_choice_nodes_count_the_layer_kinds_apart():
         assert with_kinds >= without * (1 - 1e-12)
         raised += with_kinds > without * (1 + 1e-9)
     assert nodes and raised
+
+
+@pytest.mark.parametrize("model", [GPT6, MOE6])
+def test_zero_1_memory_floors_are_at_most_zero_0s(model):
+    """A TP-choice node's memory floor leaves ZeRO-0 out where ZeRO-1 is searched (mixed_pipelines._memory_zeros):
+    ZeRO-1 holds the same items with its optimizer states sharded, so its floor is at most ZeRO-0's. Checked on
+    every node of two small mixed jobs, with the memory tight enough that the floors bind (some above 0, some
+    inf) and differ between the stages somewhere."""
+    ctx = search_context(mixed_job(model))
+    seen = above = differ = 0
+    for node in tp_choice_nodes(ctx):
+        one, zero = (dataclasses.replace(node, zeros=(z,), memo={}, rows=None).memory_floor(ctx) for z in (1, 0))
+        assert one <= zero, (node.dp, node.cp, node.mbs, node.fixed)
+        seen += 1
+        above += 0 < one
+        differ += one < zero
+    assert seen and above and differ
 
 
 def candidates_under(ctx, node) -> list:

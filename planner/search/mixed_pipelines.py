@@ -440,7 +440,7 @@ class _TpChoiceNode:
         the floor: memoized by what it reads, shared with the nodes of the same choices at other vpp.)"""
         choices = tuple(c for _, c in self._choices(ctx))
         key = (choices, tuple(tuple(self.kmax_of[g][tp] for g, tp in c) for c in choices))
-        key += (self.dp, self.cp, self.mbs, self.base, self.ep, self.zeros)
+        key += (self.dp, self.cp, self.mbs, self.base, self.ep, _memory_zeros(self.zeros))
         floor = ctx.caches.memory_floors.get(key)
         if floor is None:
             floor = ctx.caches.memory_floors[key] = self._floor_of_choices(ctx, choices)
@@ -464,11 +464,12 @@ class _TpChoiceNode:
         (None where a choice has no depth-3 model), and for a model with dense and MoE layers as (stages,
         kind_times) (else None), memoized."""
         stages = tuple(self.kmax_of[g][tp] for g, tp in choices)
-        key = (choices, stages, self.dp, self.cp, self.mbs, self.base, self.ep, self.zeros)
+        zeros = _memory_zeros(self.zeros)
+        key = (choices, stages, self.dp, self.cp, self.mbs, self.base, self.ep, zeros)
         hit = ctx.caches.memory_rows.get(key)
         if hit is None:
             out = []
-            for zero in self.zeros:
+            for zero in zeros:
                 alts, times = [], []
                 for (g, tp), k in zip(choices, stages):
                     z = zero_terms(ctx, g, tp, self.dp, self.cp, self.mbs, self.base, zero, self.ep)
@@ -886,6 +887,14 @@ def _memory_floors(model, rows, kind_rows, below: float = float("inf")) -> float
 # boxes halved from one family share most of their rows
 _cached_memory_floor = functools.lru_cache(maxsize=1 << 16)(memory_floor)
 _cached_kind_memory_floor = functools.lru_cache(maxsize=1 << 16)(kind_memory_floor)
+
+
+def _memory_zeros(zeros: tuple[int, ...]) -> tuple[int, ...]:
+    """The ZeRO stages whose memory floor can be the least of ``zeros``: ZeRO-0 goes where ZeRO-1 is there, which
+    holds the same items with its optimizer states sharded (planner/cost/memory.model_state_bytes), so at least as
+    many layers in every stage at every bottleneck: its floor is at most ZeRO-0's. (ZeRO-3 adds the gathered layers,
+    so it does not rule out ZeRO-1.)"""
+    return tuple(z for z in zeros if z != 0) if 0 in zeros and 1 in zeros else zeros
 
 
 def _has_depth(fam: _Family, lo, hi) -> bool:
