@@ -671,6 +671,51 @@ def test_whole_chunk_bottleneck_is_below_every_split_of_the_chunks():
     assert tighter
 
 
+def test_whole_chunk_bottleneck_of_groups_with_open_choices_is_below_every_choice():
+    """A group whose TP is still open, given to whole_chunk_bottleneck as its choices (stages, seconds per layer,
+    sends), holds what its best choice holds in whole chunks: the bound is at most the bound of every assignment of
+    one choice (or none) to each such group, the other groups fixed (whole_chunk_bottleneck itself is checked
+    against every split above), at least the bound with those groups at the continuous share of their best
+    throughput (relaxed True, as a TP-choice node passed them before), and above it somewhere."""
+    from planner.search.mixed_pipeline_bounds import Ends, whole_chunk_bottleneck
+
+    rng = random.Random(11)
+    tighter = 0
+    for _ in range(400):
+        n = rng.randint(2, 4)
+        v = rng.choice([1, 2, 3])
+        L = v * rng.randint(2, 9)
+        open_ = [rng.random() < 0.6 for _ in range(n)]
+        open_[rng.randrange(n)] = False  # at least one group fixed
+        choices = [
+            tuple((rng.randint(1, 3), rng.uniform(0.5, 3.0), rng.uniform(0.0, 0.4)) for _ in range(3)) for _ in range(n)
+        ]
+        sends = rng.random() < 0.7
+        a, hi, ys, relaxed = [], [], [], []
+        for g in range(n):
+            if open_[g]:  # as _TpChoiceNode._free and _row: the fastest layer, hi / a its best throughput, least sends
+                fast = min(x for _, x, _ in choices[g])
+                a.append(fast)
+                hi.append(fast * max(k / x for k, x, _ in choices[g]))
+                ys.append(min(y for _, _, y in choices[g]))
+                relaxed.append(choices[g])
+            else:
+                k, x, y = choices[g][0]
+                a.append(x), hi.append(k), ys.append(y), relaxed.append(False)
+        ends = Ends.least([Ends.row(x, (0.0, 0.0)) for x in a])
+        send = ys if sends else None
+        bound = whole_chunk_bottleneck(a, hi, ends, L, send, v, 0.0, tuple(relaxed))
+        shares = whole_chunk_bottleneck(a, hi, ends, L, send, v, 0.0, tuple(bool(r) for r in relaxed))
+        assert bound >= shares * (1 - 1e-12)
+        tighter += bound > shares * (1 + 1e-6)
+        for pick in itertools.product(*[range(-1, 3) if open_[g] else (0,) for g in range(n)]):
+            rows = [choices[g][c] for g, c in enumerate(pick) if c >= 0]
+            ka, kx, ky = [k for k, _, _ in rows], [x for _, x, _ in rows], [y for _, _, y in rows]
+            one = whole_chunk_bottleneck(kx, ka, ends, L, ky if sends else None, v, 0.0)
+            assert bound <= one * SLACK, (pick, choices, v, L)
+    assert tighter
+
+
 def test_block_bottleneck_is_below_every_split_into_consecutive_layers():
     """mixed_pipeline_bounds.block_bottleneck against every split of a random dense/MoE layer sequence into
     consecutive blocks, one per stage (at most caps_s layers each): the slowest stage is at or above the bound; and

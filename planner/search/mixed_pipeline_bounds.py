@@ -130,7 +130,7 @@ def box_bound_reach(
     floor: float = 0.0,
     mix: KindMix | None = None,
     whole: bool = False,
-    relaxed: tuple[bool, ...] = (),
+    relaxed: tuple = (),
     max_stages: int | None = None,
     target: float = float("inf"),
 ) -> tuple[float, float]:
@@ -152,9 +152,10 @@ def box_bound_reach(
     ``whole``: the stage counts are real, at least one stage per group (a family's box, not a relaxed group), so
     the bottleneck is raised to where the stages hold the layers in whole chunks (whole_chunk_bottleneck; the ends
     only where ``ends`` are ordered). ``relaxed``: per group, True where its row stands for several choices (a
-    group whose TP is still open: hi/a its best throughput), which holds a continuous share instead. ``max_stages``:
-    the most stages a candidate has (default L // v: one chunk of v layers each; fewer where the interleaved schedule
-    runs only at some depths).
+    group whose TP is still open: hi/a its best throughput), which holds a continuous share instead, or those
+    choices themselves (whole_chunk_bottleneck: the group holds what its best choice holds in whole chunks).
+    ``max_stages``: the most stages a candidate has (default L // v: one chunk of v layers each; fewer where the
+    interleaved schedule runs only at some depths).
     ``target``: where the bound with the continuous bottleneck already reaches it, that bound is returned (the
     whole-chunk steps only raise it): a caller that only asks whether a box reaches its target (the K-th best) is told
     at half the cost.
@@ -211,8 +212,9 @@ def box_bound_reach(
         if mix is not None and mix.moe:
             # the MoE layers in whole layers: a stage holding e of them takes at least e y_g + its constant (its
             # dense layers only add), so the stages hold them only where sum floor((T - c) / y_g) reaches E
-            moe_sends = send if sends else None
-            T = whole_chunk_bottleneck(mix.moe, hi, mix.ends, mix.moe_layers, moe_sends, 1, T, relaxed)
+            # (a relaxed group's choices carry their seconds per layer of any kind: here its MoE row stands for them)
+            moe_sends, shares = send if sends else None, tuple(bool(r) for r in relaxed)
+            T = whole_chunk_bottleneck(mix.moe, hi, mix.ends, mix.moe_layers, moe_sends, 1, T, shares)
     if whole and not any(relaxed):
         fixed = ends.emb + ends.logits + sum(k * y for k, y in zip(lo, ys))
         return box_schedule_time(a, lo, hi, ys, L, T, m - 1 / v, v, fixed, total), T
@@ -304,11 +306,18 @@ def whole_chunk_bottleneck(a, hi, ends: Ends, L: int, send, v: int, start: float
     hi (so no more room at T). box_bound's continuous bottleneck lets every stage hold a fraction of a chunk; with
     a few layers per stage that is worth several percent. The held chunks step up at c + q v a_g: the search walks
     those steps from ``start``. A ``relaxed`` group (see box_bound; its ends unordered) holds its continuous share
-    k (T - c) / (v a_g), so between two steps the held chunks grow linearly: solved there."""
+    k (T - c) / (v a_g), so between two steps the held chunks grow linearly: solved there. A relaxed group given as
+    its choices instead (a tuple of (stages, seconds per layer, sends) per TP choice, the group's TP still open)
+    holds what its best choice holds in whole chunks: it runs at one of them (or none), whose at most k stages hold
+    at most k floor((T - c) / (v a)) chunks, which is at most the continuous share of its best throughput."""
     ys = send or (0.0,) * len(a)
+    picks = []  # per relaxed group given as its choices: (stages, constant s, s per chunk) per choice
     if any(relaxed):
-        free = [(k, y, v * x) for x, k, y, r in zip(a, hi, ys, relaxed) if r]  # (stages, constant s, s per chunk)
+        free = [(k, y, v * x) for x, k, y, r in zip(a, hi, ys, relaxed) if r is True]  # (stages, constant s, s/chunk)
         fixed = [(x, k, y) for x, k, y, r in zip(a, hi, ys, relaxed) if not r]
+        for r in relaxed:
+            if r and r is not True:
+                picks.append(tuple((k, y if send else 0.0, v * x) for k, x, y in r))
     else:
         free, fixed = (), list(zip(a, hi, ys))
     if not ends.ordered:
@@ -339,6 +348,19 @@ def whole_chunk_bottleneck(a, hi, ends: Ends, L: int, send, v: int, start: float
                 nxt = c + u
             if nxt < step:
                 step = nxt
+        for options in picks:  # a relaxed group at its best choice
+            most = 0
+            for k, c, u in options:
+                q = math.floor((T - c) / u + 1e-9)
+                if q > 0:
+                    if k * q > most:
+                        most = k * q
+                    nxt = c + (q + 1) * u
+                else:
+                    nxt = c + u
+                if nxt < step:
+                    step = nxt
+            held += most
         rate = 0.0  # chunks per second the relaxed groups add from T on (each from its own c)
         for k, c, u in free:
             if T >= c:

@@ -347,6 +347,7 @@ class _TpChoiceNode:
         if deepest:  # a used group has at most that many stages less one of each other used group's
             most = deepest - sum(lo) + 1
             hi = tuple(k if relaxed else min(k, most) for k, relaxed in zip(hi, free))
+            free = tuple(tuple((min(k, most), x, y) for k, x, y in r) if r else r for r in free)
         mix = self._kind_mix(ctx, [row[1] for row in rows])
         ends = Ends.least([row[2] for row in rows])  # (Ends.any_order of the rows)
         args = (a, lo, hi, ends, L, self.mb, send, self.vpp)
@@ -386,7 +387,8 @@ class _TpChoiceNode:
     def _row(self, ctx: MixedContext, i: int, choice="node") -> tuple | None:
         """Group i's row of the bound at ``choice`` (default: the node's; a TP, None for unused, or "free" while
         open): its box_bound terms (a, (emb, logits), send, lo, hi, relaxed), a used group at its one TP choice (at
-        least one stage) or a group whose TP is still open relaxed (_free), its _kind_row for a model with dense and
+        least one stage; relaxed False) or a group whose TP is still open relaxed (_free; relaxed: its choices as
+        (stages, seconds per layer, sends), for whole_chunk_bottleneck), its _kind_row for a model with dense and
         MoE layers (else None), its Ends.row and the most stages of any of its choices (_deepest); None where the
         group has no stage (unused, or no TP option). Memoized per root (the nodes of a root share its rows)."""
         if choice == "node":
@@ -406,9 +408,11 @@ class _TpChoiceNode:
         if row is False:
             row = ctx.caches.node_rows[shared] = self._row_of(ctx, i, choices, stages, choice == "free")
         if row is not None and choice == "free":
+            # the least of its choices' sends, and its choices (stages, seconds per layer, sends) for the whole-chunk
+            # bottleneck (mixed_pipeline_bounds.whole_chunk_bottleneck), both at this dp and vpp
+            picks = tuple((k, *self._terms(ctx, u)[::2]) for u, k in zip(choices, stages))
             terms = row[0]
-            send = min(self._terms(ctx, u)[2] for u in choices)
-            row = ((terms[0], terms[1], send, *terms[3:]), *row[1:])
+            row = ((terms[0], terms[1], min(y for _, _, y in picks), *terms[3:5], picks), *row[1:])
         self.memo[key] = row
         return row
 
