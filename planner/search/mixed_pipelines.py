@@ -412,14 +412,15 @@ class _TpChoiceNode:
             # bottleneck (mixed_pipeline_bounds.whole_chunk_bottleneck), both at this dp and vpp
             picks = tuple((k, *self._terms(ctx, u)[::2]) for u, k in zip(choices, stages))
             terms = row[0]
-            row = ((terms[0], terms[1], min(y for _, _, y in picks), *terms[3:5], picks), *row[1:])
+            row = ((terms[0], terms[1], min(y for _, _, y in picks), *terms[3:], picks), *row[1:])
         self.memo[key] = row
         return row
 
     def _row_of(self, ctx: MixedContext, i: int, choices, stages, free: bool) -> tuple | None:
         if not choices:
             return None
-        terms = (*self._free(ctx, i), True) if free else (*self._terms(ctx, choices[0]), 1, stages[0], False)
+        # (a free row's relaxed entry, its choices at this dp and vpp, is added by _row)
+        terms = self._free(ctx, i) if free else (*self._terms(ctx, choices[0]), 1, stages[0], False)
         count = layer_counts(ctx.job.model)
         kinds = self._kind_row(ctx, choices, terms[4]) if count["dense"] and count["moe"] else None
         return terms, kinds, Ends.row(terms[0], terms[1]), max(stages)

@@ -380,6 +380,16 @@ def throughput_floor(ctx, cand: ReplicaCandidate) -> float:
     return hit
 
 
+def _floored(ctx, cand: ReplicaCandidate, key: float, best: float, next_key: float) -> float:
+    """``key`` raised by the candidate's throughput floor, then by its pipeline floor only where the cheap one leaves
+    it below both ``best`` (which would cut it) and ``next_key`` (the next bound in line, behind which it waits)."""
+    for floor_of in (throughput_floor, pipeline_floor):
+        key = max(key, floor_of(ctx, cand))
+        if key >= best or key > next_key:
+            break
+    return key
+
+
 def _pipeline_floor(ctx, cand: ReplicaCandidate) -> float:
     pp = cand.pp
     M = ctx.job.training.global_batch_size // cand.mbs
@@ -656,20 +666,12 @@ def search_replicas(
                     continue
                 heapq.heappush(heap, (zbound, next(tie), (tp, cp, pp, mbs, base, counts, ep), work, z_cand))
             continue
-        settled = False  # cut by a floor, or back in line at it
-        for floor_of in (throughput_floor, pipeline_floor):  # the cheap floor first (memoized: free the next time)
-            floor = floor_of(ctx, cand)
-            if floor <= key:
-                continue
-            key = floor
-            if key >= best:
-                low, settled = min(low, key), True
-            elif heap and key > heap[0][0]:
-                heapq.heappush(heap, (key, next(tie), (tp, cp, pp, mbs, base, counts, ep), work, cand))
-                settled = True
-            if settled:
-                break
-        if settled:
+        key = _floored(ctx, cand, key, best, heap[0][0] if heap else float("inf"))
+        if key >= best:
+            low = min(low, key)
+            continue
+        if heap and key > heap[0][0]:
+            heapq.heappush(heap, (key, next(tie), (tp, cp, pp, mbs, base, counts, ep), work, cand))
             continue
         est, infeasible, exact = _heuristic_shape(ctx, cand, deadline - time.monotonic(), workers, look is not None)
         if not infeasible and not exact:  # a pipelined shape: the exact pass below may close it
