@@ -72,6 +72,8 @@ def assert_model_matches(sms, plans, est) -> None:
     pv = built.vars
     slack = 4.0 / unit  # the ceiling to whole units and the shares kept in thousandths
     for i, (sm, plan, st) in enumerate(zip(sms, plans, est.stages)):
+        # the stage's MoE layers are those of its span (with or without the prefix chain: _add_layer_counts)
+        assert (solver.Value(pv.moe_layers[i]), solver.Value(pv.dense_layers[i])) == (plan.moe, plan.dense)
         t = solver.Value(pv.stage_time[i]) / unit
         assert t == pytest.approx(st.microbatch_time_s, rel=PRECISION, abs=slack), f"stage {i} time"
         kib = solver.Value(allocated[i]) * KIB
