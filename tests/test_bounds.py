@@ -574,30 +574,33 @@ def test_stages_tail_bottleneck_is_below_every_split_into_whole_chunks():
 
 def test_kind_memory_floor_is_below_every_split_of_the_layers():
     """mixed_pipeline_bounds.kind_memory_floor against every split of L layers over k_g <= stages_g stages per
-    group, a stage of group g holding n layers in at least times_g[n - 1] seconds (inf: they do not fit): the least
-    slowest stage of any split is at or above the bound (inf where no split fits), and equal to it somewhere."""
+    group, a stage of group g holding n layers in at least const_g + times_g[n - 1] seconds (inf: they do not fit;
+    const_g: what its stages add besides the layers, 0 where a row leaves it out): the least slowest stage of any
+    split is at or above the bound (inf where no split fits), and equal to it somewhere."""
     from planner.search.mixed_pipeline_bounds import kind_memory_floor
 
     rng = random.Random(4)
-    equal = 0
+    equal = with_const = 0
     for _ in range(200):
         L, groups = rng.randint(2, 7), rng.randint(1, 3)
         rows = []
         for _ in range(groups):
             steps = itertools.accumulate(rng.choice((0.5, 1.0, 1.5, 3.0)) for _ in range(L))
             fits = rng.randint(1, L)
-            rows.append((rng.randint(1, 3), tuple(t if n < fits else float("inf") for n, t in enumerate(steps))))
+            row = (rng.randint(1, 3), tuple(t if n < fits else float("inf") for n, t in enumerate(steps)))
+            rows.append(row + ((rng.choice((0.25, 1.0)),) if rng.random() < 0.5 else ()))
         best = float("inf")
-        for ks in itertools.product(*(range(1, k + 1) for k, _ in rows)):
+        for ks in itertools.product(*(range(1, row[0] + 1) for row in rows)):
             owners = [g for g, k in enumerate(ks) for _ in range(k)]
             if len(owners) > L:
                 continue
             for split in compositions(L, len(owners)):
-                best = min(best, max(rows[g][1][n - 1] for g, n in zip(owners, split)))
+                best = min(best, max(sum(rows[g][2:]) + rows[g][1][n - 1] for g, n in zip(owners, split)))
         bound = kind_memory_floor(tuple((row,) for row in rows), L)
         assert bound <= best, (rows, L)
         equal += bound == best
-    assert equal > 50
+        with_const += bound == best < float("inf") and all(len(row) == 3 for row in rows)
+    assert equal > 50 and with_const > 10
 
 
 def test_kind_bottleneck_is_below_every_assignment_of_the_two_kinds():

@@ -249,6 +249,7 @@ class ZeroTerms:
     memory: dict[float, tuple] = field(default_factory=dict)  # memory_terms by in-flight count
     kind_memory: dict[float, tuple] = field(default_factory=dict)  # kind_times by in-flight count
     inflight: dict[tuple[int, int], float] = field(default_factory=dict)  # least_inflight by (after, vpp)
+    runs: dict[tuple[int, int, int], tuple] = field(default_factory=dict)  # stage_runs by (after, count, vpp)
     windows: tuple | None = None  # moe_windows of a model with dense and MoE layers
     capacity_gib: float = 0.0  # the group's usable GPU memory (MixedContext.capacity)
     # work out the traffic lines (_zero_lines) and the DP tail terms reach reads (_zero_tails) when a bound first
@@ -325,6 +326,25 @@ class ZeroTerms:
         hit = self.inflight.get(key)
         if hit is None:
             hit = self.inflight[key] = inflight_microbatches(0, after + 1, vpp, self.sm.mb)
+        return hit
+
+    def stage_runs(self, after: int, count: int, vpp: int = 1) -> tuple[tuple[int, int], ...]:
+        """``count`` stages of this group with at least ``after`` stages after the last of them, from the last one
+        back, in runs that keep the same least in-flight count (the i-th from the end has at least after + i
+        stages after it): (stages, the ``after`` of the run's last stage), for memory_terms and kind_times."""
+        key = (after, count, vpp)
+        hit = self.runs.get(key)
+        if hit is None:
+            out: list[tuple[int, int]] = []
+            last = None
+            for i in range(after, after + count):
+                f = self.least_inflight(i, vpp)
+                if f == last:
+                    out[-1] = (out[-1][0] + 1, out[-1][1])
+                else:
+                    out.append((1, i))
+                    last = f
+            hit = self.runs[key] = tuple(out)
         return hit
 
     def memory_terms(self, after: int, vpp: int = 1) -> tuple[float, ...] | None:

@@ -1070,13 +1070,14 @@ def _kind_memory_bottleneck(stage_times, cst, L: int, probe: float | None = None
 
 def kind_memory_floor(groups, L: int) -> float:
     """The box form of _kind_memory_bottleneck: ``groups`` per node group, its choices (TP degree) as (stages,
-    times), each of its at most ``stages`` stages holding n layers in at least times[n - 1] seconds (its roomiest
-    stage's kind_memory_times; the stages' constants left out); a group whose choice is still open holds the most
+    times) or (stages, times, const), each of its at most ``stages`` stages holding n layers in at least
+    const + times[n - 1] seconds (its roomiest stage's kind_memory_times, and what its stages surely add: their
+    pipeline sends, the logits on the last stage; default 0); a group whose choice is still open holds the most
     any one choice holds. The smallest T at which they hold the L layers, inf where they cannot: the times of every
     choice walked in ascending order (a merge of the sorted lists), each taken as one more layer its stages hold,
     until the groups hold L. (It is one of the times; the walk reads only those up to it.)"""
-    rows = [(g, k, values) for g, choices in enumerate(groups) for k, values in choices if k > 0]
-    heap = [(values[0], i) for i, (_, _, values) in enumerate(rows) if values and values[0] < math.inf]
+    rows = [(g, k, values, *(c or (0.0,))) for g, choices in enumerate(groups) for k, values, *c in choices if k > 0]
+    heap = [(values[0] + c, i) for i, (_, _, values, c) in enumerate(rows) if values and values[0] < math.inf]
     heapq.heapify(heap)
     counts = [0] * len(rows)  # times taken of each choice
     most = [0] * len(groups)  # the layers each group holds: the most any one of its choices holds
@@ -1085,10 +1086,10 @@ def kind_memory_floor(groups, L: int) -> float:
         x = heap[0][0]
         while heap and heap[0][0] == x:  # every time equal to x, then whether they hold L at x
             _, i = heapq.heappop(heap)
-            g, k, values = rows[i]
+            g, k, values, c = rows[i]
             n = counts[i] = counts[i] + 1
             if n < len(values) and values[n] < math.inf:
-                heapq.heappush(heap, (values[n], i))
+                heapq.heappush(heap, (values[n] + c, i))
             if k * n > most[g]:
                 held += k * n - most[g]
                 most[g] = k * n

@@ -687,10 +687,12 @@ class _Family:
             plain += tail
             if plain >= target:
                 return plain
-        key = ("memory", id(zt), tuple(afters), hi)
+        sends = sum(lo) >= 2 or v > 1  # (as box_bound: a stage of two or more sends to its neighbours)
+        key = ("memory", id(zt), tuple(afters), hi, sends)
         floor = self._box_memo.get(key)
         if floor is None:
-            floor = self._box_memo[key] = _memory_floor(zt, afters, hi, v)
+            logits = self.ends[-1][1] if self.ordered else 0.0  # (an open family's last group is not known)
+            floor = self._box_memo[key] = _memory_floor(zt, afters, hi, v, self.send if sends else None, logits)
         if floor == float("inf"):
             return floor
         if floor < reach:  # (below its reach the floor changes nothing)
@@ -866,18 +868,28 @@ def _kinds(ctx: MixedContext, used, node: _TpChoiceNode) -> dict:
     return {"kinds": tuple(kinds), "kind_counts": counts, "moe_from": ctx.job.model.all_moe_from}
 
 
-def _memory_floor(zt: tuple[ZeroTerms, ...], afters, his, v: int) -> float:
+def _memory_floor(zt: tuple[ZeroTerms, ...], afters, his, v: int, sends=None, logits: float = 0.0) -> float:
     """mixed_pipeline_bounds.memory_floor over the used groups' stages: group j with at most his[j] stages, each
     with at least afters[j] stages after it (ZeroTerms.memory_terms: its roomiest stage's terms stand for all);
     0 (no floor) where a group has no depth-3 model. The heavy layers are the MoE layers of an MoE model, else
     all; a model with dense and MoE layers also counts both (mixed_pipeline_bounds.kind_memory_floor over
-    ZeroTerms.kind_times: the dense layers' activations need room too)."""
-    terms = [z.memory_terms(after, v) for z, after in zip(zt, afters)]
-    if not zt or any(t is None for t in terms):
+    ZeroTerms.kind_times: the dense layers' activations need room too), each stage's layers there taking at least
+    what its stage surely adds besides them: ``sends`` (each group's stages', two or more stages) and ``logits``
+    (the last group's last stage, an ordered family's)."""
+    if not zt or any(z.sm is None for z in zt):
         return 0.0
-    rows = tuple(((k, t),) for k, t in zip(his, terms))
-    times = [z.kind_times(after, v) for z, after in zip(zt, afters)]
-    kind_rows = None if None in times else tuple(((k, t),) for k, t in zip(his, times))
+    runs = []  # (terms, stages, after of the run's last stage, seconds each of its stages adds)
+    for j, (z, after, k) in enumerate(zip(zt, afters, his)):
+        c = sends[j] if sends is not None else 0.0
+        for n, first in z.stage_runs(after, k, v):
+            if logits and j == len(zt) - 1 and first == after:  # the pipeline's last stage
+                runs.append((z, 1, first, c + logits))
+                n -= 1
+            if n:
+                runs.append((z, n, first, c))
+    rows = tuple(((n, z.memory_terms(first, v)),) for z, n, first, _ in runs)
+    times = [z.kind_times(first, v) for z, _, first, _ in runs]
+    kind_rows = None if None in times else tuple(((n, t, c),) for (_, n, _, c), t in zip(runs, times))
     return _memory_floors(zt[0].sm.job.model, rows, kind_rows)
 
 
