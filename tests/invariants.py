@@ -23,6 +23,7 @@ RANK_ORDER = "tp-cp-ep-dp-pp"
 # of the last printed digit on top of the 1e-6 slack. The unrounded numbers are checked at 1e-6 by check_result.
 MEM_ROUND = 0.5e-3
 TIME_ROUND = 0.5e-6
+MFU_ROUND, TFLOPS_ROUND = 0.5e-4, 0.5e-2  # half a unit of the JSON's 4 decimals of MFU, 2 of TFLOP/s
 EPS = 1e-6
 
 
@@ -204,8 +205,11 @@ def check_estimate(job, est: dict, lay: dict, memory_margin: float) -> list[str]
         lo, hi = want / (it + TIME_ROUND) - 0.05, want / (it - TIME_ROUND) + 0.05
         if not _finite(tps) or not (lo * (1 - 1e-9) <= tps <= hi * (1 + 1e-9)):
             v.append(f"tokens_per_s {tps!r} != global_batch*seq/iteration_time = {want / it:.1f}")
-    mfu = est.get("mfu")
-    if not _finite(mfu) or mfu <= 0 or mfu > 1.0:
+    mfu, achieved, peak = est.get("mfu"), est.get("model_tflops_per_gpu"), est.get("mfu_peak_tflops")
+    # the JSON keeps 4 decimals of it (planner.cost.estimate.Estimate.to_json): 0.0 only where the achieved TFLOP/s
+    # (2 decimals) are below half a unit of that over the peak (a tiny model on many GPUs)
+    tiny = _finite(achieved) and _finite(peak) and achieved <= MFU_ROUND * peak + TFLOPS_ROUND
+    if not _finite(mfu) or mfu < 0 or mfu > 1.0 or (mfu == 0 and not tiny):
         v.append(f"mfu = {mfu!r} outside (0, 1]")
     for name, table in (
         ("time_breakdown_s", est.get("time_breakdown_s")),
