@@ -301,3 +301,15 @@ def test_the_first_look_is_the_same_on_a_slow_machine(monkeypatch):
     still, slow = look(0.0), look(0.02)
     assert len(still[0]) > 5
     assert slow == still
+
+
+def test_the_shape_enumeration_works_out_only_ep_degrees_some_replica_count_takes():
+    """replicas._ep_reachable (the EP degrees whose per-layer costs the shape enumeration works out) against every
+    replica count up to the most: ep_error accepts ep with some d <= most_d exactly where the rule says so."""
+    from planner.parallel import ep_error
+    from planner.search.replicas import _ep_reachable
+
+    model = SimpleNamespace(moe=SimpleNamespace(num_experts=2**10))
+    for ep, cp, most_d in itertools.product([1, 2, 4, 8, 16, 32, 64, 128, 256], [1, 2, 4, 8, 16], range(0, 40)):
+        some = any(ep_error(model, ep, d, cp) is None for d in range(1, most_d + 1))
+        assert _ep_reachable(ep, cp, most_d) == some, (ep, cp, most_d)

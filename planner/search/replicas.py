@@ -117,6 +117,12 @@ def shapes(ctx, deadline: float, beat: float, keep: int | None = None):
     return found, cut_short
 
 
+def _ep_reachable(ep: int, cp: int, most_d: int) -> bool:
+    """Whether ``ep`` divides d * cp (planner.parallel.ep_error) for some replica count 1 <= d <= most_d: the least
+    such d is ep / gcd(ep, cp)."""
+    return ep // math.gcd(ep, cp) <= most_d
+
+
 def micro_batch_work(ctx, g: int, tp: int, cp: int, mbs: int, base: str, ep: int = 1) -> float:
     """Least seconds one micro-batch takes through a whole pipeline on group g (all its stages' work): every layer
     at the floor of its kind (mixed_context.model_layers_bound), the embedding and the logits."""
@@ -151,7 +157,15 @@ def _shapes(ctx, deadline: float, beat: float, keep: int | None = None):
         for cp in cps:
             if seq_shard_error(t, cp, tp):
                 continue
-            eps = [ep for ep in _ep_superset(m) if ctx.fw is None or ctx.fw.allows(cp=cp, ep=ep)]
+            # only EP degrees some replica count can take (the others' per-layer costs are not worked out)
+            most_d = max(gpus.values()) // (tp * cp)  # the most replicas any group fits (pp = 1)
+            eps = [
+                ep
+                for ep in _ep_superset(m)
+                if (ctx.fw is None or ctx.fw.allows(cp=cp, ep=ep)) and _ep_reachable(ep, cp, most_d)
+            ]
+            if not eps:
+                continue  # (no group fits a replica at this TP and CP)
             for mbs in micro_batch_options(t, 1, ctx.opts.max_micro_batch):  # replicas run their own counts
                 M = t.global_batch_size // mbs
                 for base in bases:
