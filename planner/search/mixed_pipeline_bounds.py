@@ -168,7 +168,7 @@ def box_bound_reach(
     moe_positions = mix is not None and mix.moe and whole and ends.ordered and not any(relaxed)
     if moe_positions:
         a, ends = moe_only_rates(a, lo, ends, mix)
-    sends = send is not None and (sum(lo) >= 2 or v > 1)  # (an interleaved pipeline has two stages or more)
+    sends = send is not None and pipeline_sends(lo, v)
     ys = send if sends else (0.0,) * len(a)  # each group's sends (none for fewer than two stages)
     stages = sum(hi)
     single = stages == 1  # one stage holds both ends
@@ -219,6 +219,12 @@ def box_bound_reach(
         fixed = ends.emb + ends.logits + sum(k * y for k, y in zip(lo, ys))
         return box_schedule_time(a, lo, hi, ys, L, T, m - 1 / v, v, fixed, total), T
     return schedule_bound(T, total, m, v), T
+
+
+def pipeline_sends(lo, v: int) -> bool:
+    """Whether every candidate of a box with at least lo_g stages per group sends between its stages: two stages or
+    more (lo adding up to 2, or v > 1: an interleaved pipeline has two stages or more)."""
+    return sum(lo) >= 2 or v > 1
 
 
 def capped_rate(a, hi, most: int) -> float:
@@ -1076,7 +1082,11 @@ def kind_memory_floor(groups, L: int) -> float:
     any one choice holds. The smallest T at which they hold the L layers, inf where they cannot: the times of every
     choice walked in ascending order (a merge of the sorted lists), each taken as one more layer its stages hold,
     until the groups hold L. (It is one of the times; the walk reads only those up to it.)"""
-    rows = [(g, k, values, *(c or (0.0,))) for g, choices in enumerate(groups) for k, values, *c in choices if k > 0]
+    rows = []  # (group, stages, times, constant) per choice
+    for g, choices in enumerate(groups):
+        for k, values, *const in choices:
+            if k > 0:
+                rows.append((g, k, values, const[0] if const else 0.0))
     heap = [(values[0] + c, i) for i, (_, _, values, c) in enumerate(rows) if values and values[0] < math.inf]
     heapq.heapify(heap)
     counts = [0] * len(rows)  # times taken of each choice

@@ -73,6 +73,7 @@ from planner.search.mixed_pipeline_bounds import (
     kind_memory_floor,
     memory_floor,
     merged_levels,
+    pipeline_sends,
     refined_bound,
     tail_bottleneck,
 )
@@ -687,7 +688,7 @@ class _Family:
             plain += tail
             if plain >= target:
                 return plain
-        sends = sum(lo) >= 2 or v > 1  # (as box_bound: a stage of two or more sends to its neighbours)
+        sends = pipeline_sends(lo, v)
         key = ("memory", id(zt), tuple(afters), hi, sends)
         floor = self._box_memo.get(key)
         if floor is None:
@@ -869,13 +870,13 @@ def _kinds(ctx: MixedContext, used, node: _TpChoiceNode) -> dict:
 
 
 def _memory_floor(zt: tuple[ZeroTerms, ...], afters, his, v: int, sends=None, logits: float = 0.0) -> float:
-    """mixed_pipeline_bounds.memory_floor over the used groups' stages: group j with at most his[j] stages, each
-    with at least afters[j] stages after it (ZeroTerms.memory_terms: its roomiest stage's terms stand for all);
-    0 (no floor) where a group has no depth-3 model. The heavy layers are the MoE layers of an MoE model, else
-    all; a model with dense and MoE layers also counts both (mixed_pipeline_bounds.kind_memory_floor over
-    ZeroTerms.kind_times: the dense layers' activations need room too), each stage's layers there taking at least
-    what its stage surely adds besides them: ``sends`` (each group's stages', two or more stages) and ``logits``
-    (the last group's last stage, an ordered family's)."""
+    """mixed_pipeline_bounds.memory_floor over the used groups' stages: group j with at most his[j] stages, the
+    last with at least afters[j] stages after it and each one before it one more (ZeroTerms.stage_runs: each run
+    of stages at its in-flight count, memory_terms); 0 (no floor) where a group has no depth-3 model. The heavy
+    layers are the MoE layers of an MoE model, else all; a model with dense and MoE layers also counts both
+    (mixed_pipeline_bounds.kind_memory_floor over ZeroTerms.kind_times: the dense layers' activations need room
+    too), each stage's layers there taking at least what its stage surely adds besides them: ``sends`` (each
+    group's stages', two or more stages) and ``logits`` (the last group's last stage, an ordered family's)."""
     if not zt or any(z.sm is None for z in zt):
         return 0.0
     runs = []  # (terms, stages, after of the run's last stage, seconds each of its stages adds)
@@ -1032,9 +1033,8 @@ class _PipelineSearch:
         first: bool = False,
     ):
         self.ctx, self.top, self.time_limit_s, self.workers = ctx, top, time_limit_s, workers
-        self.first = (
-            first  # the first share (lockstep's shares[0]): its explore bounds its roots (_PipelineSearch.explore)
-        )
+        # the first share (lockstep's shares[0]): its explore bounds its roots (explore)
+        self.first = first
         self.total, self.progress, self.counting = total, progress, counting
         self.L = ctx.job.model.num_layers
         self.roots = roots  # (index, root, candidates): put in line at their bounds by prepare
@@ -1062,11 +1062,21 @@ class _PipelineSearch:
         s that its first solve would otherwise take, the parent waiting for it), which a search that needs no solve
         in the child does not wait for (loaded in line, it added 0.3 s to small jobs)."""
         if self.roots:
-            self.heap = [(grp.bound(self.ctx, memory=False), i, grp, None) for i, grp, _ in self.roots]
+            self.heap = [self._root_entry(i, grp) for i, grp, _ in self.roots]
             heapq.heapify(self.heap)
             self.roots = []
         if forked and self.heap:
             threading.Thread(target=cp_sat, daemon=True).start()
+
+    def _root_entry(self, i: int, grp: _TpChoiceNode) -> tuple:
+        """Root ``i`` in line: at its bound without the memory terms (cheap; they come when it is opened)."""
+        return (grp.bound(self.ctx, memory=False), i, grp, None)
+
+    def _pass_epochs(self, start: int, peer: Peer):
+        """lockstep.boundary at every epoch the work since ``start`` has reached, one by one (in explore)."""
+        while (self.work - start) // EPOCH > self.epoch:
+            self.epoch += 1
+            yield from boundary(self, peer, self.epoch)
 
     def kth_time(self) -> float:
         return self.best[self.top - 1].time if len(self.best) >= self.top else float("inf")
@@ -1144,11 +1154,9 @@ class _PipelineSearch:
             # the child meanwhile: one by one, counted, its epochs published as they pass, so that the other share
             # goes on with its own line instead of waiting for this share's first epochs (0.2-0.3 s on suite job 46)
             for i, grp, _ in self.roots:
-                heapq.heappush(self.heap, (grp.bound(self.ctx, memory=False), i, grp, None))
+                heapq.heappush(self.heap, self._root_entry(i, grp))
                 self.work += WORK["root"]
-                while (self.work - start) // EPOCH > self.epoch:
-                    self.epoch += 1
-                    yield from boundary(self, peer, self.epoch)
+                yield from self._pass_epochs(start, peer)
             self.roots = []
         self.prepare()
         while True:
@@ -1177,9 +1185,7 @@ class _PipelineSearch:
             rows = Meter.rows
             self.step(kth, lb, fam, box)
             self.work += (Meter.rows - rows) // WORK["rows"]
-            while (self.work - start) // EPOCH > self.epoch:  # every epoch the step's work reached, one by one
-                self.epoch += 1
-                yield from boundary(self, peer, self.epoch)
+            yield from self._pass_epochs(start, peer)  # every epoch the step's work reached
         self.report()
 
     # lockstep's share: plans and nodes traded with the other share
