@@ -510,3 +510,32 @@ def test_replica_balance_bounds_the_choices_it_tries(monkeypatch):
     assert replicas._balance(10**9, counts, [1.0] * 4, [0.0] * 4) is None
     assert windows and all((2 * w + 1) ** 3 <= replicas.MAX_BALANCE_CHOICES for w in windows)
     assert replicas._balance(40, counts, [1.0, 2.0, 3.0, 4.0], [0.0] * 4) is None  # the recorder found nothing
+
+
+@pytest.mark.parametrize("per_stage_tp", [True, False])
+def test_candidate_counts_agree_with_one_box_per_choice(per_stage_tp):
+    """The mixed search's candidate count (_count_choices: a count by used groups and stages) against the plain sum
+    of _box_size over every TP choice (None: group unused) with a used group, times the used groups' orders, on
+    random stage limits; with one TP for all where the framework has no per-stage TP."""
+    import math
+    import random
+    from types import SimpleNamespace
+
+    from planner.search.mixed_pipelines import _box_size, _count_choices
+
+    rng = random.Random(7)
+    fw = None if per_stage_tp else SimpleNamespace(per_stage_tp=False)
+    for _ in range(150):
+        order = list(range(rng.randint(1, 4)))
+        L = rng.randint(1, 24)
+        kmax = {g: {tp: rng.randint(1, 30) for tp in rng.sample([1, 2, 4, 8], rng.randint(0, 4))} for g in order}
+        options = tuple((None, *sorted(kmax[g])) for g in order)
+        want = 0
+        for tps in itertools.product(*options):
+            used = [(g, tp) for g, tp in zip(order, tps) if tp]
+            if not used or (fw is not None and len({tp for _, tp in used}) > 1):
+                continue
+            hi = tuple(kmax[g][tp] for g, tp in used)
+            want += _box_size((1,) * len(used), hi, L) * math.factorial(len(used))
+        ctx = SimpleNamespace(order=order, fw=fw)
+        assert _count_choices(ctx, options, kmax, L) == want

@@ -214,21 +214,12 @@ def _space_size(ctx: MixedContext, tp_opts, kmax_of, max_pp: int) -> int:
     all) and group order (the same for every dp and cp with the same stage-count limits)."""
     key = (tp_opts, tuple(tuple(sorted(kmax_of[g].items())) for g in ctx.order), max_pp)
     if key not in ctx.caches.space_size:
-        ctx.caches.space_size[key] = _count_space(ctx, tp_opts, kmax_of, max_pp)
+        ctx.caches.space_size[key] = _count_choices(ctx, tp_opts, kmax_of, max_pp)
     return ctx.caches.space_size[key]
 
 
-def _count_space(ctx: MixedContext, tp_opts, kmax_of, L: int) -> int:
-    size = 0
-    for tps in itertools.product(*tp_opts):
-        used = tuple((g, tp) for g, tp in zip(ctx.order, tps) if tp)
-        if _uniform_ok(ctx, used):
-            size += _box_size((1,) * len(used), tuple(kmax_of[g][tp] for g, tp in used), L) * math.factorial(len(used))
-    return size
-
-
 def _group_size(ctx: MixedContext, grp: _TpChoiceNode) -> int:
-    """Candidates a _TpChoiceNode stands for (every ZeRO stage): as _count_space, with its fixed choices
+    """Candidates a _TpChoiceNode stands for (every ZeRO stage): as _space_size, with its fixed choices
     (memoized per root, and across roots with the same stage-count limits)."""
     hit = grp.memo.get(("size", grp.fixed))
     if hit is not None:
@@ -236,16 +227,44 @@ def _group_size(ctx: MixedContext, grp: _TpChoiceNode) -> int:
     L = grp.max_pp(ctx)
     key = (grp.fixed, grp.tp_opts, tuple(tuple(sorted(grp.kmax_of[g].items())) for g in ctx.order), L)
     if key not in ctx.caches.group_space_size:
-        size = 0
-        for tps in itertools.product(*((tp,) for tp in grp.fixed), *grp.tp_opts[len(grp.fixed) :]):
-            used = tuple((g, tp) for g, tp in zip(ctx.order, tps) if tp)
-            if _uniform_ok(ctx, used):
-                size += _box_size((1,) * len(used), tuple(grp.kmax_of[g][tp] for g, tp in used), L) * math.factorial(
-                    len(used)
-                )
-        ctx.caches.group_space_size[key] = size
+        options = tuple((tp,) for tp in grp.fixed) + grp.tp_opts[len(grp.fixed) :]
+        ctx.caches.group_space_size[key] = _count_choices(ctx, options, grp.kmax_of, L)
     hit = grp.memo["size", grp.fixed] = ctx.caches.group_space_size[key] * len(grp.zeros)
     return hit
+
+
+def _count_choices(ctx: MixedContext, options, kmax_of, L: int) -> int:
+    """Candidates of the TP ``options`` of each group of ctx.order (None: unused), without ZeRO: every choice of
+    one option per group that _uniform_ok takes, with 1..kmax_of[g][tp] stages on each used group, at most L in
+    all, in every order of the used groups. With one TP for all (a framework without per-stage TP): the choices
+    of each TP apart."""
+    if ctx.fw is None or ctx.fw.per_stage_tp:
+        return _count_limits([[kmax_of[g][tp] for tp in opts if tp] for g, opts in zip(ctx.order, options)], L)
+    tps = sorted({tp for opts in options for tp in opts if tp})
+    return sum(
+        _count_limits([[kmax_of[g][tp] for tp in opts if tp == one] for g, opts in zip(ctx.order, options)], L)
+        for one in tps
+    )
+
+
+def _count_limits(limits: list[list[int]], L: int) -> int:
+    """Sum over the choices of one stage limit k or none (unused) per group, at least one group used, of the
+    stage-count vectors 1 <= n_g <= k_g (used groups) with at most L stages in all, times the orders of the used
+    groups (u! for u used): what summing _box_size over the choices gives (tests/test_hetero.py checks the
+    two agree), as a count by number of used groups and stages so far (a polynomial product: each k adds
+    x + ... + x^k), in O(groups^2 * limits * L) instead of one _box_size per choice."""
+    # ways[u][s]: the choices of the groups so far with u of them used and s stages in all (s <= L)
+    ways = [[1] + [0] * L]
+    for ks in limits:
+        new = [row[:] for row in ways] + [[0] * (L + 1)]
+        for u, row in enumerate(ways):
+            pre = list(itertools.accumulate(row, initial=0))  # pre[s] = row[0] + ... + row[s - 1]
+            out = new[u + 1]
+            for k in ks:  # 1..k stages on this group: out[s] += pre[s] - pre[max(0, s - k)], s = 1..L
+                k = min(k, L)
+                out[1:] = [o + p - q for o, p, q in zip(out[1:], pre[1 : L + 1], [0] * k + pre[1 : L + 1 - k])]
+        ways = new
+    return sum(math.factorial(u) * sum(row) for u, row in enumerate(ways) if u)
 
 
 def _node_size(ctx: MixedContext, node, box) -> int:
