@@ -926,6 +926,60 @@ def test_box_schedule_time_is_below_every_candidate_of_the_box(monkeypatch):
             monkeypatch.setattr(B, "SCHEDULE_STEPS", 64)
 
 
+def test_box_schedule_with_tail_is_below_every_candidate_of_the_box(monkeypatch):
+    """box_schedule_with_tail against every stage-count vector of a box and every split of the chunks over its
+    stages, each candidate taking its schedule (as in the box_schedule_time test) plus the largest tail of its
+    stages (a stage of group g holding n layers: at least reach_g[n - 1], growing with n): never above the best
+    candidate, whatever the target; never below the schedule and the least tail apart; with every level walked in
+    full (no budget, no gate) and no end terms or sends, equal to the best candidate, and above the two apart in
+    some boxes (where the tails keep the stages from the split with the least schedule)."""
+    from planner.search import mixed_pipeline_bounds as B
+
+    rng = random.Random(23)
+    raised = 0
+    for trial in range(200):
+        G, v = rng.randint(1, 3), rng.choice([1, 2])
+        L = v * rng.randint(3, 8)
+        a = [rng.uniform(0.5, 3.0) for _ in range(G)]
+        ys = [rng.choice([0.0, rng.uniform(0.0, 1.0)]) for _ in range(G)]
+        lo = [rng.randint(1, 2) for _ in range(G)]
+        hi = [k + rng.randint(0, 2) for k in lo]
+        emb, logits = (0.0, 0.0) if trial % 2 else (rng.uniform(0, 1), rng.uniform(0, 1))
+        k = rng.choice([0.0, 1.0, 7.0])
+        reaches = tuple(tuple(itertools.accumulate(rng.uniform(0.0, 2.0) for _ in range(L))) for _ in range(G))
+        best, least_top, least_tail = float("inf"), float("inf"), float("inf")
+        for counts in itertools.product(*(range(x, y + 1) for x, y in zip(lo, hi))):
+            groups = [g for g, n in enumerate(counts) for _ in range(n)]
+            for split in _splits(L // v, [L // v] * len(groups)):
+                t = [ys[g] + n * v * a[g] for g, n in zip(groups, split)]
+                t[0] += emb
+                t[-1] += logits
+                tail = max(reaches[g][n * v - 1] for g, n in zip(groups, split))
+                least_top, least_tail = min(least_top, max(t)), min(least_tail, tail)
+                best = min(best, k * max(t) + sum(t) / v + tail)
+        if best == float("inf"):
+            continue
+        T = least_top * rng.choice([1.0, 0.8])
+        fixed = emb + logits + sum(n * y for n, y in zip(lo, ys))
+        floor = fixed + v * sum(n * x for n, x in zip(lo, a)) + (L - v * sum(lo)) * min(a)  # box_bound's least work
+        sched = (a, lo, hi, ys, L, T, k, v, fixed, floor)
+        tails = B.BoxTails(reaches, B.merged_levels(reaches), least_tail * rng.choice([1.0, 0.7]))
+        apart = B.box_schedule_time(*sched) + tails.least
+        for target in (float("inf"), best * 0.97, best, best * 1.05):
+            got = B.box_schedule_with_tail(sched, lambda tails=tails: tails, target)
+            assert got <= best * (1 + 1e-9)
+            assert got >= min(apart, target) - 1e-9
+        with monkeypatch.context() as m:
+            for name, value in (("SCHEDULE_STEPS", 10**6), ("TAIL_FLOORS", 10**6), ("TAIL_FULL", 10**6)):
+                m.setattr(B, name, value)
+            m.setattr(B, "TAIL_REACH", float("inf"))  # (every target passes the gate: 1 - inf is -inf)
+            got = B.box_schedule_with_tail(sched, lambda tails=tails: tails, 10**9)
+            if not emb and not logits and not any(ys) and tails.least == least_tail:
+                assert got == pytest.approx(best, rel=1e-9)
+            raised += got > apart * (1 + 1e-9)
+    assert raised >= 10
+
+
 def test_box_bound_with_layer_kinds_is_below_every_candidate_of_the_box():
     """box_bound with a KindMix (D dense layers first, then E MoE layers, as ModelSpec.all_moe_from has them)
     against every stage-count vector of a box and every split of the layers into consecutive blocks in group order:

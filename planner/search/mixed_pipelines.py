@@ -65,6 +65,7 @@ from planner.search.mixed_context import (
     zero_terms,
 )
 from planner.search.mixed_pipeline_bounds import (
+    BoxTails,
     Ends,
     KindMix,
     Meter,
@@ -690,23 +691,19 @@ class _Family:
         return self._zero_stage_bound(self.zt, afters[::-1], a, ends, self.mixes[sum(lo) >= 2], L, lo, hi, target)
 
     def _zero_stage_bound(self, zt, afters, a, ends, mix, L: int, lo, hi, target: float) -> float:
-        """box_bound of a box at one ZeRO stage (the used groups' ``zt``), with two or more stages plus the DP tail
-        of the slowest group to sync, raised by the memory floor of group j's stages with at least afters[j] stages
-        after them; the tail and memory terms only where the bound without them is below ``target`` (the tail
-        terms are worked out when first read). The one rule of an ordered family's bound and of an open one's at
-        each of its ZeRO stages."""
+        """box_bound of a box at one ZeRO stage (the used groups' ``zt``), with two or more stages plus the largest
+        DP tail of the stages (bounded together with the schedule: BoxTails), raised by the memory floor of group
+        j's stages with at least afters[j] stages after them; the tail and memory terms only where the bound
+        without them is below ``target`` (the tail terms are worked out when first read). The one rule of an
+        ordered family's bound and of an open one's at each of its ZeRO stages."""
         v = self.vpp
         args = (a, lo, hi, ends, L, self.mb, self.send, v)
         kw = {"mix": mix, "whole": True, "max_stages": self.deepest}
+        if sum(lo) >= 2:  # the schedule and the largest DP tail bounded together (box_schedule_with_tail)
+            kw["tails"] = lambda: BoxTails(self._reaches(zt), self._levels(zt), self._box_tail(zt, hi, L))
         plain, reach = box_bound_reach(*args, **kw, target=target)
         if plain >= target:
             return plain
-        tail = 0.0
-        if sum(lo) >= 2:
-            tail = self._box_tail(zt, hi, L)
-            plain += tail
-            if plain >= target:
-                return plain
         sends = pipeline_sends(lo, v)
         key = ("memory", id(zt), tuple(afters), hi, sends)
         floor = self._box_memo.get(key)
@@ -717,7 +714,7 @@ class _Family:
             return floor
         if floor < reach:  # (below its reach the floor changes nothing)
             return plain
-        return box_bound(*args, floor=floor, **kw) + tail
+        return box_bound(*args, floor=floor, **kw)
 
     def _clip(self, lo, hi):
         """The box narrowed to the depths that take the family's vpp: with P = sum k between the least such depth
@@ -805,12 +802,21 @@ class _Family:
         key = ("tail", id(zt), hi)
         hit = self._box_memo.get(key)
         if hit is None:
-            reaches = [z.reach(self.vpp) for z in zt]
-            levels = self._box_memo.get(id(zt))  # the same for every box of the family (its zt are its own)
-            if levels is None:
-                levels = self._box_memo[id(zt)] = merged_levels(reaches)
-            hit = self._box_memo[key] = max(self._tail(zt), tail_bottleneck(reaches, hi, L, levels, self.vpp))
+            levels = self._levels(zt)
+            hit = self._box_memo[key] = max(self._tail(zt), tail_bottleneck(self._reaches(zt), hi, L, levels, self.vpp))
         return hit
+
+    def _levels(self, zt: tuple[ZeroTerms, ...]) -> list[float]:
+        """merged_levels of the used groups' DP tail reaches (the same for every box of the family: its zt are its
+        own), memoized."""
+        levels = self._box_memo.get(id(zt))
+        if levels is None:
+            levels = self._box_memo[id(zt)] = merged_levels(self._reaches(zt))
+        return levels
+
+    def _reaches(self, zt: tuple[ZeroTerms, ...]) -> tuple:
+        """The used groups' DP tail reaches (ZeroTerms.reach) at the family's vpp."""
+        return tuple(z.reach(self.vpp) for z in zt)
 
     @functools.cached_property
     def _box_memo(self) -> dict:
