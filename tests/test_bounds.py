@@ -886,6 +886,50 @@ def test_hull_increments_lie_under_the_values():
         assert env[-1] == pytest.approx(finite[-1])
 
 
+def _random_box(rng: random.Random, trial: int) -> dict:
+    """A random box of stage counts for the box_schedule_time tests: 1-3 groups at a_g seconds per layer with sends
+    y_g, lo_g..hi_g stages each, L layers in chunks of v, end terms on odd trials, schedule factor k."""
+    G, v = rng.randint(1, 3), rng.choice([1, 2])
+    L = v * rng.randint(3, 8)
+    a = [rng.uniform(0.5, 3.0) for _ in range(G)]
+    ys = [rng.choice([0.0, rng.uniform(0.0, 1.0)]) for _ in range(G)]
+    lo = [rng.randint(1, 2) for _ in range(G)]
+    hi = [k + rng.randint(0, 2) for k in lo]
+    emb, logits = (0.0, 0.0) if trial % 2 else (rng.uniform(0, 1), rng.uniform(0, 1))
+    return {
+        "a": a,
+        "ys": ys,
+        "lo": lo,
+        "hi": hi,
+        "L": L,
+        "v": v,
+        "emb": emb,
+        "logits": logits,
+        "k": rng.choice([0.0, 1.0, 7.0]),
+    }
+
+
+def _box_candidates(box: dict):
+    """Every candidate of the box: (each stage's group, its chunks, its seconds), a stage of group g taking
+    y_g + chunks * v * a_g, the first also the embedding and the last the logits, in group order."""
+    a, ys, v, L = box["a"], box["ys"], box["v"], box["L"]
+    for counts in itertools.product(*(range(x, y + 1) for x, y in zip(box["lo"], box["hi"]))):
+        groups = [g for g, n in enumerate(counts) for _ in range(n)]
+        for split in _splits(L // v, [L // v] * len(groups)):
+            t = [ys[g] + n * v * a[g] for g, n in zip(groups, split)]
+            t[0] += box["emb"]
+            t[-1] += box["logits"]
+            yield groups, split, t
+
+
+def _box_schedule_args(box: dict, T: float) -> tuple:
+    """box_schedule_time's arguments for the box from bottleneck T on, with box_bound's fixed terms and least work."""
+    a, lo, ys, L, v = box["a"], box["lo"], box["ys"], box["L"], box["v"]
+    fixed = box["emb"] + box["logits"] + sum(n * y for n, y in zip(lo, ys))
+    floor = fixed + v * sum(n * x for n, x in zip(lo, a)) + (L - v * sum(lo)) * min(a)  # box_bound's least work
+    return (a, lo, box["hi"], ys, L, T, box["k"], v, fixed, floor)
+
+
 def test_box_schedule_time_is_below_every_candidate_of_the_box(monkeypatch):
     """box_schedule_time against every stage-count vector of a box and every split of the chunks over its stages
     (a stage of group g takes y_g + chunks * v * a_g, the first also the embedding and the last the logits, in
@@ -895,34 +939,23 @@ def test_box_schedule_time_is_below_every_candidate_of_the_box(monkeypatch):
 
     rng = random.Random(11)
     for trial in range(200):
-        G, v = rng.randint(1, 3), rng.choice([1, 2])
-        L = v * rng.randint(3, 8)
-        a = [rng.uniform(0.5, 3.0) for _ in range(G)]
-        ys = [rng.choice([0.0, rng.uniform(0.0, 1.0)]) for _ in range(G)]
-        lo = [rng.randint(1, 2) for _ in range(G)]
-        hi = [k + rng.randint(0, 2) for k in lo]
-        emb, logits = (0.0, 0.0) if trial % 2 else (rng.uniform(0, 1), rng.uniform(0, 1))
-        k = rng.choice([0.0, 1.0, 7.0])
+        box = _random_box(rng, trial)
+        k, v = box["k"], box["v"]
         best, least_top = float("inf"), float("inf")
-        for counts in itertools.product(*(range(x, y + 1) for x, y in zip(lo, hi))):
-            groups = [g for g, n in enumerate(counts) for _ in range(n)]
-            for split in _splits(L // v, [L // v] * len(groups)):
-                t = [ys[g] + n * v * a[g] for g, n in zip(groups, split)]
-                t[0] += emb
-                t[-1] += logits
-                least_top = min(least_top, max(t))
-                best = min(best, k * max(t) + sum(t) / v)
+        for _, _, t in _box_candidates(box):
+            least_top = min(least_top, max(t))
+            best = min(best, k * max(t) + sum(t) / v)
         if best == float("inf"):
             continue
         T = least_top * rng.choice([1.0, 0.8])
-        fixed = emb + logits + sum(n * y for n, y in zip(lo, ys))
-        floor = fixed + v * sum(n * x for n, x in zip(lo, a)) + (L - v * sum(lo)) * min(a)  # box_bound's least work
-        got = B.box_schedule_time(a, lo, hi, ys, L, T, k, v, fixed, floor)
+        sched = _box_schedule_args(box, T)
+        floor = sched[-1]
+        got = B.box_schedule_time(*sched)
         assert got <= best * (1 + 1e-9)
         assert got >= k * T + floor / v - 1e-9
-        if not emb and not logits and not any(ys):
+        if not box["emb"] and not box["logits"] and not any(box["ys"]):
             monkeypatch.setattr(B, "SCHEDULE_STEPS", 10**6)
-            assert B.box_schedule_time(a, lo, hi, ys, L, T, k, v, fixed, floor) == pytest.approx(best, rel=1e-9)
+            assert B.box_schedule_time(*sched) == pytest.approx(best, rel=1e-9)
             monkeypatch.setattr(B, "SCHEDULE_STEPS", 64)
 
 
@@ -938,31 +971,18 @@ def test_box_schedule_with_tail_is_below_every_candidate_of_the_box(monkeypatch)
     rng = random.Random(23)
     raised = 0
     for trial in range(200):
-        G, v = rng.randint(1, 3), rng.choice([1, 2])
-        L = v * rng.randint(3, 8)
-        a = [rng.uniform(0.5, 3.0) for _ in range(G)]
-        ys = [rng.choice([0.0, rng.uniform(0.0, 1.0)]) for _ in range(G)]
-        lo = [rng.randint(1, 2) for _ in range(G)]
-        hi = [k + rng.randint(0, 2) for k in lo]
-        emb, logits = (0.0, 0.0) if trial % 2 else (rng.uniform(0, 1), rng.uniform(0, 1))
-        k = rng.choice([0.0, 1.0, 7.0])
-        reaches = tuple(tuple(itertools.accumulate(rng.uniform(0.0, 2.0) for _ in range(L))) for _ in range(G))
+        box = _random_box(rng, trial)
+        k, v, L = box["k"], box["v"], box["L"]
+        reaches = tuple(tuple(itertools.accumulate(rng.uniform(0.0, 2.0) for _ in range(L))) for _ in box["a"])
         best, least_top, least_tail = float("inf"), float("inf"), float("inf")
-        for counts in itertools.product(*(range(x, y + 1) for x, y in zip(lo, hi))):
-            groups = [g for g, n in enumerate(counts) for _ in range(n)]
-            for split in _splits(L // v, [L // v] * len(groups)):
-                t = [ys[g] + n * v * a[g] for g, n in zip(groups, split)]
-                t[0] += emb
-                t[-1] += logits
-                tail = max(reaches[g][n * v - 1] for g, n in zip(groups, split))
-                least_top, least_tail = min(least_top, max(t)), min(least_tail, tail)
-                best = min(best, k * max(t) + sum(t) / v + tail)
+        for groups, split, t in _box_candidates(box):
+            tail = max(reaches[g][n * v - 1] for g, n in zip(groups, split))
+            least_top, least_tail = min(least_top, max(t)), min(least_tail, tail)
+            best = min(best, k * max(t) + sum(t) / v + tail)
         if best == float("inf"):
             continue
         T = least_top * rng.choice([1.0, 0.8])
-        fixed = emb + logits + sum(n * y for n, y in zip(lo, ys))
-        floor = fixed + v * sum(n * x for n, x in zip(lo, a)) + (L - v * sum(lo)) * min(a)  # box_bound's least work
-        sched = (a, lo, hi, ys, L, T, k, v, fixed, floor)
+        sched = _box_schedule_args(box, T)
         tails = B.BoxTails(reaches, B.merged_levels(reaches), least_tail * rng.choice([1.0, 0.7]))
         apart = B.box_schedule_time(*sched) + tails.least
         for target in (float("inf"), best * 0.97, best, best * 1.05):
@@ -974,7 +994,7 @@ def test_box_schedule_with_tail_is_below_every_candidate_of_the_box(monkeypatch)
                 m.setattr(B, name, value)
             m.setattr(B, "TAIL_REACH", float("inf"))  # (every target passes the gate: 1 - inf is -inf)
             got = B.box_schedule_with_tail(sched, lambda tails=tails: tails, 10**9)
-            if not emb and not logits and not any(ys) and tails.least == least_tail:
+            if not box["emb"] and not box["logits"] and not any(box["ys"]) and tails.least == least_tail:
                 assert got == pytest.approx(best, rel=1e-9)
             raised += got > apart * (1 + 1e-9)
     assert raised >= 10

@@ -346,7 +346,7 @@ def box_schedule_with_tail(sched: tuple, get_tails: Callable[[], BoxTails], targ
     least tail apart already reach the target, or stay more than TAIL_REACH below it (or there is none yet), or
     the caps at the least tail do not bind (then none do).
     ``get_tails`` gives the tails (BoxTails) where the schedule alone is below the target."""
-    v = sched[7]
+    v = sched[7]  # (box_schedule_time's arguments: the chunk size)
     free = box_schedule_time(*sched)
     if free >= target:
         return free
@@ -377,20 +377,18 @@ def box_schedule_with_tail(sched: tuple, get_tails: Callable[[], BoxTails], targ
     if first + 1 < last:
         heapq.heappush(runs, (floor_at(last - 1) + levels[first + 1], first + 1, last, False))
     fulls = 1
-    while runs:
+    while True:  # (every pass returns or puts a run back in line)
         bound, i, j, full = heapq.heappop(runs)
-        if bound >= min(target, beyond) or full or len(floors) >= TAIL_FLOORS:
+        one = j - i == 1
+        if bound >= min(target, beyond) or full or len(floors) >= TAIL_FLOORS or (one and fulls >= TAIL_FULL):
             return max(least, min(bound, beyond))
-        if j - i == 1:
-            if fulls >= TAIL_FULL:
-                return max(least, min(bound, beyond))
+        if one:
             fulls += 1
             heapq.heappush(runs, (box_schedule_time(*sched, caps=caps_at(i)) + levels[i], i, j, True))
             continue
         mid = (i + j) // 2
         heapq.heappush(runs, (floor_at(mid - 1) + levels[i], i, mid, False))
         heapq.heappush(runs, (bound - levels[i] + levels[mid], mid, j, False))
-    return float("inf")
 
 
 def _capped_schedule_floor(sched: tuple, caps) -> float:
@@ -404,7 +402,7 @@ def _capped_schedule_floor(sched: tuple, caps) -> float:
     # the least work under the caps alone (at any bottleneck): lo chunks on the lo stages, the rest on the fastest
     left, work = L - v * sum(lo), fixed + v * sum(x * k_lo for x, k_lo in zip(a, lo))
     for x, k_lo, k_hi, cap in sorted(zip(a, lo, hi, caps)):
-        take = min(left, v * max(0, k_hi * cap - k_lo))
+        take = min(left, v * (k_hi * cap - k_lo))  # (>= 0: a group with lo stages has cap >= 1)
         work += take * x
         left -= take
     if left > 0:

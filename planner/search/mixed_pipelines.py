@@ -815,14 +815,19 @@ class _Family:
         return levels
 
     def _reaches(self, zt: tuple[ZeroTerms, ...]) -> tuple:
-        """The used groups' DP tail reaches (ZeroTerms.reach) at the family's vpp."""
-        return tuple(z.reach(self.vpp) for z in zt)
+        """The used groups' DP tail reaches (ZeroTerms.reach) at the family's vpp, memoized (read by every box
+        bound with the tails, and by _levels and _box_tail)."""
+        key = ("reaches", id(zt))
+        hit = self._box_memo.get(key)
+        if hit is None:
+            hit = self._box_memo[key] = tuple(z.reach(self.vpp) for z in zt)
+        return hit
 
     @functools.cached_property
     def _box_memo(self) -> dict:
-        """What the family's boxes share, by the identity of one of its zt (its ZeRO stage's terms): the merged_levels
-        of their DP tail reaches, and the tail (_box_tail) and memory floor (_zero_stage_bound) of a box by its hi
-        (and the stages after each group)."""
+        """What the family's boxes share, by the identity of one of its zt (its ZeRO stage's terms): their DP tail
+        reaches (_reaches) and the merged_levels of them, and the tail (_box_tail) and memory floor
+        (_zero_stage_bound) of a box by its hi (and the stages after each group)."""
         return {}
 
     def expand(self, ctx: MixedContext, lo, hi) -> list[tuple[_Family, tuple]]:
