@@ -266,6 +266,49 @@ def test_mixed_pipeline_bounds_hold_for_every_plan(model):
     assert_bounds_hold(ctx, sample)
 
 
+def test_a_frameworks_tree_reaches_every_candidate_it_runs_and_no_other():
+    """Under --framework torchtitan (no ZeRO-1; with CP ZeRO-3 only; at least as many micro-batches as stages) the
+    mixed tree puts no root in line at a ZeRO stage the framework never runs at its CP and EP degrees
+    (mixed_pipelines._zero_options) and narrows each family's boxes to the depths it runs (_depths), which makes a
+    deeper box's bound inf; the candidates it still reaches are exactly those of the unrestricted tree that the
+    framework runs (one TP for all, Framework.allows at the candidate's degrees), and the bounds on the way to them
+    hold (assert_bounds_hold on a sample)."""
+    from planner.frameworks import FRAMEWORKS
+
+    fw = FRAMEWORKS["torchtitan"]
+    j = mixed_job(GPT6)
+    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2)
+    free = MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
+    ctx = MixedContext(j, opts, fw, cost_source(j), group_order(j.cluster))
+    for grp, _ in mixed_pipelines._roots(ctx):
+        assert 1 not in grp.zeros and (grp.cp == 1 or grp.zeros == (3,))
+
+    def key(c):
+        return (c.dp, c.cp, c.ep, c.mbs, c.zero, c.recompute, c.groups, c.vpp)
+
+    def runs(c) -> bool:
+        mb = j.training.global_batch_size // (c.dp * c.mbs)
+        (tp,) = set(c.stage_tp)  # one TP for all
+        degrees = dict(pp=c.pp, zero=c.zero, cp=c.cp, ep=c.ep, dp=c.dp, recompute=c.recompute, vpp=c.vpp)
+        return fw.allows(**degrees, tp=tp, microbatches=mb, sequence_parallel=tp > 1)
+
+    every = [c for _, _, c in candidates_with_bounds(free) if len(set(c.stage_tp)) == 1]
+    found = candidates_with_bounds(ctx)
+    assert {key(c) for _, _, c in found} == {key(c) for c in every if runs(c)}
+    # what the framework leaves out at both levels is there in the unrestricted tree
+    assert any(c.zero == 1 for c in every) and any(c.cp > 1 and c.zero == 0 for c in every)
+    assert any(c.pp > j.training.global_batch_size // (c.dp * c.mbs) for c in every if c.zero in (0, 3))
+    L, deeper = j.model.num_layers, 0
+    for grp, _ in mixed_pipelines._roots(ctx):
+        for _, fam, (lo, hi) in families(ctx, grp):
+            for ks in boxes_points(lo, hi, L):
+                if sum(ks) > fam.mb:
+                    deeper += 1
+                    assert fam.bound(L, ks, ks) == float("inf")
+    assert deeper
+    assert_bounds_hold(ctx, random.Random(3).sample(found, min(40, len(found))))
+
+
 def test_layer_kinds_tighten_the_mixed_bounds():
     """MOE6's dense first layer is cheaper than its MoE layers: box bounds that count the two kinds apart
     (KindMix: the MoE layers in dense-layer units) are at least the bounds that price every layer at the cheaper

@@ -181,7 +181,6 @@ def _roots(ctx: MixedContext) -> list[tuple[_TpChoiceNode, int]]:
     m, t = job.model, job.training
     L = m.num_layers
     bases = baseline_recompute_modes(t, opts.op_recompute)
-    zeros = tuple(z for z in HETERO_ZERO if z in opts.zero_stages)
     cps = [cp for cp in cp_options(ctx) if ctx.fw is None or ctx.fw.allows(cp=cp)]
     out = []
     for dp, cp in itertools.product(dp_options(t), cps):
@@ -196,6 +195,9 @@ def _roots(ctx: MixedContext) -> list[tuple[_TpChoiceNode, int]]:
         max_pp = sum(max(kmax_of[g].values(), default=0) for g in ctx.order)
         per_vpp = {}  # vpp -> (stage limits, candidates): the same for every ep, micro-batch and recompute mode
         for ep in ep_options(ctx, dp, cp):
+            zeros = _zero_options(ctx, cp, ep)
+            if not zeros:
+                continue
             for mbs in micro_batch_options(t, dp, opts.max_micro_batch):
                 mb = per_replica // mbs
                 vpps = vpp_options(ctx, mb, max_pp)
@@ -203,11 +205,24 @@ def _roots(ctx: MixedContext) -> list[tuple[_TpChoiceNode, int]]:
                     for vpp in vpps:
                         if vpp not in per_vpp:
                             kmax = {g: {tp: min(k, L // vpp) for tp, k in kmax_of[g].items()} for g in ctx.order}
-                            per_vpp[vpp] = kmax, _space_size(ctx, tp_opts, kmax, L // vpp) * len(zeros)
+                            per_vpp[vpp] = kmax, _space_size(ctx, tp_opts, kmax, L // vpp)
                         kmax, size = per_vpp[vpp]
                         grp = _TpChoiceNode(dp, cp, mbs, base, zeros, mb, tp_opts, kmax, ep=ep, vpp=vpp)
-                        out.append((grp, size))
+                        out.append((grp, size * len(zeros)))
     return out
+
+
+def _zero_options(ctx: MixedContext, cp: int, ep: int) -> tuple[int, ...]:
+    """The ZeRO stages of mixed plans at these degrees, in HETERO_ZERO's order: the job's (SearchOptions
+    .zero_stages) that the framework runs with them in a pipeline of one stage or of more (Framework.rejects:
+    torchtitan runs ZeRO-0 and 3 only, and with CP ZeRO-3 only). The stage counts and TP come later: the rest of
+    the rule is asked of each candidate (_Family.candidates)."""
+    fw = ctx.fw
+    return tuple(
+        z
+        for z in HETERO_ZERO
+        if z in ctx.opts.zero_stages and (fw is None or any(fw.allows(pp=pp, zero=z, cp=cp, ep=ep) for pp in (1, 2)))
+    )
 
 
 def _space_size(ctx: MixedContext, tp_opts, kmax_of, max_pp: int) -> int:
@@ -364,9 +379,9 @@ class _TpChoiceNode:
             return float("inf")
         a, _, send, lo, hi, free = zip(*(row[0] for row in rows))
         L = ctx.job.model.num_layers
-        deepest = self._deepest(ctx, rows) if self.vpp > 1 else None
+        deepest = self._deepest(ctx, rows) if _depths(ctx, self.vpp, self.mb) is not None else None
         if deepest == 0:
-            return float("inf")  # no depth that takes the vpp lies within the node's stage counts
+            return float("inf")  # no depth that takes the vpp (and the framework) lies within the node's stage counts
         if deepest:  # a used group has at most that many stages less one of each other used group's
             most = deepest - sum(lo) + 1
             hi = tuple(k if relaxed else min(k, most) for k, relaxed in zip(hi, free))
@@ -386,11 +401,11 @@ class _TpChoiceNode:
         return max(plain, box_bound(*args, floor=floor, **kw))
 
     def _deepest(self, ctx: MixedContext, rows=None) -> int:
-        """With vpp > 1: the most stages a candidate of the node has, the deepest depth that takes its vpp (_depths)
-        within its stage counts (each used group at least one stage, each group at most its kmax at any of its
-        choices); 0 where no such depth lies between them (as _Family._clip, for the families below the node).
-        ``rows``: the node's rows (_rows, without the None), where the caller has them. Memoized per root by the least
-        and most stage counts (the rows' lo and most stages)."""
+        """Where not every depth runs (_depths): the most stages a candidate of the node has, the deepest depth that
+        takes its vpp and micro-batches within its stage counts (each used group at least one stage, each group at
+        most its kmax at any of its choices); 0 where no such depth lies between them (as _Family._clip, for the
+        families below the node). ``rows``: the node's rows (_rows, without the None), where the caller has them.
+        Memoized per root by the least and most stage counts (the rows' lo and most stages)."""
         if rows is None:
             rows = [row for row in self._rows(ctx) if row is not None]
         least, most = sum(row[0][3] for row in rows), sum(row[3] for row in rows)
@@ -563,7 +578,7 @@ class _TpChoiceNode:
                 ep=self.ep,
                 vpp=self.vpp,
                 zts=zts,
-                depths=_depths(ctx, self.vpp, self.mb) if self.vpp > 1 else (),
+                depths=_depths(ctx, self.vpp, self.mb),
                 **_kinds(ctx, used, self),
             )
             box = (1,) * len(used), tuple(self.kmax_of[g][tp] for g, tp in used)
@@ -617,7 +632,7 @@ class _Family:
     ep: int = 1  # the EP degree of every stage
     vpp: int = 1  # model chunks per stage (interleaved schedule)
     zts: tuple[tuple[ZeroTerms, ...], ...] = ()  # an open family: zt of each of its ZeRO stages (used-group order)
-    depths: tuple[int, ...] = ()  # vpp > 1: the depths that take it (_depths), ascending
+    depths: tuple[int, ...] | None = None  # the depths that take its vpp and micro-batches (_depths), ascending
     # a model with dense and MoE layers: (dense, MoE) least seconds per layer of each used group, and (D, E) counts
     kinds: tuple[tuple[float, float], ...] | None = None
     kind_counts: tuple[int, int] = (0, 0)
@@ -631,8 +646,9 @@ class _Family:
 
     @functools.cached_property
     def deepest(self) -> int | None:
-        """The most stages a candidate of an interleaved family has (the deepest of its depths), else None."""
-        return self.depths[-1] if self.vpp > 1 and self.depths else None
+        """The most stages a candidate of the family has where not every depth runs (the deepest of its depths),
+        else None."""
+        return self.depths[-1] if self.depths else None
 
     @functools.cached_property
     def bound_ends(self) -> Ends:
@@ -674,7 +690,7 @@ class _Family:
         groups' GPUs cannot hold the layers at their in-flight micro-batches (ZeroTerms.room, at this vpp). The
         memory bottleneck (_memory_floor) is only worked out when the bound without it is below ``target``."""
         v = self.vpp
-        if v > 1:
+        if self.depths is not None:
             lo, hi = self._clip(lo, hi)
             if lo is None:
                 return float("inf")
@@ -717,9 +733,10 @@ class _Family:
         return box_bound(*args, floor=floor, **kw)
 
     def _clip(self, lo, hi):
-        """The box narrowed to the depths that take the family's vpp: with P = sum k between the least such depth
-        >= sum(lo) and the largest <= sum(hi), group g has at least that least depth less the others' hi and at
-        most the largest less the others' lo; (None, None) when no such depth lies in the box."""
+        """The box narrowed to the depths that take the family's vpp and micro-batches (_depths): with P = sum k
+        between the least such depth >= sum(lo) and the largest <= sum(hi), group g has at least that least depth
+        less the others' hi and at most the largest less the others' lo; (None, None) when no such depth lies in
+        the box."""
         low, high = sum(lo), sum(hi)
         span = _depth_span(self.depths, low, high)
         if span is None:
@@ -948,19 +965,27 @@ def _memory_zeros(zeros: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def _has_depth(fam: _Family, lo, hi) -> bool:
-    """Whether a box of stage counts holds a depth P = sum k at which the family's vpp runs (_Family.depths);
-    always with vpp = 1, whose depths are only limited by the layers."""
-    return fam.vpp == 1 or _depth_span(fam.depths, sum(lo), sum(hi)) is not None
+    """Whether a box of stage counts holds a depth P = sum k at which the family runs (_Family.depths; always where
+    every depth does)."""
+    return fam.depths is None or _depth_span(fam.depths, sum(lo), sum(hi)) is not None
 
 
-def _depths(ctx: MixedContext, vpp: int, mb: int) -> tuple[int, ...]:
-    """The depths P (ascending) at which ``vpp`` model chunks per stage run with ``mb`` micro-batches."""
+def _depths(ctx: MixedContext, vpp: int, mb: int) -> tuple[int, ...] | None:
+    """The depths P (ascending) at which ``vpp`` model chunks per stage run with ``mb`` micro-batches
+    (planner.parallel.vpp_options) and the framework runs a pipeline of P stages with them (Framework.rejects:
+    torchtitan's schedules need mb >= P), as _Family.candidates asks both; None where every depth 1..num_layers
+    does (vpp 1 without such a limit: no box to narrow)."""
     key = (vpp, mb)
-    hit = ctx.caches.depths.get(key)
-    if hit is None:
+    if key not in ctx.caches.depths:
         L = ctx.job.model.num_layers
-        hit = ctx.caches.depths[key] = tuple(p for p in range(1, L + 1) if vpp in depth_vpp_options(L, p, mb))
-    return hit
+        fw = ctx.fw
+        runs = tuple(
+            p
+            for p in range(1, L + 1)
+            if vpp in depth_vpp_options(L, p, mb) and (fw is None or fw.allows(pp=p, vpp=vpp, microbatches=mb))
+        )
+        ctx.caches.depths[key] = None if runs == tuple(range(1, L + 1)) else runs
+    return ctx.caches.depths[key]
 
 
 def _depth_span(depths: tuple[int, ...], low: int, high: int) -> tuple[int, int] | None:
