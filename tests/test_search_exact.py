@@ -11,6 +11,7 @@ from planner.cost.stage import StageModel, StagePlan
 from planner.frameworks import FRAMEWORKS
 from planner.load import parse_job
 from planner.search.homogeneous import _finalize_dims, search
+from planner.search.partition import solve_partition
 from planner.search.quick import RESOLUTION
 from planner.search.space import SearchOptions, dims_for, enumerate_candidates
 
@@ -226,3 +227,34 @@ def test_search_runs_without_full_collections_and_restores_the_collector():
 
 def _fail(*_):
     raise ValueError("stop")
+
+
+def test_frameworks_without_partial_recompute_checkpoint_every_layer():
+    """DeepSpeed and torchtitan recompute all of a stage's layers or none (activation_checkpoint_interval 1, full
+    activation checkpointing), one setting for every stage: the CP-SAT model under them gives each stage all its
+    layers recomputed or none, all stages alike, and finds such plans; a job that fits only with recompute (and
+    not in DeepSpeed's pipeline without it) gets a plan under --framework deepspeed that recomputes every layer
+    (recompute full), no faster than the unrestricted best."""
+    j = job(model={**SMALL_GPT, "num_layers": 6}, gpu={**TIGHT_GPU, "memory_gib": 4.5}, gbs=4, seq=8192)
+    costs = AnalyticCosts(j.cluster[0], j.training.precision)
+    capacity = j.cluster[0].gpu.memory_gib * (1 - SearchOptions().memory_margin)
+    recomputing = 0
+    for name in ("deepspeed", "torchtitan"):
+        opts = SearchOptions(zero_stages=(0, 1, 3), max_micro_batch=2, framework=FRAMEWORKS[name]).for_job(j)
+        cands, _, _ = enumerate_candidates(j, costs, opts)
+        for c in cands:
+            sm = StageModel(j, dims_for(j, c), costs)
+            res = solve_partition(
+                sm, capacity, partial_recompute=opts.partial_recompute, time_limit_s=30, uniform_recompute=True
+            )
+            if res.plans is None:
+                continue
+            rec = {p.recomputed == p.layers for p in res.plans}
+            assert all(p.recomputed in (0, p.layers) for p in res.plans) and len(rec) == 1, (name, c)
+            recomputing += rec == {True}
+    assert recomputing
+    opts = SearchOptions(zero_stages=(0, 1, 3), max_micro_batch=2, framework=FRAMEWORKS["deepspeed"])
+    best = search(j, top=1, time_limit_s=60, options=opts).plans[0]
+    assert best.estimate.fits and best.estimate.dims.recompute == "full" and best.estimate.dims.stage_recompute is None
+    free = search(j, top=1, time_limit_s=60, options=SearchOptions(zero_stages=(0, 1, 3), max_micro_batch=2))
+    assert free.plans[0].time <= best.time * (1 + 1e-9)

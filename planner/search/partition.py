@@ -269,9 +269,11 @@ def _add_recompute_counts(
     m: cp_model.CpModel, pv: PartitionVars, i: int, L: int, full_only: bool, partial_recompute: bool, step: int = 1
 ) -> None:
     """Stage i fully recomputes every layer (baseline full), any number of them (partial recompute; a multiple of
-    ``step`` where the framework counts recomputed layers per model chunk) or none, MoE layers first
-    (StagePlan.with_recompute)."""
+    ``step`` where the framework counts recomputed layers per model chunk), or else all of them or none (a
+    framework without partial recompute: DeepSpeed's activation_checkpoint_interval 1, torchtitan's full
+    activation checkpointing), MoE layers first (StagePlan.with_recompute)."""
     layers = pv.layers[i]
+    recomputes = m.NewBoolVar(f"recomputes[{i}]")
     if full_only:
         recomputed = layers
     elif partial_recompute:
@@ -281,12 +283,12 @@ def _add_recompute_counts(
             chunks = m.NewIntVar(0, L // step, f"recomputed_per_chunk[{i}]")
             m.Add(recomputed == step * chunks)
     else:
-        recomputed = m.NewConstant(0)
+        recomputed = m.NewIntVar(0, L, f"recomputed[{i}]")
+        m.Add(recomputed == layers).OnlyEnforceIf(recomputes)
     recomputed_moe = m.NewIntVar(0, L, f"recomputed_moe[{i}]")
     m.AddMinEquality(recomputed_moe, [recomputed, pv.moe_layers[i]])
     recomputed_dense = m.NewIntVar(0, L, f"recomputed_dense[{i}]")
     m.Add(recomputed_dense == recomputed - recomputed_moe)
-    recomputes = m.NewBoolVar(f"recomputes[{i}]")
     m.Add(recomputed >= 1).OnlyEnforceIf(recomputes)
     m.Add(recomputed == 0).OnlyEnforceIf(recomputes.Not())
     pv.recomputed.append(recomputed)
@@ -296,15 +298,17 @@ def _add_recompute_counts(
 
 
 def _add_layer_totals(
-    m: cp_model.CpModel, pv: PartitionVars, L: int, even_layers: bool, uniform_recompute: bool
+    m: cp_model.CpModel, pv: PartitionVars, L: int, even_layers: bool, uniform_recompute: bool, all_or_none: bool
 ) -> None:
     """The stages hold every layer of the model, each stage alike where the framework needs it (even split, one
-    recompute count)."""
+    recompute count; with ``all_or_none``, stages that recompute all their layers or none: all of them or none)."""
     m.Add(sum(pv.layers) == L)
     for i in range(1, len(pv.layers)):
         if even_layers:
             m.Add(pv.layers[i] == pv.layers[0])
-        if uniform_recompute:
+        if uniform_recompute and all_or_none:
+            m.Add(pv.recomputes[i] == pv.recomputes[0])
+        elif uniform_recompute:
             m.Add(pv.recomputed[i] == pv.recomputed[0])
 
 
@@ -442,7 +446,7 @@ def build_partition_model(
     for i in range(p):
         before = _add_layer_counts(m, pv, i, s0, before)
         _add_recompute_counts(m, pv, i, L, d.recompute == "full", partial_recompute, recompute_step)
-    _add_layer_totals(m, pv, L, even_layers, uniform_recompute)
+    _add_layer_totals(m, pv, L, even_layers, uniform_recompute, not partial_recompute and d.recompute != "full")
 
     pv.bottleneck = m.NewIntVar(0, scale.big_t, "T")
     pv.dp_tail = m.NewIntVar(0, scale.big_t, "D")
