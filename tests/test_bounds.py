@@ -309,6 +309,101 @@ def test_a_frameworks_tree_reaches_every_candidate_it_runs_and_no_other():
     assert_bounds_hold(ctx, random.Random(3).sample(found, min(40, len(found))))
 
 
+def test_the_bound_counts_every_layers_recompute_where_a_framework_recomputes_all_or_none(monkeypatch):
+    """Under a framework whose stages recompute all their layers or none, every stage alike (torchtitan), a
+    candidate whose stages cannot hold the layers without recompute recomputes every layer: its refined bound adds
+    each layer's recompute seconds (mixed_pipeline_bounds._recomputes_every_layer) and stays at most the best plan
+    of the candidate that the framework runs (every split in whole layers, every stage recomputing all its layers or
+    every stage none); somewhere above the bound without that rule."""
+    from planner.frameworks import FRAMEWORKS
+    from planner.search import mixed_pipeline_bounds as bounds
+
+    j = parse_job(
+        {
+            "model": GPT6,
+            "cluster": [
+                {"gpu": SMALL_GPU, "nodes": 1, "gpus_per_node": 4},
+                {"gpu": TIGHT_GPU, "nodes": 1, "gpus_per_node": 4},
+            ],
+            "training": {"seq_length": 8192, "global_batch_size": 4, "attention": "eager"},
+        }
+    )
+    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2, framework=FRAMEWORKS["torchtitan"])
+    ctx = MixedContext(j, opts, opts.framework, cost_source(j), group_order(j.cluster))
+    cache: dict = {}
+    every = []  # (family, candidate, stage models) of the candidates that recompute every layer
+    raised = 0
+    for _, fam, c in candidates_with_bounds(ctx):
+        sms = mixed_pipelines._stage_models(ctx, c, cache)
+        if bounds._recomputes_every_layer(ctx, c, sms):
+            every.append((fam, c, sms, refined_bound(ctx, fam, c, sms)))
+    with monkeypatch.context() as m:
+        m.setattr(bounds, "_recomputes_every_layer", lambda *_: False)
+        raised = sum(bound > refined_bound(ctx, fam, c, sms) * (1 + 1e-9) for fam, c, sms, bound in every)
+    assert raised
+    checked = 0
+    finite = [(c, bound) for _, c, _, bound in every if bound < float("inf")]  # (inf holds for any plan)
+    for c, bound in random.Random(11).sample(finite, min(40, len(finite))):
+        best = float("inf")
+        for chunks, rec, est in candidate_plans(j, c, ctx, opts.memory_margin):
+            split = [c.vpp * n for n in chunks]
+            if est.fits and (not any(rec) or list(rec) == split):
+                best = min(best, est.iteration_time_s)
+        assert bound <= best * SLACK, (c.groups, c.dp, c.mbs, c.zero, c.recompute)
+        checked += best < float("inf")
+    assert checked
+
+
+def test_without_a_replica_look_the_first_candidate_is_solved_at_once(monkeypatch):
+    """Under a framework the mixed search has no replica look to give it a first cut: while no plan is known, the
+    first candidate whose refined bound is finite is solved at once (_PipelineSearch.solve_first), not put back in
+    line behind every box whose bound is below it; the same plan either way."""
+    from planner.frameworks import FRAMEWORKS
+    from planner.search.mixed_pipelines import search_hetero
+
+    j = parse_job(
+        {
+            "model": GPT6,
+            "cluster": [
+                {"gpu": SMALL_GPU, "nodes": 1, "gpus_per_node": 4},
+                {"gpu": TIGHT_GPU, "nodes": 1, "gpus_per_node": 4},
+            ],
+            "training": {"seq_length": 8192, "global_batch_size": 4, "attention": "eager"},
+        }
+    )
+    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2, framework=FRAMEWORKS["torchtitan"])
+    Search = mixed_pipelines._PipelineSearch
+    bounded, solved = [], []
+    refined, solve = mixed_pipelines.refined_bound, Search.solve
+
+    def record_bound(ctx, fam, c, sms, target=float("inf")):
+        out = refined(ctx, fam, c, sms, target)
+        bounded.append((c, out))
+        return out
+
+    def record_solve(self, c, *args, **kwargs):
+        solved.append((c, self.solve_first))
+        return solve(self, c, *args, **kwargs)
+
+    monkeypatch.setattr(mixed_pipelines, "refined_bound", record_bound)
+    monkeypatch.setattr(Search, "solve", record_solve)
+    first = search_hetero(j, top=1, time_limit_s=60, options=opts, single_type=False, processes=1)
+    assert solved and all(flag for _, flag in solved)
+    assert solved[0][0] == next(c for c, bound in bounded if bound < float("inf"))
+    bounded.clear()
+    solved.clear()
+    init = Search.__init__
+
+    def without_solve_first(self, *args, **kwargs):
+        init(self, *args, **kwargs)
+        self.solve_first = False
+
+    monkeypatch.setattr(Search, "__init__", without_solve_first)
+    later = search_hetero(j, top=1, time_limit_s=60, options=opts, single_type=False, processes=1)
+    assert solved[0][0] != next(c for c, bound in bounded if bound < float("inf"))
+    assert first.plans[0].time == later.plans[0].time and first.complete and later.complete
+
+
 def test_layer_kinds_tighten_the_mixed_bounds():
     """MOE6's dense first layer is cheaper than its MoE layers: box bounds that count the two kinds apart
     (KindMix: the MoE layers in dense-layer units) are at least the bounds that price every layer at the cheaper

@@ -762,14 +762,15 @@ class StageModel:
             )
         return end.activations
 
-    def most_layers(self, room: float, inflight: float) -> int:
+    def most_layers(self, room: float, inflight: float, recompute: bool = True) -> int:
         """The most layers a stage holding ``inflight`` micro-batches can fit in ``room`` allocatable bytes: each
-        layer at its fewest bytes (fully recomputed where that saves memory), the lighter kind first and at most as
-        many of each kind as the model has. An upper bound on the stage's layer count for any recompute placement
-        (per-layer coefficients of allocated_memory do not depend on the stage's position)."""
-        return self.most_layers_each(room, (inflight,))[0]
+        layer at its fewest bytes (fully recomputed where that saves memory; with ``recompute`` False, none is),
+        the lighter kind first and at most as many of each kind as the model has. An upper bound on the stage's
+        layer count for any recompute placement (or without recompute), as per-layer coefficients of
+        allocated_memory do not depend on the stage's position."""
+        return self.most_layers_each(room, (inflight,), recompute)[0]
 
-    def most_layers_each(self, room: float, inflights) -> list[int]:
+    def most_layers_each(self, room: float, inflights, recompute: bool = True) -> list[int]:
         """most_layers at each of several in-flight counts (the per-layer lines read once)."""
         if room <= 0:
             return [0] * len(inflights)
@@ -778,7 +779,10 @@ class StageModel:
         lines = [(line, count[k]) for line, k in zip(self.allocated_memory(False, False).layer_lines(kinds), kinds)]
         out = []
         for n in inflights:
-            leans = sorted((s + (m * n + e) + min(0.0, rs + (rm * n + re)), c) for (s, m, e, rs, rm, re), c in lines)
+            leans = sorted(
+                (s + (m * n + e) + (min(0.0, rs + (rm * n + re)) if recompute else 0.0), c)
+                for (s, m, e, rs, rm, re), c in lines
+            )
             left, held = room, 0
             for lean, available in leans:
                 take = available if lean <= 0 else min(available, int(left / lean))

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, NamedTuple
 
 from planner.cost.estimate import neighbour_links
-from planner.cost.stage import StageModel, heavy_kind
+from planner.cost.stage import StageModel, heavy_kind, layer_counts
 from planner.search.mixed_context import MixedContext, TailProfile, kind_memory_times, moe_windows
 from planner.search.quick import layer_slack
 
@@ -861,6 +861,28 @@ def _stage_row(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], g: 
     return row
 
 
+def _recomputes_every_layer(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel]) -> bool:
+    """Whether every layer of the candidate is recomputed: under a framework whose stages recompute all their layers
+    or none, every stage alike (SearchOptions: no partial recompute, one count for all; planner/search/partition.py
+    _add_layer_totals), where the stages cannot hold the layers without recompute (even the most each holds
+    without it, StageModel.most_layers at its room and in-flight micro-batches, fall short of them in all)."""
+    opts = ctx.opts
+    if opts.partial_recompute or not opts.uniform_recompute or c.recompute == "full":
+        return False
+    held = 0
+    for s, (sm, g) in enumerate(zip(sms, c.stage_groups)):
+        held += sm.most_layers(ctx.stage_terms(sm, g, s)[0], sm.inflight(s), recompute=False)
+    return held < ctx.job.model.num_layers
+
+
+def _recompute_floors(sm: StageModel) -> tuple[float, float]:
+    """(dense, MoE) least seconds full recompute adds to a layer of each kind (KindCoeffs.recompute_floor); a model
+    with one kind has that kind's twice."""
+    count = layer_counts(sm.job.model)
+    floors = [sm.kinds[k].recompute_floor() for k in ("dense", "moe") if count[k]]
+    return floors[0], floors[-1]
+
+
 def _stage_bounds(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel]) -> list[StageRow]:
     """_stage_row of every stage."""
     out = []
@@ -934,6 +956,14 @@ def refined_bound(
         # one layer of each stage before it: split_kinds), each at least y seconds
         moe_from = ctx.job.model.all_moe_from
         a = [max(x, y) if s >= moe_from else x for s, (x, y) in enumerate(zip(a, ys))]
+    plain_ys = ys  # (the memory work reads the seconds without recompute: it adds what the memory forces)
+    if _recomputes_every_layer(ctx, c, sms):  # every layer adds its recompute seconds
+        floors = [_recompute_floors(sm) for sm in sms]
+        a = [x + min(f) for x, f in zip(a, floors)]
+        if fam.kinds is None:
+            xs = ys = a
+        else:
+            xs, ys = [x + f[0] for x, f in zip(xs, floors)], [y + f[1] for y, f in zip(ys, floors)]
     layer_caps = caps
     if v > 1:  # counted in model chunks of v layers: every stage holds whole chunks (planner.parallel.vpp_error)
         caps, a, L = [k // v for k in caps], [x * v for x in a], L // v
@@ -958,7 +988,7 @@ def refined_bound(
     light = fam.kind_counts[0] * min(xs)
     heavy = _heavy_memory(ctx, c, sms)  # what the memory bounds below read of each stage
     need = heavy_kind(ctx.job.model)[1]
-    work = max(work, sum(cst) + light + memory_work(heavy, ys, need, fam.kinds is None))
+    work = max(work, sum(cst) + light + memory_work(heavy, plain_ys, need, fam.kinds is None))
     # the largest DP tail: at least each stage's least, and the layers must sit somewhere (stages_tail_bottleneck)
     reaches = [r.tail_profile.reach for r in rows]
     tail = max(max(r.tail for r in rows), stages_tail_bottleneck(reaches, layers, v))

@@ -1086,10 +1086,16 @@ class _PipelineSearch:
         progress: Callable[..., None] | None = None,
         counting: bool = True,
         first: bool = False,
+        solve_first: bool = False,
     ):
         self.ctx, self.top, self.time_limit_s, self.workers = ctx, top, time_limit_s, workers
         # the first share (lockstep's shares[0]): its explore bounds its roots (explore)
         self.first = first
+        # no replica look gives the search a first cut (a framework restriction): while no plan is known, a candidate
+        # is solved as soon as its refined bound is known (with the bounds far below the plans of such a space, as
+        # with a framework's all-or-none recompute, best-first would otherwise explore every box below the first
+        # plan's time before it solves one: suite job 19 under torchtitan found no mixed plan within its deadline)
+        self.solve_first = solve_first
         self.total, self.progress, self.counting = total, progress, counting
         self.L = ctx.job.model.num_layers
         self.roots = roots  # (index, root, candidates): put in line at their bounds by prepare
@@ -1361,7 +1367,9 @@ class _PipelineSearch:
             if refined >= kth:
                 self.settled += 1
                 continue
-            if refined * (1 + DIVE) < kth and (not self.heap or refined <= self.heap[0][0] * (1 + DIVE)):
+            if (self.solve_first and kth == float("inf")) or (
+                refined * (1 + DIVE) < kth and (not self.heap or refined <= self.heap[0][0] * (1 + DIVE))
+            ):
                 self.solve(c, sms, kth, max(lb, refined))  # no good plan yet: one close to the frontier cuts
             else:
                 heapq.heappush(self.heap, (max(lb, refined), next(self.tie), c, (fam, sms)))
@@ -1455,15 +1463,16 @@ def search_hetero(
     roots = _roots(ctx)
     counted = sum(size for _, size in roots)
     best: list[Plan] = []
-    main, other = (
-        _PipelineSearch(ctx, dealt, top, time_limit_s, workers, counted, report, progress is not None, first)
-        for dealt, report, first in zip(_shares(roots), (progress, None), (True, False))
-    )  # main: this process's share; after each explore it holds the other's plans too
-    processes = processes_available() if processes is None else processes
-
     # A first, short look at the replica plans (the best-bound shapes): the best of them is the first cut of the
     # mixed pipelines. The replica search proper comes after them, cut by the best plan of either kind.
     with_replicas = replicas and len(job.cluster) > 1 and opts.framework is None  # stock frameworks: one count
+    main, other = (
+        _PipelineSearch(
+            ctx, dealt, top, time_limit_s, workers, counted, report, progress is not None, first, not with_replicas
+        )
+        for dealt, report, first in zip(_shares(roots), (progress, None), (True, False))
+    )  # main: this process's share; after each explore it holds the other's plans too
+    processes = processes_available() if processes is None else processes
 
     def replica_pass(incumbent: float, stop: float, exact_pass: bool = True, look: int | None = None):
         rs = search_replicas(ctx, incumbent, stop, workers, progress, best, top, exact_pass, look)
