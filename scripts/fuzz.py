@@ -4,6 +4,7 @@
     python scripts/fuzz.py --cases 300 --procs 2
     python scripts/fuzz.py --seed 0 --only 1234 # re-run one case, print its job as YAML
     python scripts/fuzz.py --mixed --cases 1000 # clusters of 2-3 GPU types, tests/invariants_mixed.py
+    python scripts/fuzz.py --framework torchtitan # as `plan --framework torchtitan`: each plan must emit for it
 
 Each case i draws its job from random.Random(f"{seed}:{i}") with the generators of tests/strategies.py (the
 ones the hypothesis properties use), so a case is reproducible on its own whatever --procs is. A few cases
@@ -18,6 +19,7 @@ data files. Time: about 0.09 s per case on 2 cores (10,000 cases: about 15 minut
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import random
 import statistics
@@ -82,22 +84,23 @@ def _break_one_field(raw: dict, rng: random.Random) -> str:
     return how
 
 
-def make_case(seed: int, index: int, invalid_rate: float, mixed: bool = False):
+def make_case(seed: int, index: int, invalid_rate: float, mixed: bool = False, framework: str | None = None):
     rng = random.Random(f"{seed}:{index}")
     raw, settings = (gen_mixed_case if mixed else gen_case)(RandomChooser(rng))
     broken = _break_one_field(raw, rng) if rng.random() < invalid_rate else None
+    settings = dataclasses.replace(settings, framework=framework)  # (after the draws: the same jobs as without)
     return raw, settings, broken
 
 
 def run_one(args: tuple) -> dict:
     """One case -> a small picklable record."""
-    seed, index, invalid_rate, time_limit, top, mixed = args
+    seed, index, invalid_rate, time_limit, top, mixed, framework = args
     from strategies import run_case, run_mixed_case
 
     from planner.errors import SpecError
     from planner.load import parse_job
 
-    raw, settings, broken = make_case(seed, index, invalid_rate, mixed)
+    raw, settings, broken = make_case(seed, index, invalid_rate, mixed, framework)
     rec = {"index": index, "broken": broken, "outcome": None, "seconds": 0.0, "violations": [], "error": None}
     try:
         parse_job(raw)
@@ -113,6 +116,9 @@ def run_one(args: tuple) -> dict:
         job, result, doc, violations = (run_mixed_case if mixed else run_case)(
             raw, settings, top=top, time_limit_s=time_limit
         )
+    except SpecError as exc:  # a framework that cannot train the job at all (precision, gradient buffers)
+        rec.update(outcome="rejected", error=exc.line(), seconds=time.perf_counter() - start)
+        return rec
     except Exception as exc:
         rec.update(outcome="crash", error=_summarize(exc), seconds=time.perf_counter() - start)
         return rec
@@ -144,15 +150,21 @@ def main(argv=None) -> int:
     ap.add_argument("--only", type=int, default=None, help="run just this case index and print its job")
     ap.add_argument("--show", type=int, default=3, help="how many crash/violation details to print")
     ap.add_argument("--mixed", action="store_true", help="clusters of 2-3 GPU types (the mixed-GPU search)")
+    ap.add_argument(
+        "--framework",
+        choices=("megatron", "deepspeed", "torchtitan"),
+        default=None,
+        help="plan as `plan --framework` does; every plan must also pass that framework's check_runnable",
+    )
     a = ap.parse_args(argv)
 
     if a.only is not None:
         import yaml
 
-        raw, settings, broken = make_case(a.seed, a.only, a.invalid_rate, a.mixed)
+        raw, settings, broken = make_case(a.seed, a.only, a.invalid_rate, a.mixed, a.framework)
         print(yaml.safe_dump(raw, sort_keys=False), end="")
         print(f"# search options: {settings}; broken on purpose: {broken}")
-        rec = run_one((a.seed, a.only, a.invalid_rate, a.time_limit, a.top, a.mixed))
+        rec = run_one((a.seed, a.only, a.invalid_rate, a.time_limit, a.top, a.mixed, a.framework))
         print(f"# outcome: {rec['outcome']} in {rec['seconds']:.3f}s")
         for v in rec["violations"]:
             print(f"# violation: {v}")
@@ -160,7 +172,7 @@ def main(argv=None) -> int:
             print(rec["error"]["traceback"] if isinstance(rec["error"], dict) else rec["error"])
         return 1 if rec["outcome"] == "crash" or rec["violations"] else 0
 
-    jobs = [(a.seed, i, a.invalid_rate, a.time_limit, a.top, a.mixed) for i in range(a.cases)]
+    jobs = [(a.seed, i, a.invalid_rate, a.time_limit, a.top, a.mixed, a.framework) for i in range(a.cases)]
     every = max(1, min(500, a.cases // 20))
     counts: Counter = Counter()
     seconds: list[float] = []

@@ -142,7 +142,7 @@ def check_layout(job, lay: dict, allow_cross_node_tp: bool | None = None, world:
         v.append(f"zero_stage = {lay.get('zero_stage')!r} not in 0..3")
     elif t.grad_dtype == "bf16+fp32" and lay["zero_stage"] > 1:  # BF16_Optimizer: its fp32 buffer is never sharded
         v.append(f"bf16+fp32 gradients at ZeRO stage {lay['zero_stage']} (BF16_Optimizer runs at 0-1)")
-    if lay.get("recompute") not in ("none", "selective", "full"):
+    if lay.get("recompute") not in ("none", "selective", "op", "full"):  # (op: torchtitan's per-op SAC)
         v.append(f"recompute = {lay.get('recompute')!r}")
     if allow_cross_node_tp is False and tp > group.gpus_per_node:
         v.append(f"tp {tp} spans nodes of {group.gpus_per_node} GPUs without --allow-cross-node-tp")

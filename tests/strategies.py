@@ -183,15 +183,49 @@ class SearchSettings:
     memory_margin: float
     allow_cross_node_tp: bool
     partial_recompute: bool
+    framework: str | None = None  # plan as `plan --framework` does (scripts/fuzz.py --framework)
 
     def options(self):
+        from planner.frameworks import FRAMEWORKS
         from planner.search.space import SearchOptions
 
         return SearchOptions(
             allow_cross_node_tp=self.allow_cross_node_tp,
             memory_margin=self.memory_margin,
             partial_recompute=self.partial_recompute,
+            framework=FRAMEWORKS[self.framework] if self.framework else None,
         )
+
+    def job(self, raw: dict):
+        """The parsed job as `plan --framework` searches it (planner.frameworks.priced_for; check_training raises
+        SpecError where the framework cannot train it at all)."""
+        from planner.frameworks import FRAMEWORKS, check_training, priced_for
+        from planner.load import parse_job
+
+        job = parse_job(raw)
+        if self.framework is None:
+            return job
+        fw = FRAMEWORKS[self.framework]
+        t = job.training
+        check_training(fw, t.precision, t.fp8_recipe, t.grad_dtype)
+        return priced_for(job, fw)
+
+    def refusals(self, doc: dict) -> list[str]:
+        """Under a framework, every plan must emit for it: what planner.frameworks.check_runnable refuses of each
+        (the rules the search obeys under `--framework`)."""
+        if self.framework is None:
+            return []
+        from planner.emit.launch_plan import LaunchPlan
+        from planner.errors import Inexpressible
+        from planner.frameworks import check_runnable
+
+        out = []
+        for p in doc["plans"]:
+            try:
+                check_runnable(self.framework, LaunchPlan.of(doc, p["rank"], self.framework))
+            except Inexpressible as exc:
+                out.append(f"plan {p['rank']}: {self.framework} cannot run it: {exc.line()}")
+        return out
 
 
 def gen_settings(ch: Chooser) -> SearchSettings:
@@ -238,14 +272,13 @@ def run_case(raw: dict, settings: SearchSettings, *, top: int = 3, time_limit_s:
     rejected the input (the SpecError is re-raised for the caller to count). Anything else propagates."""
     from invariants import check_plan, check_result  # tests/ is on sys.path for both callers
 
-    from planner.load import parse_job
     from planner.report.plan_json import plan_document
     from planner.search.homogeneous import search
 
-    job = parse_job(raw)
+    job = settings.job(raw)
     result = search(job, top=top, time_limit_s=time_limit_s, workers=workers, options=settings.options())
-    doc = plan_document(job, result, None, timing=False)
-    violations = check_result(job, result, settings.memory_margin, top=top)
+    doc = plan_document(job, result, None, timing=False, framework=settings.framework)
+    violations = check_result(job, result, settings.memory_margin, top=top) + settings.refusals(doc)
     violations += check_plan(
         job, doc, settings.memory_margin, allow_cross_node_tp=settings.allow_cross_node_tp, top=top
     )
@@ -256,16 +289,15 @@ def run_mixed_case(raw: dict, settings: SearchSettings, *, top: int = 3, time_li
     """Parse, run the mixed-GPU search and check every plan with tests/invariants_mixed.py."""
     from invariants_mixed import check_mixed_plan
 
-    from planner.load import parse_job
     from planner.report.plan_json import plan_document
     from planner.search.mixed_pipelines import search_hetero
 
-    job = parse_job(raw)
+    job = settings.job(raw)
     result = search_hetero(job, top=top, time_limit_s=time_limit_s, options=settings.options(), single_type=False)
-    doc = plan_document(job, result, None, timing=False)
+    doc = plan_document(job, result, None, timing=False, framework=settings.framework)
     violations = [
         f"plan {p['rank']}: {msg}" for p in doc["plans"] for msg in check_mixed_plan(job, p, settings.memory_margin)
-    ]
+    ] + settings.refusals(doc)
     times = [p["estimate"]["iteration_time_s"] for p in doc["plans"]]
     if times != sorted(times):
         violations.append(f"plans not sorted by time: {times}")

@@ -171,3 +171,31 @@ def test_measured_runs_doc_example_validates(tmp_path):
     run = doc["runs"][0]
     assert run["assumed"] == []  # every setting stated
     assert run["measured"]["time_from"] == "iteration_time_s" and run["predicted"]["fits"]
+
+
+def test_fuzz_under_a_framework_checks_that_each_plan_runs_there():
+    """scripts/fuzz.py --framework X plans as `plan --framework X` and holds every plan to X's check_runnable
+    (strategies.SearchSettings.refusals): a plan it found passes, the same plan at ZeRO-1 is refused under
+    torchtitan (ZeRO-0 or 3 only); a short run under each framework finds no violation."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from strategies import SearchSettings, run_case
+
+    raw = {
+        "model": "llama3-8b",
+        "cluster": [{"gpu": "h100-sxm", "nodes": 2, "gpus_per_node": 8}],
+        "training": {"seq_length": 4096, "global_batch_size": 64},
+    }
+    settings = SearchSettings(0.05, False, True, framework="torchtitan")
+    _, result, doc, violations = run_case(raw, settings, top=1, time_limit_s=30)
+    assert result.plans and violations == [] and settings.refusals(doc) == []
+    doc["plans"][0]["layout"]["zero_stage"] = 1
+    assert [v for v in settings.refusals(doc) if "torchtitan cannot run it" in v and "zero_stage" in v]
+    for framework in ("megatron", "deepspeed", "torchtitan"):
+        proc = subprocess.run(
+            [sys.executable, str(SCRIPTS / "fuzz.py"), "--mixed", "--cases", "6", "--framework", framework],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+        assert "invariant violations                      0" in proc.stdout
