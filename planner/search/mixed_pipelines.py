@@ -1091,10 +1091,10 @@ class _PipelineSearch:
         self.ctx, self.top, self.time_limit_s, self.workers = ctx, top, time_limit_s, workers
         # the first share (lockstep's shares[0]): its explore bounds its roots (explore)
         self.first = first
-        # no replica look gives the search a first cut (a framework restriction): while no plan is known, a candidate
-        # is solved as soon as its refined bound is known (with the bounds far below the plans of such a space, as
-        # with a framework's all-or-none recompute, best-first would otherwise explore every box below the first
-        # plan's time before it solves one: suite job 19 under torchtitan found no mixed plan within its deadline)
+        # no replica look gives the search a first cut (under a framework, or replicas=False): while no plan is known,
+        # a candidate is solved as soon as its refined bound is known (with the bounds far below the plans of such a
+        # space, as with a framework's all-or-none recompute, best-first would otherwise explore every box below the
+        # first plan's time before it solves one: suite job 19 under torchtitan found no mixed plan by its deadline)
         self.solve_first = solve_first
         self.total, self.progress, self.counting = total, progress, counting
         self.L = ctx.job.model.num_layers
