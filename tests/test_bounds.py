@@ -312,9 +312,10 @@ def test_a_frameworks_tree_reaches_every_candidate_it_runs_and_no_other():
 def test_the_bound_counts_every_layers_recompute_where_a_framework_recomputes_all_or_none(monkeypatch):
     """Under a framework whose stages recompute all their layers or none, every stage alike (torchtitan), a
     candidate whose stages cannot hold the layers without recompute recomputes every layer: its refined bound adds
-    each layer's recompute seconds (mixed_pipeline_bounds._recomputes_every_layer) and stays at most the best plan
-    of the candidate that the framework runs (every split in whole layers, every stage recomputing all its layers or
-    every stage none); somewhere above the bound without that rule."""
+    each layer's recompute seconds (mixed_pipeline_bounds._recomputes_every_layer), somewhere above the bound
+    without that rule; it and the bounds on the way to the candidate stay at most the best plan of the candidate
+    that the framework runs (every split in whole layers, every stage recomputing all its layers or every stage
+    none)."""
     from planner.frameworks import FRAMEWORKS
     from planner.search import mixed_pipeline_bounds as bounds
 
@@ -331,33 +332,36 @@ def test_the_bound_counts_every_layers_recompute_where_a_framework_recomputes_al
     opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2, framework=FRAMEWORKS["torchtitan"])
     ctx = MixedContext(j, opts, opts.framework, cost_source(j), group_order(j.cluster))
     cache: dict = {}
-    every = []  # (family, candidate, stage models) of the candidates that recompute every layer
-    raised = 0
-    for _, fam, c in candidates_with_bounds(ctx):
+    found = []  # (bounds on the way, family, candidate, stage models, refined bound, whether it recomputes all)
+    for way, fam, c in candidates_with_bounds(ctx):
         sms = mixed_pipelines._stage_models(ctx, c, cache)
-        if bounds._recomputes_every_layer(ctx, c, sms):
-            every.append((fam, c, sms, refined_bound(ctx, fam, c, sms)))
+        found.append((way, fam, c, sms, refined_bound(ctx, fam, c, sms), bounds._recomputes_every_layer(ctx, c, sms)))
     with monkeypatch.context() as m:
         m.setattr(bounds, "_recomputes_every_layer", lambda *_: False)
-        raised = sum(bound > refined_bound(ctx, fam, c, sms) * (1 + 1e-9) for fam, c, sms, bound in every)
+        raised = sum(x[4] > refined_bound(ctx, *x[1:4]) * (1 + 1e-9) for x in found if x[5])
     assert raised
+    # the bounds on the way (TP-choice nodes, family boxes: their memory floors all-or-none too,
+    # mixed_pipelines._memory_floors) and the refined bound, against the brute force of sampled candidates, half of
+    # them recomputing every layer (inf holds for any plan)
+    rng = random.Random(11)
+    sample = [x for x in found if x[4] < float("inf")]
+    sample = rng.sample([x for x in sample if x[5]], 20) + rng.sample([x for x in sample if not x[5]], 20)
     checked = 0
-    finite = [(c, bound) for _, c, _, bound in every if bound < float("inf")]  # (inf holds for any plan)
-    for c, bound in random.Random(11).sample(finite, min(40, len(finite))):
+    for way, _, c, _, bound, _ in sample:
         best = float("inf")
         for chunks, rec, est in candidate_plans(j, c, ctx, opts.memory_margin):
             split = [c.vpp * n for n in chunks]
             if est.fits and (not any(rec) or list(rec) == split):
                 best = min(best, est.iteration_time_s)
-        assert bound <= best * SLACK, (c.groups, c.dp, c.mbs, c.zero, c.recompute)
+        assert max(*way, bound) <= best * SLACK, (c.groups, c.dp, c.mbs, c.zero, c.recompute)
         checked += best < float("inf")
     assert checked
 
 
-def test_without_a_replica_look_the_first_candidate_is_solved_at_once(monkeypatch):
-    """Under a framework the mixed search has no replica look to give it a first cut: while no plan is known, the
-    first candidate whose refined bound is finite is solved at once (_PipelineSearch.solve_first), not put back in
-    line behind every box whose bound is below it; the same plan either way."""
+def test_without_a_replica_look_candidates_are_solved_at_once_until_a_plan_is_known(monkeypatch):
+    """Under a framework the mixed search has no replica look to give it a first cut: while no plan is known, every
+    candidate whose refined bound is finite is solved at once (_PipelineSearch.solve_first), not put back in line
+    behind the boxes whose bounds are below it; without that rule some wait; the same plan either way."""
     from planner.frameworks import FRAMEWORKS
     from planner.search.mixed_pipelines import search_hetero
 
@@ -368,40 +372,41 @@ def test_without_a_replica_look_the_first_candidate_is_solved_at_once(monkeypatc
                 {"gpu": SMALL_GPU, "nodes": 1, "gpus_per_node": 4},
                 {"gpu": TIGHT_GPU, "nodes": 1, "gpus_per_node": 4},
             ],
-            "training": {"seq_length": 8192, "global_batch_size": 4, "attention": "eager"},
+            "training": {"seq_length": 4096, "global_batch_size": 16, "attention": "eager"},
         }
     )
     opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2, framework=FRAMEWORKS["torchtitan"])
     Search = mixed_pipelines._PipelineSearch
-    bounded, solved = [], []
-    refined, solve = mixed_pipelines.refined_bound, Search.solve
+    bounded, solved = [], []  # (candidate, bound) bounded while no plan was known; candidates solved
+    refined, solve, init = mixed_pipelines.refined_bound, Search.solve, Search.__init__
 
     def record_bound(ctx, fam, c, sms, target=float("inf")):
         out = refined(ctx, fam, c, sms, target)
-        bounded.append((c, out))
+        if target == float("inf") and out < float("inf"):
+            bounded.append(c)
         return out
 
     def record_solve(self, c, *args, **kwargs):
-        solved.append((c, self.solve_first))
+        solved.append(c)
         return solve(self, c, *args, **kwargs)
+
+    def waits(solve_first: bool):
+        def setup(self, *args, **kwargs):
+            init(self, *args, **kwargs)
+            assert self.solve_first  # (no replica look under a framework)
+            self.solve_first = solve_first
+
+        monkeypatch.setattr(Search, "__init__", setup)
+        bounded.clear()
+        solved.clear()
+        result = search_hetero(j, top=1, time_limit_s=60, options=opts, single_type=False, processes=1)
+        assert result.plans and result.complete
+        return [c for c in bounded if c not in solved], result.plans[0].time
 
     monkeypatch.setattr(mixed_pipelines, "refined_bound", record_bound)
     monkeypatch.setattr(Search, "solve", record_solve)
-    first = search_hetero(j, top=1, time_limit_s=60, options=opts, single_type=False, processes=1)
-    assert solved and all(flag for _, flag in solved)
-    assert solved[0][0] == next(c for c, bound in bounded if bound < float("inf"))
-    bounded.clear()
-    solved.clear()
-    init = Search.__init__
-
-    def without_solve_first(self, *args, **kwargs):
-        init(self, *args, **kwargs)
-        self.solve_first = False
-
-    monkeypatch.setattr(Search, "__init__", without_solve_first)
-    later = search_hetero(j, top=1, time_limit_s=60, options=opts, single_type=False, processes=1)
-    assert solved[0][0] != next(c for c, bound in bounded if bound < float("inf"))
-    assert first.plans[0].time == later.plans[0].time and first.complete and later.complete
+    (none_wait, first), (some_wait, later) = waits(True), waits(False)
+    assert not none_wait and some_wait and first == later
 
 
 def test_layer_kinds_tighten_the_mixed_bounds():
@@ -1277,6 +1282,51 @@ def test_memory_floor_is_below_every_whole_layer_split_that_fits():
             continuous = least_time(held, [0.0], need) if held(1e9) >= need else float("inf")
             lifted += floor > continuous * (1 + 1e-6)
     assert lifted
+
+
+def test_memory_floor_with_all_or_none_recompute_is_below_every_such_split():
+    """mixed_pipelines._memory_floors with all_or_none (SearchOptions.all_or_none_recompute: every stage recomputes
+    all its heavy layers or none, all stages alike) against every whole-layer split of random stages in both
+    pipelines (none recomputed: n alpha <= room, n a seconds; all: n (alpha - beta) <= room, n (a + rc)): the slowest
+    stage of each is at or above the floor; the floor is at least the one with recompute just where it is needed,
+    and above it somewhere."""
+    from planner.search.mixed_pipelines import _memory_floors
+
+    model = mixed_job({**GPT6, "num_layers": 4}).model
+    need = model.num_layers  # (a dense model: all its layers are the heavy kind)
+    rng = random.Random(29)
+    raised = 0
+    for _ in range(200):
+        rows = []
+        for _ in range(rng.randint(1, 2)):
+            alpha = rng.uniform(1.0, 3.0)
+            rows.append(
+                (
+                    rng.randint(1, 2),
+                    rng.uniform(0.5, 8.0) * alpha,
+                    alpha,
+                    alpha * rng.uniform(0.2, 0.9),
+                    rng.uniform(0.5, 2.0),
+                    rng.uniform(0.1, 1.0),
+                )
+            )
+        stages = [terms for k, *terms in rows for _ in range(k)]
+        best = float("inf")
+        for counts in itertools.product(range(need + 1), repeat=len(stages)):
+            if sum(counts) < need:
+                continue
+            for every in (False, True):
+                times = []
+                for n, (room, alpha, beta, a, rc) in zip(counts, stages):
+                    fits = n * (alpha - beta if every else alpha) <= room
+                    times.append(n * (a + rc if every else a) if fits else float("inf"))
+                best = min(best, max(times))
+        floor_rows = tuple(((k, tuple(terms)),) for k, *terms in rows)
+        floor = _memory_floors(model, floor_rows, None, all_or_none=True)
+        partial = _memory_floors(model, floor_rows, None)
+        assert partial <= floor * (1 + 1e-9) and floor <= best * (1 + 1e-9), (rows, floor, best)
+        raised += floor > partial * (1 + 1e-6)
+    assert raised
 
 
 def _stage_time(n, room, alpha, beta, a, rc):

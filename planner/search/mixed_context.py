@@ -252,6 +252,7 @@ class ZeroTerms:
     runs: dict[tuple[int, int, int], tuple] = field(default_factory=dict)  # stage_runs by (after, count, vpp)
     windows: tuple | None = None  # moe_windows of a model with dense and MoE layers
     capacity_gib: float = 0.0  # the group's usable GPU memory (MixedContext.capacity)
+    all_or_none: bool = False  # its stages recompute all their layers or none (SearchOptions.all_or_none_recompute)
     # work out the traffic lines (_zero_lines) and the DP tail terms reach reads (_zero_tails) when a bound first
     # reads them: a TP-choice node only reads the memory terms, and many families are cut before their tails
     make_lines: Callable[[], tuple] | None = field(default=None, repr=False, compare=False)
@@ -405,6 +406,7 @@ def _zero_terms(
         sm,
         room,
         capacity_gib=ctx.capacity(g),
+        all_or_none=ctx.opts.all_or_none_recompute,
         windows=windows,
         make_lines=functools.partial(_zero_lines, ctx, sm),
         make_tails=functools.partial(_zero_tails, ctx, sm, L),

@@ -863,11 +863,10 @@ def _stage_row(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], g: 
 
 def _recomputes_every_layer(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel]) -> bool:
     """Whether every layer of the candidate is recomputed: under a framework whose stages recompute all their layers
-    or none, every stage alike (SearchOptions: no partial recompute, one count for all; planner/search/partition.py
-    _add_layer_totals), where the stages cannot hold the layers without recompute (even the most each holds
-    without it, StageModel.most_layers at its room and in-flight micro-batches, fall short of them in all)."""
-    opts = ctx.opts
-    if opts.partial_recompute or not opts.uniform_recompute or c.recompute == "full":
+    or none, every stage alike (SearchOptions.all_or_none_recompute), where the stages cannot hold the layers
+    without recompute (even the most each holds without it, StageModel.most_layers at its room and in-flight
+    micro-batches, fall short of them in all)."""
+    if not ctx.opts.all_or_none_recompute or c.recompute == "full":
         return False
     held = 0
     for s, (sm, g) in enumerate(zip(sms, c.stage_groups)):

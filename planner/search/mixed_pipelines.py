@@ -497,7 +497,8 @@ class _TpChoiceNode:
                 return 0.0
             kinds = tuple(t for _, t in per_zero)
             rows = tuple(row for row, _ in per_zero)
-            floor = min(floor, _memory_floors(model, rows, None if None in kinds else kinds, floor))
+            aon = ctx.opts.all_or_none_recompute
+            floor = min(floor, _memory_floors(model, rows, None if None in kinds else kinds, floor, aon))
         return floor
 
     def _memory_rows(self, ctx: MixedContext, choices) -> tuple[tuple[tuple | None, tuple | None], ...]:
@@ -938,17 +939,40 @@ def _memory_floor(zt: tuple[ZeroTerms, ...], afters, his, v: int, sends=None, lo
     rows = tuple(((n, z.memory_terms(first, v)),) for z, n, first, _ in runs)
     times = [z.kind_times(first, v) for z, _, first, _ in runs]
     kind_rows = None if None in times else tuple(((n, t, c),) for (_, n, _, c), t in zip(runs, times))
-    return _memory_floors(zt[0].sm.job.model, rows, kind_rows)
+    return _memory_floors(zt[0].sm.job.model, rows, kind_rows, all_or_none=zt[0].all_or_none)
 
 
-def _memory_floors(model, rows, kind_rows, below: float = float("inf")) -> float:
+def _memory_floors(model, rows, kind_rows, below: float = float("inf"), all_or_none: bool = False) -> float:
     """The memory floor of ``rows`` (memory_floor over the heavy layers), raised where it is below ``below`` by the
     kind floor of ``kind_rows`` (kind_memory_floor, for a model with dense and MoE layers; None otherwise): the
-    dense layers' activations need room too. The one rule _memory_floor and _TpChoiceNode.memory_floor share."""
-    floor = _cached_memory_floor(rows, heavy_kind(model)[1])
+    dense layers' activations need room too. ``all_or_none``: every stage recomputes all its layers or none, all
+    alike (SearchOptions.all_or_none_recompute), so the heavy layers' floor is the lesser of the two pipelines: none
+    recomputed (a layer frees nothing) or all (each holds alpha - beta bytes and takes its recompute seconds too);
+    the kind floor, with recompute just where it is needed, holds for both. The one rule _memory_floor and
+    _TpChoiceNode.memory_floor share."""
+    need = heavy_kind(model)[1]
+    if all_or_none:
+        floor = min(
+            _cached_memory_floor(_recompute_rows(rows, False), need),
+            _cached_memory_floor(_recompute_rows(rows, True), need),
+        )
+    else:
+        floor = _cached_memory_floor(rows, need)
     if floor < below and kind_rows is not None:
         floor = max(floor, _cached_kind_memory_floor(kind_rows, model.num_layers))
     return floor
+
+
+def _recompute_rows(rows, every: bool):
+    """memory_floor's rows with no layer recomputed (a recompute frees nothing) or every one (each holds alpha -
+    beta bytes, takes a + rc seconds, and frees nothing more)."""
+    out = []
+    for choices in rows:
+        row = []
+        for k, (room, alpha, beta, a, rc) in choices:
+            row.append((k, (room, alpha - beta, 0.0, a + rc, rc) if every else (room, alpha, 0.0, a, rc)))
+        out.append(tuple(row))
+    return tuple(out)
 
 
 # boxes halved from one family share most of their rows

@@ -97,6 +97,13 @@ class SearchOptions:
         return self.framework is not None and not self.framework.per_stage_recompute
 
     @property
+    def all_or_none_recompute(self) -> bool:
+        """Every stage recomputes all its layers or none, all stages alike: a framework without partial recompute
+        and with one recompute setting for all stages (DeepSpeed, torchtitan; the CP-SAT model:
+        planner/search/partition.py _add_layer_totals)."""
+        return not self.partial_recompute and self.uniform_recompute
+
+    @property
     def recompute_in_chunks(self) -> bool:
         """The framework counts recomputed layers per interleaved model chunk (a multiple of vpp per stage)."""
         return self.framework is not None and self.framework.recompute_per_chunk
