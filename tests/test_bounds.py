@@ -175,15 +175,16 @@ SMALL_GPU = {
 }
 
 
-def mixed_job(model=GPT6):
+def mixed_job(model=GPT6, second="a100-40gb", seq: int = 8192, gbs: int = 4):
+    """Four SMALL_GPU and four ``second`` GPUs (TIGHT_GPU: two GPUs short of memory)."""
     return parse_job(
         {
             "model": model,
             "cluster": [
                 {"gpu": SMALL_GPU, "nodes": 1, "gpus_per_node": 4},
-                {"gpu": "a100-40gb", "nodes": 1, "gpus_per_node": 4},
+                {"gpu": second, "nodes": 1, "gpus_per_node": 4},
             ],
-            "training": {"seq_length": 8192, "global_batch_size": 4, "attention": "eager"},
+            "training": {"seq_length": seq, "global_batch_size": gbs, "attention": "eager"},
         }
     )
 
@@ -217,10 +218,14 @@ def candidates_with_bounds(ctx) -> list:
     return found
 
 
-def search_context(j) -> MixedContext:
-    """The mixed search's context of job ``j``: every ZeRO stage of the mixed search, micro-batches up to 2."""
-    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2)
-    return MixedContext(j, opts, None, cost_source(j), group_order(j.cluster))
+def search_context(j, framework: str | None = None) -> MixedContext:
+    """The mixed search's context of job ``j``: every ZeRO stage of the mixed search, micro-batches up to 2; under
+    ``framework`` (its SearchOptions and its limits) where one is named."""
+    from planner.frameworks import FRAMEWORKS
+
+    fw = FRAMEWORKS[framework] if framework else None
+    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2, framework=fw)
+    return MixedContext(j, opts, fw, cost_source(j), group_order(j.cluster))
 
 
 def boxes_points(lo, hi, L):
@@ -316,21 +321,11 @@ def test_the_bound_counts_every_layers_recompute_where_a_framework_recomputes_al
     without that rule; it and the bounds on the way to the candidate stay at most the best plan of the candidate
     that the framework runs (every split in whole layers, every stage recomputing all its layers or every stage
     none)."""
-    from planner.frameworks import FRAMEWORKS
     from planner.search import mixed_pipeline_bounds as bounds
 
-    j = parse_job(
-        {
-            "model": GPT6,
-            "cluster": [
-                {"gpu": SMALL_GPU, "nodes": 1, "gpus_per_node": 4},
-                {"gpu": TIGHT_GPU, "nodes": 1, "gpus_per_node": 4},
-            ],
-            "training": {"seq_length": 8192, "global_batch_size": 4, "attention": "eager"},
-        }
-    )
-    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2, framework=FRAMEWORKS["torchtitan"])
-    ctx = MixedContext(j, opts, opts.framework, cost_source(j), group_order(j.cluster))
+    j = mixed_job(GPT6, TIGHT_GPU)
+    ctx = search_context(j, "torchtitan")
+    opts = ctx.opts
     cache: dict = {}
     found = []  # (bounds on the way, family, candidate, stage models, refined bound, whether it recomputes all)
     for way, fam, c in candidates_with_bounds(ctx):
@@ -362,20 +357,10 @@ def test_without_a_replica_look_candidates_are_solved_at_once_until_a_plan_is_kn
     """Under a framework the mixed search has no replica look to give it a first cut: while no plan is known, every
     candidate whose refined bound is finite is solved at once (_PipelineSearch.solve_first), not put back in line
     behind the boxes whose bounds are below it; without that rule some wait; the same plan either way."""
-    from planner.frameworks import FRAMEWORKS
     from planner.search.mixed_pipelines import search_hetero
 
-    j = parse_job(
-        {
-            "model": GPT6,
-            "cluster": [
-                {"gpu": SMALL_GPU, "nodes": 1, "gpus_per_node": 4},
-                {"gpu": TIGHT_GPU, "nodes": 1, "gpus_per_node": 4},
-            ],
-            "training": {"seq_length": 4096, "global_batch_size": 16, "attention": "eager"},
-        }
-    )
-    opts = SearchOptions(zero_stages=mixed_pipelines.HETERO_ZERO, max_micro_batch=2, framework=FRAMEWORKS["torchtitan"])
+    j = mixed_job(GPT6, TIGHT_GPU, seq=4096, gbs=16)
+    opts = search_context(j, "torchtitan").opts
     Search = mixed_pipelines._PipelineSearch
     bounded, solved = [], []  # (candidate, bound) bounded while no plan was known; candidates solved
     refined, solve, init = mixed_pipelines.refined_bound, Search.solve, Search.__init__
@@ -1297,19 +1282,7 @@ def test_memory_floor_with_all_or_none_recompute_is_below_every_such_split():
     rng = random.Random(29)
     raised = 0
     for _ in range(200):
-        rows = []
-        for _ in range(rng.randint(1, 2)):
-            alpha = rng.uniform(1.0, 3.0)
-            rows.append(
-                (
-                    rng.randint(1, 2),
-                    rng.uniform(0.5, 8.0) * alpha,
-                    alpha,
-                    alpha * rng.uniform(0.2, 0.9),
-                    rng.uniform(0.5, 2.0),
-                    rng.uniform(0.1, 1.0),
-                )
-            )
+        rows = [_choice_terms(rng, 2, 0.9) for _ in range(rng.randint(1, 2))]
         stages = [terms for k, *terms in rows for _ in range(k)]
         best = float("inf")
         for counts in itertools.product(range(need + 1), repeat=len(stages)):
@@ -1336,13 +1309,15 @@ def _stage_time(n, room, alpha, beta, a, rc):
     return n * a + r * rc if r <= n else float("inf")
 
 
-def _choice_terms(rng):
+def _choice_terms(rng, most_stages: int = 3, most_freed: float = 1.2):
+    """(stages, room, alpha, beta, a, rc) of a random stage kind: up to ``most_stages`` stages, a recompute freeing
+    up to ``most_freed`` times what a layer keeps."""
     alpha = rng.uniform(1.0, 3.0)
     return (
-        rng.randint(1, 3),
+        rng.randint(1, most_stages),
         rng.uniform(0.5, 8.0) * alpha,
         alpha,
-        alpha * rng.uniform(0.2, 1.2),
+        alpha * rng.uniform(0.2, most_freed),
         rng.uniform(0.5, 2.0),
         rng.uniform(0.1, 1.0),
     )
@@ -1512,16 +1487,7 @@ def test_a_tp_choice_nodes_memory_floor_is_below_every_family_under_it(model):
     the room at its own ZeRO stage, each of its stages as if none followed it (mixed_pipelines._memory_floor,
     tested against brute force in test_memory_floor_is_below_every_whole_layer_split_that_fits), and equal to it
     for some (a one-choice node)."""
-    j = parse_job(
-        {
-            "model": model,
-            "cluster": [
-                {"gpu": SMALL_GPU, "nodes": 1, "gpus_per_node": 4},
-                {"gpu": TIGHT_GPU, "nodes": 1, "gpus_per_node": 4},
-            ],
-            "training": {"seq_length": 8192, "global_batch_size": 4, "attention": "eager"},
-        }
-    )
+    j = mixed_job(model, TIGHT_GPU)
     ctx = search_context(j)
     L = j.model.num_layers
     checked = equal = 0

@@ -490,14 +490,13 @@ class _TpChoiceNode:
         return floor
 
     def _floor_of_choices(self, ctx: MixedContext, choices) -> float:
-        model = ctx.job.model
+        model, aon = ctx.job.model, ctx.opts.all_or_none_recompute
         floor = float("inf")
         for per_zero in zip(*(self._memory_rows(ctx, c) for c in choices)):
             if any(row is None for row, _ in per_zero):
                 return 0.0
             kinds = tuple(t for _, t in per_zero)
             rows = tuple(row for row, _ in per_zero)
-            aon = ctx.opts.all_or_none_recompute
             floor = min(floor, _memory_floors(model, rows, None if None in kinds else kinds, floor, aon))
         return floor
 
@@ -950,33 +949,25 @@ def _memory_floors(model, rows, kind_rows, below: float = float("inf"), all_or_n
     recomputed (a layer frees nothing) or all (each holds alpha - beta bytes and takes its recompute seconds too);
     the kind floor, with recompute just where it is needed, holds for both. The one rule _memory_floor and
     _TpChoiceNode.memory_floor share."""
-    need = heavy_kind(model)[1]
-    if all_or_none:
-        floor = min(
-            _cached_memory_floor(_recompute_rows(rows, False), need),
-            _cached_memory_floor(_recompute_rows(rows, True), need),
-        )
-    else:
-        floor = _cached_memory_floor(rows, need)
+    floor = (_cached_all_or_none_floor if all_or_none else _cached_memory_floor)(rows, heavy_kind(model)[1])
     if floor < below and kind_rows is not None:
         floor = max(floor, _cached_kind_memory_floor(kind_rows, model.num_layers))
     return floor
 
 
-def _recompute_rows(rows, every: bool):
-    """memory_floor's rows with no layer recomputed (a recompute frees nothing) or every one (each holds alpha -
-    beta bytes, takes a + rc seconds, and frees nothing more)."""
-    out = []
-    for choices in rows:
-        row = []
-        for k, (room, alpha, beta, a, rc) in choices:
-            row.append((k, (room, alpha - beta, 0.0, a + rc, rc) if every else (room, alpha, 0.0, a, rc)))
-        out.append(tuple(row))
-    return tuple(out)
+def _all_or_none_floor(rows, need: int) -> float:
+    """memory_floor of the two all-or-none pipelines, the lesser: the rows with no layer recomputed (a recompute
+    frees nothing) and with every one (each holds alpha - beta bytes, takes a + rc seconds, frees nothing more)."""
+    none = tuple(tuple((k, (room, alpha, 0.0, a, rc)) for k, (room, alpha, _, a, rc) in row) for row in rows)
+    every = tuple(
+        tuple((k, (room, alpha - beta, 0.0, a + rc, rc)) for k, (room, alpha, beta, a, rc) in row) for row in rows
+    )
+    return min(memory_floor(none, need), memory_floor(every, need))
 
 
 # boxes halved from one family share most of their rows
 _cached_memory_floor = functools.lru_cache(maxsize=1 << 16)(memory_floor)
+_cached_all_or_none_floor = functools.lru_cache(maxsize=1 << 16)(_all_or_none_floor)
 _cached_kind_memory_floor = functools.lru_cache(maxsize=1 << 16)(kind_memory_floor)
 
 

@@ -298,18 +298,17 @@ def _add_recompute_counts(
 
 
 def _add_layer_totals(
-    m: cp_model.CpModel, pv: PartitionVars, L: int, even_layers: bool, uniform_recompute: bool, all_or_none: bool
+    m: cp_model.CpModel, pv: PartitionVars, L: int, even_layers: bool, uniform_recompute: bool, partial_recompute: bool
 ) -> None:
     """The stages hold every layer of the model, each stage alike where the framework needs it (even split, one
-    recompute count; with ``all_or_none``, stages that recompute all their layers or none: all of them or none)."""
+    recompute setting: the same count with partial recompute, else all of them recomputing or none)."""
     m.Add(sum(pv.layers) == L)
+    alike = pv.recomputed if partial_recompute else pv.recomputes
     for i in range(1, len(pv.layers)):
         if even_layers:
             m.Add(pv.layers[i] == pv.layers[0])
-        if uniform_recompute and all_or_none:
-            m.Add(pv.recomputes[i] == pv.recomputes[0])
-        elif uniform_recompute:
-            m.Add(pv.recomputed[i] == pv.recomputed[0])
+        if uniform_recompute:
+            m.Add(alike[i] == alike[0])
 
 
 def _exposed_milli(m: cp_model.CpModel, name: str, traffic, window, share: float, big_t: int):
@@ -446,7 +445,7 @@ def build_partition_model(
     for i in range(p):
         before = _add_layer_counts(m, pv, i, s0, before)
         _add_recompute_counts(m, pv, i, L, d.recompute == "full", partial_recompute, recompute_step)
-    _add_layer_totals(m, pv, L, even_layers, uniform_recompute, not partial_recompute and d.recompute != "full")
+    _add_layer_totals(m, pv, L, even_layers, uniform_recompute, partial_recompute)
 
     pv.bottleneck = m.NewIntVar(0, scale.big_t, "T")
     pv.dp_tail = m.NewIntVar(0, scale.big_t, "D")

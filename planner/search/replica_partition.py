@@ -201,7 +201,7 @@ def solve_split(
         )
         for i in range(p):
             _add_recompute_counts(m, pv, i, L, d.recompute == "full", partial_recompute)
-        _add_layer_totals(m, pv, L, even_layers, uniform_recompute, not partial_recompute and d.recompute != "full")
+        _add_layer_totals(m, pv, L, even_layers, uniform_recompute, partial_recompute)
         pv.bottleneck = m.NewIntVar(0, scale.big_t, f"T[{g}]")
         pv.dp_tail = m.NewIntVar(0, scale.big_t, f"D[{g}]")
         pv.optimizer = m.NewIntVar(0, scale.big_t, f"O[{g}]")
