@@ -313,3 +313,75 @@ def test_the_shape_enumeration_works_out_only_ep_degrees_some_replica_count_take
     for ep, cp, most_d in itertools.product([1, 2, 4, 8, 16, 32, 64, 128, 256], [1, 2, 4, 8, 16], range(0, 40)):
         some = any(ep_error(model, ep, d, cp) is None for d in range(1, most_d + 1))
         assert _ep_reachable(ep, cp, most_d) == some, (ep, cp, most_d)
+
+
+def shapes_one_by_one(ctx, beat: float) -> list:
+    """Every replica shape whose bound is below ``beat``, its bound worked out for each one (no enumeration cut):
+    every TP, CP, micro-batch, baseline recompute mode, depth, set of two or more groups (each fitting a whole
+    replica) and EP degree every replica count takes."""
+    from planner.parallel import (
+        baseline_recompute_modes,
+        cp_options,
+        ep_error,
+        micro_batch_options,
+        node_group_tp_options,
+        seq_shard_error,
+    )
+
+    job = ctx.job
+    m, t = job.model, job.training
+    groups = ctx.order
+    out = []
+    for tp in node_group_tp_options(m, (job.cluster[g].gpus_per_node for g in groups)):
+        for cp in cp_options(t, max(job.cluster[g].num_gpus for g in groups)):
+            if seq_shard_error(t, cp, tp):
+                continue
+            for mbs in micro_batch_options(t, 1, ctx.opts.max_micro_batch):
+                M = t.global_batch_size // mbs
+                for base in baseline_recompute_modes(t, ctx.opts.op_recompute):
+                    for pp in range(1, m.num_layers + 1):
+                        fit = {g: job.cluster[g].num_gpus // (tp * cp * pp) for g in groups}
+                        for k in range(2, len(groups) + 1):
+                            for used in itertools.combinations(groups, k):
+                                counts = tuple((g, fit[g]) for g in used)
+                                D = sum(d for _, d in counts)
+                                if min(fit[g] for g in used) < 1 or D > M:
+                                    continue
+                                for ep in range(1, m.moe.num_experts + 1):
+                                    if any(ep_error(m, ep, d, cp) for _, d in counts):
+                                        continue
+                                    work = tuple(micro_batch_work(ctx, g, tp, cp, mbs, base, ep) for g in used)
+                                    rate = sum(d * pp / w for (_, d), w in zip(counts, work))
+                                    bound = max((M + (pp - 1) * D) / rate, max(work))
+                                    if bound < beat:
+                                        out.append((bound, (tp, cp, pp, mbs, base, counts, ep), work))
+    return sorted(out, key=lambda x: (x[0], x[1]))
+
+
+def test_the_shape_enumeration_keeps_every_shape_below_the_bound():
+    """replicas._shapes skips TPs, micro-batches, depths, group sets and EP degrees by bounds on the shapes' own
+    bounds: on an MoE model with 8 experts on three GPU types it lists exactly the shapes below the bound that
+    working out each one's bound lists, for bounds that keep all, half and a few of them, and with ``keep`` (a first
+    look) the first ``keep`` of them."""
+    from planner.search.replicas import _first
+
+    job = parse_job(
+        {
+            "model": {**SMALL_MOE, "num_layers": 8},
+            "cluster": [
+                {"gpu": "l4", "nodes": 2, "gpus_per_node": 8},
+                {"gpu": "a100-40gb", "nodes": 1, "gpus_per_node": 8},
+                {"gpu": "h100-sxm", "nodes": 1, "gpus_per_node": 4},
+            ],
+            "training": {"seq_length": 4096, "global_batch_size": 64},
+        }
+    )
+    ctx = MixedContext(job, SearchOptions(), None, cost_source(job), group_order(job.cluster))
+    every = shapes_one_by_one(ctx, float("inf"))
+    assert len({s[6] for _, s, _ in every}) >= 3 and len({s[2] for _, s, _ in every}) >= 4  # EP degrees, depths
+    for beat in (float("inf"), every[len(every) // 2][0], every[10][0]):
+        expected = [x for x in every if x[0] < beat]
+        found, cut_short = _shapes(ctx, float("inf"), beat)
+        assert not cut_short and sorted(found, key=lambda x: (x[0], x[1])) == expected
+        for keep in (1, 7, len(expected) // 3):
+            assert _shapes(ctx, float("inf"), beat, keep)[0] == _first(expected, keep)

@@ -606,11 +606,12 @@ def kind_memory_times(
     rates = [k.recompute_floor() / b for k, b in ((kd, bd), (ke, be)) if b > 0]
     rho = min(rates) if rates else float("inf")
     fewest, most = windows
+    inf = float("inf")
+    lean_d, lean_e = ad - bd, ae - be  # bytes per layer of each kind, recomputed
     times = []
-    for n in range(1, len(fewest)):
+    for n in range(1, len(fewest)):  # (plain loops and comparisons: called for every group model the bounds build)
         lo, hi = fewest[n], most[n]
         # every layer recomputed: (n - e)(ad - bd) + e(ae - be) <= room, linear in e
-        lean_d, lean_e = ad - bd, ae - be
         if lean_e != lean_d:
             edge = (room - n * lean_d) / (lean_e - lean_d)
             if lean_e > lean_d:
@@ -620,18 +621,22 @@ def kind_memory_times(
         elif n * lean_d > room:
             lo, hi = 1, 0
         if lo > hi:
-            times.append(float("inf"))
+            times.append(inf)
             continue
-        points = {lo, hi}
+        points = (lo, hi)
         if ae != ad:
             kink = (room - n * ad) / (ae - ad)  # where the layers start to need recompute
-            points.update(e for e in (math.floor(kink), math.ceil(kink)) if lo <= e <= hi)
-        best = float("inf")
-        for e in points:  # (comparisons, not min(): called for every group model the bounds build)
+            low, high = math.floor(kink), math.ceil(kink)
+            points = (lo, hi, low if lo <= low <= hi else lo, high if lo <= high <= hi else hi)
+        best = inf
+        for e in points:
             over = (n - e) * ad + e * ae - room
-            if over > 0 and rho == float("inf"):
-                continue
-            value = (n - e) * x + e * y + (rho * over if over > 0 else 0.0)
+            if over > 0:
+                if rho == inf:
+                    continue
+                value = (n - e) * x + e * y + rho * over
+            else:
+                value = (n - e) * x + e * y + 0.0
             if value < best:
                 best = value
         times.append(best)

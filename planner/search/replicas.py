@@ -166,6 +166,7 @@ def _shapes(ctx, deadline: float, beat: float, keep: int | None = None):
             ]
             if not eps:
                 continue  # (no group fits a replica at this TP and CP)
+            ep_allowed = {}  # replica_ep_options by the replica counts (the same at every micro-batch and mode)
             for mbs in micro_batch_options(t, 1, ctx.opts.max_micro_batch):  # replicas run their own counts
                 M = t.global_batch_size // mbs
                 for base in bases:
@@ -196,15 +197,24 @@ def _shapes(ctx, deadline: float, beat: float, keep: int | None = None):
                             continue  # the bound below, even with every group's replicas
                         for used in subsets:
                             counts = tuple((g, fit[g]) for g in used)
-                            if any(d < 1 for _, d in counts) or sum(d for _, d in counts) > M:
+                            replicas = sum(d for _, d in counts)
+                            if any(d < 1 for _, d in counts) or replicas > M:
                                 continue
-                            for ep in replica_ep_options(ctx, counts, cp, eps):
+                            # the bound below at every EP degree: each per_mb[ep][g] >= least[g], the same sums
+                            rate = sum(d * pp / least[g] for g, d in counts)
+                            if over(max((M + (pp - 1) * replicas) / rate, max(least[g] for g in used))):
+                                continue
+                            key = tuple(d for _, d in counts)
+                            allowed = ep_allowed.get(key)
+                            if allowed is None:
+                                allowed = ep_allowed[key] = replica_ep_options(ctx, counts, cp, eps)
+                            for ep in allowed:
                                 # a replica of g running m micro-batches takes >= (m + pp - 1) W_g / pp (1F1B
                                 # with the per-micro-batch work W_g spread evenly), and sum_g d_g m_g = M
                                 rate = sum(d * pp / per_mb[ep][g] for g, d in counts)
                                 # ... and every replica runs at least one micro-batch: >= W_g
                                 bound = max(
-                                    (M + (pp - 1) * sum(d for _, d in counts)) / rate,
+                                    (M + (pp - 1) * replicas) / rate,
                                     max(per_mb[ep][g] for g, _ in counts),
                                 )
                                 if not over(bound):
