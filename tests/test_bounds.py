@@ -1534,6 +1534,56 @@ def test_memory_floor_of_open_choices_is_the_least_over_the_picks():
     assert finite
 
 
+def test_memory_floor_is_the_first_slack_at_which_the_layers_are_held():
+    """memory_floor (which takes a choice's next layers in a run while no other choice's comes first) against its
+    definition: every choice's layer slacks (quick.layer_slack, n = 1..need) in ascending order, a group holding at
+    each the most any of its choices holds, the first at which the groups hold ``need``. Exactly equal, on terms
+    with many equal slacks (whole numbers) and on random ones, with up to eight groups of up to three choices."""
+    from planner.search.mixed_pipeline_bounds import memory_floor
+    from planner.search.quick import layer_slack
+
+    def by_definition(groups, need: int) -> float:
+        slacks = sorted(
+            (layer_slack(n, *t), g, k, n)
+            for g, choices in enumerate(groups)
+            for k, t in choices
+            if k > 0 and t[0] > 0
+            for n in range(1, need + 1)
+        )
+        held_by = [0] * len(groups)
+        for T, g, k, n in slacks:
+            if T == float("inf"):
+                break
+            held_by[g] = max(held_by[g], k * n)
+            if sum(held_by) >= need:
+                return T
+        return float("inf")
+
+    rng = random.Random(37)
+    ties = finite = 0
+    for case in range(600):
+        whole = case % 2 == 0
+
+        def terms(whole=whole):
+            if whole:
+                alpha = rng.randint(1, 3)
+                return (rng.randint(0, 12) * alpha, alpha, rng.randint(0, alpha), rng.randint(1, 3), rng.randint(0, 2))
+            alpha = rng.uniform(1.0, 3.0)
+            room = rng.uniform(0.0, 8.0) * alpha
+            return (room, alpha, alpha * rng.uniform(0.0, 1.2), rng.uniform(0.5, 2.0), rng.uniform(0.0, 1.0))
+
+        groups = tuple(
+            tuple((rng.randint(0, 3), terms()) for _ in range(rng.randint(1, 3))) for _ in range(rng.randint(1, 8))
+        )
+        need = rng.randint(1, 40)
+        expected = by_definition(groups, need)
+        assert memory_floor(groups, need) == expected, (groups, need)
+        finite += expected < float("inf")
+        values = [layer_slack(n, *t) for choices in groups for k, t in choices if k for n in range(1, need + 1)]
+        ties += len(values) > len(set(values))
+    assert finite > 200 and ties > 100
+
+
 def test_the_highest_bounds_on_the_way_hold_for_every_plan():
     """The candidates of MOE6 whose bounds on the way (group, _TpChoiceNode, unordered and ordered family boxes)
     come highest against their own refined bound, where a bound too high would show first: each is at most the

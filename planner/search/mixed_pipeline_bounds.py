@@ -580,18 +580,28 @@ def memory_floor(groups, need: int) -> float:
     heapq.heapify(heap)
     held_by = [0] * len(groups)  # stages x layers of each group's best choice there
     held = 0
+    inf = float("inf")
     while heap:
         T, n, i = heapq.heappop(heap)
-        if T == float("inf"):
-            break
         g, k, t = streams[i]
-        if k * n > held_by[g]:  # each of the choice's k stages holds its n-th layer from T on
-            held += k * n - held_by[g]
-            held_by[g] = k * n
-            if held >= need:
-                return T
-        heapq.heappush(heap, (layer_slack(n + 1, *t), n + 1, i))
-    return float("inf")
+        room, alpha, _, a, _ = t
+        # this choice's next layers, as long as none of another choice comes before them (the same order as one
+        # at a time through the heap: where the layers held reach ``need`` at T, no layer below T is left out)
+        nxt = heap[0][0] if heap else inf
+        while True:
+            if T == inf:
+                return inf
+            if k * n > held_by[g]:  # each of the choice's k stages holds its n-th layer from T on
+                held += k * n - held_by[g]
+                held_by[g] = k * n
+                if held >= need:
+                    return T
+            n += 1
+            T = n * a if n * alpha <= room else layer_slack(n, *t)  # (layer_slack's first case, inline)
+            if T > nxt:
+                break
+        heapq.heappush(heap, (T, n, i))
+    return inf
 
 
 def least_time(held, points, need: float) -> float:
