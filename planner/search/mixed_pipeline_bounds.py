@@ -574,7 +574,8 @@ def memory_floor(groups, need: int) -> float:
     room. A stage holds a whole number of layers, at most quick.relaxed_layers(T, ...) (the count with the
     recompute count relaxed to no ceiling), so it holds n of them only from the slack that count needs for n
     (quick.layer_slack): T is where the layers held reach ``need`` as the choices' next layers are taken cheapest
-    first. inf when even full recompute cannot hold them."""
+    first (a choice's in a run while they come before every other choice's next). inf when even full recompute
+    cannot hold them."""
     streams = [(g, k, t) for g, choices in enumerate(groups) for k, t in choices if k > 0 and t[0] > 0]
     heap = [(layer_slack(1, *t), 1, i) for i, (_, _, t) in enumerate(streams)]
     heapq.heapify(heap)
