@@ -631,12 +631,11 @@ def kind_memory_times(
         best = inf
         for e in points:
             over = (n - e) * ad + e * ae - room
+            value = (n - e) * x + e * y
             if over > 0:
                 if rho == inf:
                     continue
-                value = (n - e) * x + e * y + rho * over
-            else:
-                value = (n - e) * x + e * y + 0.0
+                value += rho * over
             if value < best:
                 best = value
         times.append(best)

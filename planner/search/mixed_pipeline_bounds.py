@@ -585,7 +585,6 @@ def memory_floor(groups, need: int) -> float:
     while heap:
         T, n, i = heapq.heappop(heap)
         g, k, t = streams[i]
-        room, alpha, _, a, _ = t
         # this choice's next layers, as long as none of another choice comes before them (the same order as one
         # at a time through the heap: where the layers held reach ``need`` at T, no layer below T is left out)
         nxt = heap[0][0] if heap else inf
@@ -598,7 +597,7 @@ def memory_floor(groups, need: int) -> float:
                 if held >= need:
                     return T
             n += 1
-            T = n * a if n * alpha <= room else layer_slack(n, *t)  # (layer_slack's first case, inline)
+            T = layer_slack(n, *t)
             if T > nxt:
                 break
         heapq.heappush(heap, (T, n, i))

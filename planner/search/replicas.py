@@ -197,33 +197,33 @@ def _shapes(ctx, deadline: float, beat: float, keep: int | None = None):
                             continue  # the bound below, even with every group's replicas
                         for used in subsets:
                             counts = tuple((g, fit[g]) for g in used)
-                            replicas = sum(d for _, d in counts)
-                            if any(d < 1 for _, d in counts) or replicas > M:
+                            if any(d < 1 for _, d in counts) or sum(d for _, d in counts) > M:
                                 continue
-                            # the bound below at every EP degree: each per_mb[ep][g] >= least[g], the same sums
-                            rate = sum(d * pp / least[g] for g, d in counts)
-                            if over(max((M + (pp - 1) * replicas) / rate, max(least[g] for g in used))):
+                            # the bound at every EP degree: each per_mb[ep][g] >= least[g] (the same sums)
+                            if over(_shape_bound(M, pp, counts, tuple(least[g] for g in used))):
                                 continue
                             key = tuple(d for _, d in counts)
                             allowed = ep_allowed.get(key)
                             if allowed is None:
                                 allowed = ep_allowed[key] = replica_ep_options(ctx, counts, cp, eps)
                             for ep in allowed:
-                                # a replica of g running m micro-batches takes >= (m + pp - 1) W_g / pp (1F1B
-                                # with the per-micro-batch work W_g spread evenly), and sum_g d_g m_g = M
-                                rate = sum(d * pp / per_mb[ep][g] for g, d in counts)
-                                # ... and every replica runs at least one micro-batch: >= W_g
-                                bound = max(
-                                    (M + (pp - 1) * replicas) / rate,
-                                    max(per_mb[ep][g] for g, _ in counts),
-                                )
+                                work = tuple(per_mb[ep][g] for g, _ in counts)
+                                bound = _shape_bound(M, pp, counts, work)
                                 if not over(bound):
-                                    work = tuple(per_mb[ep][g] for g, _ in counts)
                                     out.append((bound, (tp, cp, pp, mbs, base, counts, ep), work))
                                     if keep is not None and len(out) >= 2 * keep:
                                         out = _first(out, keep)
                                         limit = out[-1][0]
     return (out if keep is None else _first(out, keep)), False
+
+
+def _shape_bound(M: int, pp: int, counts, work) -> float:
+    """Least iteration seconds of a replica shape: ``counts`` (group, replicas) of pp stages each, a micro-batch
+    taking at least work[i] seconds through a whole pipeline of the i-th group. A replica of g running m
+    micro-batches takes >= (m + pp - 1) W_g / pp (1F1B with the per-micro-batch work W_g spread evenly over its
+    stages), and sum_g d_g m_g = M; every replica runs at least one micro-batch: >= W_g."""
+    rate = sum(d * pp / w for (_, d), w in zip(counts, work))
+    return max((M + (pp - 1) * sum(d for _, d in counts)) / rate, max(work))
 
 
 def _first(found, keep: int) -> list:
