@@ -154,38 +154,25 @@ def micro_batch_range(M: int, counts, work: list[float], pp: int, beat: float) -
     return list(zip(lo, hi))
 
 
-def solve_split(
-    per: list[list[StageModel]],
-    caps: list[float],
-    ms: tuple[int, ...] | list[tuple[int, int]],
-    counts,
-    M: int,
-    *,
-    partial_recompute: bool,
-    even_layers: bool,
-    uniform_recompute: bool,
-    cap_s: float,
-    time_limit_s: float,
-    workers: int,
-    work_limit: float | None = None,
-) -> tuple[ShapeSplit | None, str, float]:
-    """(split or None, status, proven lower bound in seconds) of the shared split for micro-batch counts ``ms``
-    (fixed counts, or per group a (lo, hi) range, solved for with sum_g d_g m_g = M); ``per[g][i]`` prices stage
-    i of replica group g, ``caps[g]`` its GPUs' capacity. Only splits faster than ``cap_s`` (up to the time unit's
-    precision) are of interest. ``work_limit``: a cap in CP-SAT's deterministic time (partition.new_solver)."""
-    ranges = [m if isinstance(m, tuple) else (m, m) for m in ms]
-    s0 = per[0][0]
-    job, d = s0.job, s0.dims
-    L, p = job.model.num_layers, d.pp
-    cp_model = cp_sat()
-    m = cp_model.CpModel()
-    every = [sm for sms in per for sm in sms]
-    horizon_s = max(_time_horizon(sm, L, p) for sm in {id(x): x for x in every}.values())
-    span = max(hi for _, hi in ranges) + p + 2
-    weight = _tiebreak_weight(p, L) * len(per)
-    unit = _time_unit(horizon_s, weight, span, every, d.zero_stage)
-    scale = Scale(unit, int(horizon_s * unit))
+@dataclass
+class _SplitModel:
+    """What a shared split's model holds for every micro-batch choice of one set of stage models and one time
+    unit: the stages' layer and recompute counts, each group's stage times, bottleneck, DP tail and optimizer step,
+    and memory. A choice's solve copies it and adds its own counts, cap and objective (solve_split): building it
+    is most of a small solve's time (suite seed 2 job 26: 2,773 choices, 18.1 s of solves, 4.2 s of it in CP-SAT)."""
 
+    model: object  # cp_model.CpModel, never solved itself
+    shared: PartitionVars
+    pvs: list[PartitionVars]
+    scale: Scale
+
+
+def _split_model(per: list[list[StageModel]], caps: list[float], scale: Scale, flags: dict) -> _SplitModel:
+    """The choice-independent part of solve_split's model (its docstring has the constraints)."""
+    s0 = per[0][0]
+    L, p, d = s0.job.model.num_layers, s0.dims.pp, s0.dims
+    partial_recompute = flags["partial_recompute"]
+    m = cp_sat().CpModel()
     shared = PartitionVars()
     before = (None, None)
     for i in range(p):
@@ -201,7 +188,7 @@ def solve_split(
         )
         for i in range(p):
             _add_recompute_counts(m, pv, i, L, d.recompute == "full", partial_recompute)
-        _add_layer_totals(m, pv, L, even_layers, uniform_recompute, partial_recompute)
+        _add_layer_totals(m, pv, L, flags["even_layers"], flags["uniform_recompute"], partial_recompute)
         pv.bottleneck = m.NewIntVar(0, scale.big_t, f"T[{g}]")
         pv.dp_tail = m.NewIntVar(0, scale.big_t, f"D[{g}]")
         pv.optimizer = m.NewIntVar(0, scale.big_t, f"O[{g}]")
@@ -212,7 +199,68 @@ def solve_split(
             _add_optimizer_step(m, pv, i, forms.tail, scale)
             _add_memory(m, pv, i, forms.memory, sm.allocatable(caps[g]))
         pvs.append(pv)
-    z = m.NewIntVar(0, span * scale.big_t, "Z")
+    return _SplitModel(m, shared, pvs, scale)
+
+
+def _copy_model(model):
+    """A copy of a built CP-SAT model to add to. From OR-Tools 9.12 on (CpModel over the C++ CpBaseModel), each
+    new CpModel binds every method under its pre-PEP8 name as well (_add_pre_pep8_methods), about 0.5 ms a model:
+    a quarter of a small choice's whole solve (suite seed 2 job 26: 2.0 of 9.4 s over 3,887 solves). The copy here
+    is CpModel.clone without that step; an older OR-Tools (a pure-Python CpModel) takes clone itself."""
+    cls = type(model)
+    base = cls.__mro__[1]
+    if not base.__module__.endswith("cp_model_helper") or not hasattr(model, "rebuild_constant_map"):
+        return model.clone()
+    copy = cls.__new__(cls)
+    base.__init__(copy, None)
+    copy.proto.copy_from(model.proto)
+    copy.rebuild_constant_map()
+    return copy
+
+
+def solve_split(
+    per: list[list[StageModel]],
+    caps: list[float],
+    ms: tuple[int, ...] | list[tuple[int, int]],
+    counts,
+    M: int,
+    *,
+    partial_recompute: bool,
+    even_layers: bool,
+    uniform_recompute: bool,
+    cap_s: float,
+    time_limit_s: float,
+    workers: int,
+    work_limit: float | None = None,
+    models: dict | None = None,
+) -> tuple[ShapeSplit | None, str, float]:
+    """(split or None, status, proven lower bound in seconds) of the shared split for micro-batch counts ``ms``
+    (fixed counts, or per group a (lo, hi) range, solved for with sum_g d_g m_g = M); ``per[g][i]`` prices stage
+    i of replica group g, ``caps[g]`` its GPUs' capacity. Only splits faster than ``cap_s`` (up to the time unit's
+    precision) are of interest. ``work_limit``: a cap in CP-SAT's deterministic time (partition.new_solver).
+    ``models``: the _SplitModel of each (stage models, time unit) built so far, kept by the caller across its
+    choices (the model solved is the same, constraint for constraint, as one built afresh)."""
+    ranges = [m if isinstance(m, tuple) else (m, m) for m in ms]
+    s0 = per[0][0]
+    job, d = s0.job, s0.dims
+    L, p = job.model.num_layers, d.pp
+    cp_model = cp_sat()
+    every = [sm for sms in per for sm in sms]
+    horizon_s = max(_time_horizon(sm, L, p) for sm in {id(x): x for x in every}.values())
+    span = max(hi for _, hi in ranges) + p + 2
+    weight = _tiebreak_weight(p, L) * len(per)
+    unit = _time_unit(horizon_s, weight, span, every, d.zero_stage)
+    scale = Scale(unit, int(horizon_s * unit))
+    flags = {"partial_recompute": partial_recompute, "even_layers": even_layers, "uniform_recompute": uniform_recompute}
+    key = (id(per), scale)
+    built = models.get(key) if models is not None else None
+    if built is None:
+        built = _split_model(per, caps, scale, flags)
+        if models is not None:
+            models[key] = built
+    m = _copy_model(built.model)  # (snake_case from here: the copy has no pre-PEP8 aliases)
+    shared, pvs = built.shared, built.pvs
+    z = m.new_int_var(0, span * scale.big_t, "Z")
     counts_m = []
     for g, (pv, (lo, hi)) in enumerate(zip(pvs, ranges)):
         T = pv.bottleneck
@@ -220,22 +268,22 @@ def solve_split(
             busy = lo * T
             counts_m.append(lo)
         else:
-            mg = m.NewIntVar(lo, hi, f"m[{g}]")
-            busy = m.NewIntVar(0, hi * scale.big_t, f"mT[{g}]")
-            m.AddMultiplicationEquality(busy, [mg, T])
+            mg = m.new_int_var(lo, hi, f"m[{g}]")
+            busy = m.new_int_var(0, hi * scale.big_t, f"mT[{g}]")
+            m.add_multiplication_equality(busy, [mg, T])
             counts_m.append(mg)
-        m.Add(z >= busy + sum(pv.stage_time) - T + pv.dp_tail + pv.optimizer)
-    m.Add(sum(d * x for (_, d), x in zip(counts, counts_m)) == M)
+        m.add(z >= busy + sum(pv.stage_time) - T + pv.dp_tail + pv.optimizer)
+    m.add(sum(d * x for (_, d), x in zip(counts, counts_m)) == M)
     if cap_s < float("inf"):
-        m.Add(z <= int(cap_s * (1 + 1e-4) * scale.unit))
+        m.add(z <= int(cap_s * (1 + 1e-4) * scale.unit))
     # ties in time: fewer layers on earlier stages, then less recompute (one optimum for any worker count)
     tiebreak = sum((p - i) * (L + 1) * shared.layers[i] for i in range(p))
     tiebreak += sum((p - i) * pv.recomputed[i] for pv in pvs for i in range(p))
     if span * scale.big_t * weight < 2**62:  # as partition._set_objective: the tie-break only where it fits
-        m.Minimize(z * weight + tiebreak)
+        m.minimize(z * weight + tiebreak)
     else:
         weight = 1
-        m.Minimize(z)
+        m.minimize(z)
 
     solver = new_solver(time_limit_s, workers, work_limit=work_limit)
     # With every count fixed the model is linear and small: CP-SAT's presolve is most of its time (an infeasible
@@ -276,8 +324,13 @@ def exact_splits(
     ranges = micro_batch_range(M, counts, work, pp, beat)
     if ranges is None:
         return ExactShape([], True, float("inf"))
-    kw = {"partial_recompute": partial_recompute, "even_layers": even_layers, "uniform_recompute": uniform_recompute}
     built: dict[tuple[int, ...], list[list[StageModel]]] = {}
+    kw = {
+        "partial_recompute": partial_recompute,
+        "even_layers": even_layers,
+        "uniform_recompute": uniform_recompute,
+        "models": {},  # the choice-independent models (_SplitModel), by stage models and time unit
+    }
 
     def models_for(ms) -> list[list[StageModel]]:
         """The stage models depend on a count only below pp (micro-batches in flight): built once per in-flight
