@@ -385,3 +385,29 @@ def test_the_shape_enumeration_keeps_every_shape_below_the_bound():
         assert not cut_short and sorted(found, key=lambda x: (x[0], x[1])) == expected
         for keep in (1, 7, len(expected) // 3):
             assert _shapes(ctx, float("inf"), beat, keep)[0] == _first(expected, keep)
+
+
+def test_a_copied_split_model_is_the_model_and_leaves_it_alone():
+    """_copy_model (clone without OR-Tools' per-model aliasing): the same proto as CpModel.clone, solvable with
+    the base model's variables, and what is added to the copy stays out of the base, which the next choice copies."""
+    from planner.search.partition import cp_sat
+    from planner.search.replica_partition import _copy_model
+
+    cp_model = cp_sat()
+    base = cp_model.CpModel()
+    x, y = base.NewIntVar(0, 10, "x"), base.NewIntVar(0, 10, "y")
+    base.Add(x + y >= 7)
+    copy = _copy_model(base)
+    assert str(copy.Proto()) == str(base.clone().Proto())
+    found = []
+    for least in (3, 5):
+        m = _copy_model(base)
+        z = m.new_int_var(0, 100, "z")
+        m.add(z >= 2 * x + y)
+        m.add(x >= least)
+        m.minimize(z)
+        solver = cp_model.CpSolver()
+        assert solver.Solve(m) == cp_model.OPTIMAL
+        found.append((solver.Value(x), solver.Value(y), solver.Value(z)))
+    assert found == [(3, 4, 10), (5, 2, 12)]
+    assert len(base.Proto().variables) == 2 and len(base.Proto().constraints) == 1
