@@ -64,14 +64,18 @@ class ExactShape:
     open_bound_s: float
 
 
-def micro_batch_choices(M: int, counts, work: list[float], pp: int, beat: float) -> tuple[list, bool]:
+def micro_batch_choices(
+    M: int, counts, work: list[float], pp: int, beat: float, tails: list[float] | None = None
+) -> tuple[list, bool]:
     """(bound, ms) for every m with sum_g d_g m_g = M, m_g >= 1, whose bound is below ``beat``, sorted; and
-    whether the enumeration was complete (False past MAX_CHOICES choices or MAX_VISITS partial ones)."""
+    whether the enumeration was complete (False past MAX_CHOICES choices or MAX_VISITS partial ones). ``tails``:
+    per group, a floor under what its replicas add after their last backward (D_g + O_g), added to each bound."""
     d = [c for _, c in counts]
     visits = 0
+    tails = tails or [0.0] * len(d)
 
     def floor(g: int, m: int) -> float:
-        return max((m + pp - 1) * work[g] / pp, work[g])
+        return max((m + pp - 1) * work[g] / pp, work[g]) + tails[g]
 
     # The groups after g share what is left, R: the slowest of them takes at least the T at which each group h
     # runs its most micro-batches, m_h <= T pp / w_h - pp + 1 (floor), and those hold R: T >= (R + (pp - 1) sum d_h)
@@ -318,9 +322,10 @@ def exact_splits(
     even_layers: bool,
     uniform_recompute: bool,
     workers: int,
+    tails: list[float] | None = None,
 ) -> ExactShape:
     """The best splits of a pipelined replica shape below ``beat`` (module docstring). ``stage_models_for(ms)``
-    gives the per-group stage models for micro-batch counts ``ms``."""
+    gives the per-group stage models for micro-batch counts ``ms``; ``tails``: micro_batch_choices'."""
     ranges = micro_batch_range(M, counts, work, pp, beat)
     if ranges is None:
         return ExactShape([], True, float("inf"))
@@ -365,7 +370,7 @@ def exact_splits(
     if all(lo >= pp for lo, _ in ranges) and not enumerate_steady:
         return ExactShape([], True, float("inf"))
     # counts where some replica runs fewer than pp micro-batches (fewer in flight): one model per choice
-    choices, complete = micro_batch_choices(M, counts, work, pp, beat)
+    choices, complete = micro_batch_choices(M, counts, work, pp, beat, tails)
     splits: list[ShapeSplit] = []
     best = beat
     # an enumeration cut short bounds nothing it did not visit (the caller keeps the shape's own bound)

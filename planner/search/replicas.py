@@ -323,6 +323,16 @@ def _probe_models(ctx, cand: ReplicaCandidate, ms, stages=None) -> list[list[Sta
     return replica_stage_models(job, probe, ctx.costs, stages)
 
 
+def _tail_floors(ctx, cand: ReplicaCandidate) -> list[float]:
+    """Per replica group of the shape, a floor under its D_g + O_g (replica_partition's model: the largest exposed
+    DP tail and optimizer step of its stages, at least their sum on the stage holding the most layers, which holds
+    at least ceil(L / pp)): the least TailProfile reach there over the stage positions, every layer recomputed (the
+    longest window hides the most: valid at any recompute; MixedContext.tail_floor)."""
+    most = -(-ctx.job.model.num_layers // cand.pp)
+    per = _probe_models(ctx, cand, [cand.pp] * len(cand.counts))
+    return [min(ctx.tail_profile(sm, s, math.inf).reach[most] for s, sm in enumerate(sms)) for sms in per]
+
+
 def _exact_shape(ctx, cand: ReplicaCandidate, best, remaining: float, workers: int, beat: float, work):
     """A pipelined shape's plans from the exact split of each micro-batch choice (planner/search/replica_partition
     .py) below ``beat`` (_exact_once: at most ``best``'s time): (the better of them and ``best``, whether that is
@@ -344,6 +354,7 @@ def _exact_shape(ctx, cand: ReplicaCandidate, best, remaining: float, workers: i
         even_layers=ctx.opts.even_layers,
         uniform_recompute=ctx.opts.uniform_recompute,
         workers=workers,
+        tails=_tail_floors(ctx, cand),
     )
     for split in found.splits:
         dims = _replica_dims(
