@@ -13,8 +13,9 @@ from planner.cost.provider import cost_source
 from planner.load import parse_job
 from planner.parallel import group_order
 from planner.search.mixed_context import MixedContext
+from planner.search.partition import cp_sat
 from planner.search.quick import RESOLUTION
-from planner.search.replica_partition import micro_batch_choices, micro_batch_range
+from planner.search.replica_partition import _copy_model, micro_batch_choices, micro_batch_range
 from planner.search.replicas import (
     ReplicaCandidate,
     _exact_shape,
@@ -390,9 +391,6 @@ def test_the_shape_enumeration_keeps_every_shape_below_the_bound():
 def test_a_copied_split_model_is_the_model_and_leaves_it_alone():
     """_copy_model (clone without OR-Tools' per-model aliasing): the same proto as CpModel.clone, solvable with
     the base model's variables, and what is added to the copy stays out of the base, which the next choice copies."""
-    from planner.search.partition import cp_sat
-    from planner.search.replica_partition import _copy_model
-
     cp_model = cp_sat()
     base = cp_model.CpModel()
     x, y = base.NewIntVar(0, 10, "x"), base.NewIntVar(0, 10, "y")

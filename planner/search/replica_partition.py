@@ -165,17 +165,24 @@ class _SplitModel:
     and memory. A choice's solve copies it and adds its own counts, cap and objective (solve_split): building it
     is most of a small solve's time (suite seed 2 job 26: 2,773 choices, 18.1 s of solves, 4.2 s of it in CP-SAT)."""
 
+    per: list[list[StageModel]]  # the stage models it prices (held: solve_split's cache keys them by id)
     model: object  # cp_model.CpModel, never solved itself
     shared: PartitionVars
     pvs: list[PartitionVars]
-    scale: Scale
 
 
-def _split_model(per: list[list[StageModel]], caps: list[float], scale: Scale, flags: dict) -> _SplitModel:
+def _split_model(
+    per: list[list[StageModel]],
+    caps: list[float],
+    scale: Scale,
+    *,
+    partial_recompute: bool,
+    even_layers: bool,
+    uniform_recompute: bool,
+) -> _SplitModel:
     """The choice-independent part of solve_split's model (its docstring has the constraints)."""
     s0 = per[0][0]
     L, p, d = s0.job.model.num_layers, s0.dims.pp, s0.dims
-    partial_recompute = flags["partial_recompute"]
     m = cp_sat().CpModel()
     shared = PartitionVars()
     before = (None, None)
@@ -192,7 +199,7 @@ def _split_model(per: list[list[StageModel]], caps: list[float], scale: Scale, f
         )
         for i in range(p):
             _add_recompute_counts(m, pv, i, L, d.recompute == "full", partial_recompute)
-        _add_layer_totals(m, pv, L, flags["even_layers"], flags["uniform_recompute"], partial_recompute)
+        _add_layer_totals(m, pv, L, even_layers, uniform_recompute, partial_recompute)
         pv.bottleneck = m.NewIntVar(0, scale.big_t, f"T[{g}]")
         pv.dp_tail = m.NewIntVar(0, scale.big_t, f"D[{g}]")
         pv.optimizer = m.NewIntVar(0, scale.big_t, f"O[{g}]")
@@ -203,7 +210,7 @@ def _split_model(per: list[list[StageModel]], caps: list[float], scale: Scale, f
             _add_optimizer_step(m, pv, i, forms.tail, scale)
             _add_memory(m, pv, i, forms.memory, sm.allocatable(caps[g]))
         pvs.append(pv)
-    return _SplitModel(m, shared, pvs, scale)
+    return _SplitModel(per, m, shared, pvs)
 
 
 def _copy_model(model):
@@ -255,11 +262,17 @@ def solve_split(
     weight = _tiebreak_weight(p, L) * len(per)
     unit = _time_unit(horizon_s, weight, span, every, d.zero_stage)
     scale = Scale(unit, int(horizon_s * unit))
-    flags = {"partial_recompute": partial_recompute, "even_layers": even_layers, "uniform_recompute": uniform_recompute}
     key = (id(per), scale)
     built = models.get(key) if models is not None else None
     if built is None:
-        built = _split_model(per, caps, scale, flags)
+        built = _split_model(
+            per,
+            caps,
+            scale,
+            partial_recompute=partial_recompute,
+            even_layers=even_layers,
+            uniform_recompute=uniform_recompute,
+        )
         if models is not None:
             models[key] = built
     m = _copy_model(built.model)  # (snake_case from here: the copy has no pre-PEP8 aliases)
