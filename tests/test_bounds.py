@@ -615,8 +615,9 @@ def test_kind_memory_times_hold_for_every_run_and_recompute_count_that_fits(memo
     tight that no layer fits (4 GiB) and on one where longer runs fit only by recomputing (16 GiB): for every
     stage, run of n consecutive layers and recompute count that fits the GPU, the stage's seconds on its layers
     (its time less that of no layers) are at least the bound at n; the bound is above the layer floors alone
-    where recompute is needed, and inf where nothing fits."""
-    from planner.search.mixed_pipeline_bounds import _kind_memory_times
+    where recompute is needed, and inf where nothing fits. The same for _block_terms at each run's own start (its
+    MoE count that of the run: BlockTerms.time), inf exactly where no recompute count of that run fits."""
+    from planner.search.mixed_pipeline_bounds import _block_terms, _kind_memory_times
 
     model = {**MOE6, "num_layers": 6, "moe": {**MOE6["moe"], "moe_layer_freq": 2}}
     j = parse_job(
@@ -633,16 +634,22 @@ def test_kind_memory_times_hold_for_every_run_and_recompute_count_that_fits(memo
     recomputing = infeasible = 0
     for s in range(2):
         times = _kind_memory_times(ctx, sm, 0, s, 0.0)
+        terms = _block_terms(ctx, sm, 0, s, 0.0)
         empty = sm.microbatch_time(s, StagePlan(0, 0))["total"]
         floor = min(k.layer_floor() for k in sm.kinds.values())
         for n in range(1, L + 1):
             fitting = []
             for start in range(L - n + 1):
                 moe = j.model.moe_layers_before(start + n) - j.model.moe_layers_before(start)  # (split_kinds)
+                here = []
                 for r in range(n + 1):
                     plan = StagePlan(n - moe, moe).with_recompute(r)
                     if sm.peak_memory(s, plan) / GIB <= cap:
-                        fitting.append(sm.microbatch_time(s, plan)["total"] - empty)
+                        here.append(sm.microbatch_time(s, plan)["total"] - empty)
+                run = terms.time(n, moe)
+                assert run <= min(here) * SLACK + 1e-12 if here else run == float("inf"), (s, n, start)
+                assert run >= times[n - 1] * (1 - 1e-12), (s, n, start)  # (the least over every run of n)
+                fitting += here
             if fitting:
                 assert times[n - 1] <= min(fitting) * SLACK + 1e-12, (s, n)
                 recomputing += times[n - 1] > n * floor * SLACK
@@ -888,6 +895,56 @@ def test_block_bottleneck_is_below_every_split_into_consecutive_layers():
             E = sum(moe)
             tighter += bound > kind_bottleneck(xs, ys, c, caps, L - E, E) * (1 + 1e-6)
     assert tighter and by_position
+
+
+def test_sequence_holds_exactly_where_a_split_into_consecutive_runs_does():
+    """mixed_pipeline_bounds.sequence_holds against every split of a random dense/MoE layer sequence into
+    consecutive runs, one per stage in order (1 <= n_s <= caps_s, stage s on its run within T: cst_s +
+    BlockTerms.time): it holds exactly where some split does; and it rejects a T that block_bottleneck (each
+    stage's cheapest run of its length anywhere) accepts somewhere."""
+    from planner.search.mixed_context import BlockTerms
+    from planner.search.mixed_pipeline_bounds import block_bottleneck, sequence_holds
+
+    rng = random.Random(11)
+    agree = tighter = 0
+    for _ in range(300):
+        L, P = rng.randint(2, 8), rng.randint(1, 4)
+        if P > L:
+            continue
+        moe = [i % 2 == 1 for i in range(L)] if rng.random() < 0.5 else [rng.random() < 0.5 for _ in range(L)]
+        before = [sum(moe[:i]) for i in range(L + 1)]
+        blocks = []
+        for _ in range(P):
+            x = rng.uniform(0.5, 2.0)
+            ad = rng.uniform(1.0, 3.0)
+            ae, room = ad * rng.uniform(0.5, 2.0), rng.uniform(2.0, 12.0)
+            rho = rng.choice((float("inf"), rng.uniform(0.1, 1.0)))
+            terms = BlockTerms(x, x * rng.uniform(0.5, 3.0), ad, ae, ad * 0.3, ae * 0.3, rho, room)
+            blocks.append((rng.uniform(0.0, 1.0), rng.randint(1, L), terms))
+        slowest = []
+        for split in compositions(L, P):
+            if any(n > k for n, (_, k, _) in zip(split, blocks)):
+                continue
+            start, worst = 0, 0.0
+            for n, (ci, _, terms) in zip(split, blocks):
+                worst = max(worst, ci + terms.time(n, before[start + n] - before[start]))
+                start += n
+            slowest.append(worst)
+        best = min(slowest, default=float("inf"))
+        for T in [rng.uniform(0.5, 20.0) for _ in range(5)] + [best, best * (1 - 1e-6)]:
+            held = any(w <= T for w in slowest)
+            assert sequence_holds(blocks, before, T) == held, (moe, blocks, T)
+            agree += held
+        if best < float("inf"):
+            xs = [t.x for _, _, t in blocks]
+            ys = [t.y for _, _, t in blocks]
+            windows = tuple(
+                [f([sum(moe[i : i + n]) for i in range(L - n + 1)]) for n in range(L + 1)] for f in (min, max)
+            )
+            plain = [(ci, k, t._replace(room=float("inf"))) for ci, k, t in blocks]  # (block_bottleneck: no memory)
+            T = block_bottleneck(xs, ys, windows, [ci for ci, _, _ in blocks], [k for _, k, _ in blocks], L)
+            tighter += not sequence_holds(plain, before, T * (1 + 1e-4))
+    assert agree and tighter
 
 
 def _splits(L: int, caps):

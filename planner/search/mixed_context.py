@@ -147,6 +147,7 @@ class MixedCaches:
     replica_blocks: dict = field(default_factory=dict)  # replicas._shapes: per (tp, cp, mbs, base), its work terms
     moe_windows: dict = field(default_factory=dict)  # moe_windows, by the first layer (window_start)
     kind_memory: dict = field(default_factory=dict)  # mixed_pipeline_bounds._kind_memory_times
+    block_terms: dict = field(default_factory=dict)  # mixed_pipeline_bounds._block_terms
     window_arrays: dict = field(default_factory=dict)  # moe_window_arrays, by the first layer
     ep_ok: dict = field(default_factory=dict)  # replicas.replica_ep_options: ep_error is None, by (ep, d, cp)
 
@@ -164,6 +165,13 @@ class MixedContext:
     caches: MixedCaches = field(default_factory=MixedCaches)
     # the stage models' shared forms (StageModel caches): models of one set of degrees share them at every depth
     form_caches: dict[tuple, FormCache] = field(default_factory=dict)
+
+    @functools.cached_property
+    def moe_before(self) -> list[int]:
+        """ModelSpec.moe_layers_before of 0..num_layers: the MoE layers of layers q..q+n-1 are
+        moe_before[q + n] - moe_before[q]."""
+        m = self.job.model
+        return [m.moe_layers_before(i) for i in range(m.num_layers + 1)]
 
     def stage_terms(self, sm: StageModel, g: int, s: int) -> tuple[float, float, float, int]:
         """(room, alpha, beta) of quick.stage_memory_term and max_layers for stage s of a model from
@@ -584,6 +592,48 @@ def recompute_pays_up_to(sm: StageModel, s: int) -> float:
     return most
 
 
+class BlockTerms(NamedTuple):
+    """What a stage's least seconds per micro-batch on a run of its layers read (block_terms): each kind's least
+    seconds per layer (x dense, y MoE), bytes per layer kept (ad, ae) and kept when recomputed (lean_d, lean_e), the
+    least seconds recompute costs per byte it frees (rho) and the stage's room for layers."""
+
+    x: float
+    y: float
+    ad: float
+    ae: float
+    lean_d: float
+    lean_e: float
+    rho: float
+    room: float
+
+    def time(self, n: int, e: int) -> float:
+        """Least seconds on n layers of which e are MoE ones when the stage recomputes just enough to fit:
+        d*x + e*y + rho * max(0, d*ad + e*ae - room) (d = n - e), inf where even every layer recomputed needs
+        more than the room (see kind_memory_times)."""
+        d = n - e
+        if d * self.lean_d + e * self.lean_e > self.room * (1 + 1e-12):
+            return float("inf")
+        value = d * self.x + e * self.y
+        over = d * self.ad + e * self.ae - self.room
+        if over > 0:
+            value += self.rho * over  # (inf * over where nothing recomputes: then it cannot fit)
+        return value
+
+
+def block_terms(sm: StageModel, room: float, inflight: float, first: bool, last: bool, lift: float) -> BlockTerms:
+    """The BlockTerms of a stage (at this position, keeping ``inflight`` micro-batches, with ``room`` allocatable
+    bytes left for layers): quick.memory_term per kind at the in-flight count, recompute freeing beta bytes per
+    layer at rc seconds (at best rho = min rc/beta seconds per byte) and each kind's least seconds per layer plus
+    ``lift`` (its ZeRO-2/3 line)."""
+    memory = sm.allocated_memory(first, last)
+    ad, ae = memory.per_layer("dense", inflight), memory.per_layer("moe", inflight)
+    bd, be = -memory.per_recomputed("dense", inflight), -memory.per_recomputed("moe", inflight)
+    kd, ke = sm.kinds["dense"], sm.kinds["moe"]
+    rates = [k.recompute_floor() / b for k, b in ((kd, bd), (ke, be)) if b > 0]
+    rho = min(rates) if rates else float("inf")
+    return BlockTerms(kd.layer_floor() + lift, ke.layer_floor() + lift, ad, ae, ad - bd, ae - be, rho, room)
+
+
 def kind_memory_times(
     sm: StageModel, room: float, inflight: float, first: bool, last: bool, lift: float, windows
 ) -> tuple:
@@ -594,20 +644,14 @@ def kind_memory_times(
     d*alpha_d + e*alpha_e bytes (d = n - e; quick.memory_term per kind, at the stage's in-flight count) of its
     room; recompute frees beta bytes per layer at rc seconds, at best rho = min rc/beta seconds per byte, so the
     layers take at least d*x + e*y + rho * max(0, d*alpha_d + e*alpha_e - room), and nothing fits where even every
-    layer recomputed needs more than the room (x, y: each kind's least seconds per layer plus ``lift``). That is
-    convex in e: its least lies at an end of the feasible e or next to where the recompute starts. With the dense
-    layers counted, a model whose dense layers hold as much activation memory as its MoE ones (Llama 4: every
-    other layer) is no longer bounded by its MoE layers alone (_memory_bottleneck)."""
-    memory = sm.allocated_memory(first, last)
-    ad, ae = memory.per_layer("dense", inflight), memory.per_layer("moe", inflight)
-    bd, be = -memory.per_recomputed("dense", inflight), -memory.per_recomputed("moe", inflight)
-    kd, ke = sm.kinds["dense"], sm.kinds["moe"]
-    x, y = kd.layer_floor() + lift, ke.layer_floor() + lift
-    rates = [k.recompute_floor() / b for k, b in ((kd, bd), (ke, be)) if b > 0]
-    rho = min(rates) if rates else float("inf")
+    layer recomputed needs more than the room (x, y: each kind's least seconds per layer plus ``lift``;
+    BlockTerms.time). That is convex in e: its least lies at an end of the feasible e or next to where the
+    recompute starts. With the dense layers counted, a model whose dense layers hold as much activation memory as
+    its MoE ones (Llama 4: every other layer) is no longer bounded by its MoE layers alone (_memory_bottleneck)."""
+    terms = block_terms(sm, room, inflight, first, last, lift)
+    ad, ae, lean_d, lean_e = terms.ad, terms.ae, terms.lean_d, terms.lean_e
     fewest, most = windows
     inf = float("inf")
-    lean_d, lean_e = ad - bd, ae - be  # bytes per layer of each kind, recomputed
     times = []
     for n in range(1, len(fewest)):  # (plain loops and comparisons: called for every group model the bounds build)
         lo, hi = fewest[n], most[n]
@@ -631,11 +675,9 @@ def kind_memory_times(
         best = inf
         for e in points:
             over = (n - e) * ad + e * ae - room
-            value = (n - e) * x + e * y
-            if over > 0:
-                if rho == inf:
-                    continue
-                value += rho * over
+            if over > 0 and terms.rho == inf:
+                continue
+            value = (n - e) * terms.x + e * terms.y + (terms.rho * over if over > 0 else 0.0)
             if value < best:
                 best = value
         times.append(best)

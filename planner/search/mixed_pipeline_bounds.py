@@ -17,7 +17,14 @@ from typing import TYPE_CHECKING, NamedTuple
 
 from planner.cost.estimate import neighbour_links
 from planner.cost.stage import StageModel, heavy_kind, layer_counts
-from planner.search.mixed_context import MixedContext, TailProfile, kind_memory_times, moe_windows
+from planner.search.mixed_context import (
+    BlockTerms,
+    MixedContext,
+    TailProfile,
+    block_terms,
+    kind_memory_times,
+    moe_windows,
+)
 from planner.search.quick import layer_slack
 
 # Relative width at which the bottleneck bisections stop. Their lower end is a valid bound at every step, so a
@@ -1011,6 +1018,14 @@ def refined_bound(
         T = max(T, _kind_memory_bottleneck(kind_memory, cst, layers, probe))
     if probe is None or T < probe:
         T = max(T, _memory_bottleneck(heavy, need, cst, ctx.job.model, probe, v))
+    if windows is not None and v == 1 and probe is not None and T < probe:
+        # the runs of layers in their places: the stages cannot hold them within the probe, so T is above it
+        blocks = [
+            (ci, k, _block_terms(ctx, sm, g, s, z))
+            for s, (ci, k, sm, g, z) in enumerate(zip(cst, layer_caps, sms, c.stage_groups, lift))
+        ]
+        if not sequence_holds(blocks, ctx.moe_before, probe):
+            T = probe
     if T == float("inf"):
         return T  # the layers cannot fit (and with one micro-batch (mb - 1) * T would be nan)
     if probe is not None and T >= probe:
@@ -1230,6 +1245,57 @@ def _kind_memory_times(ctx: MixedContext, sm: StageModel, g: int, s: int, lift: 
         room = sm.allocatable(ctx.capacity(g)) - sm.allocated_memory(first, last).const(inflight)
         hit = ctx.caches.kind_memory[key] = kind_memory_times(sm, room, inflight, first, last, lift, moe_windows(ctx))
     return hit
+
+
+def _block_terms(ctx: MixedContext, sm: StageModel, g: int, s: int, lift: float) -> BlockTerms:
+    """mixed_context.block_terms of stage s on group g's GPU, memoized (as _kind_memory_times)."""
+    first, last, inflight = s == 0, s == sm.dims.pp - 1, sm.inflight(s)
+    key = (sm.form_cache, inflight, first, last, g, lift)
+    hit = ctx.caches.block_terms.get(key)
+    if hit is None:
+        room = sm.allocatable(ctx.capacity(g)) - sm.allocated_memory(first, last).const(inflight)
+        hit = ctx.caches.block_terms[key] = block_terms(sm, room, inflight, first, last, lift)
+    return hit
+
+
+def sequence_holds(blocks, before: list[int], T: float) -> bool:
+    """Whether the stages, in pipeline order, can hold the model's layers as consecutive runs (stage s the run
+    after stage s - 1's, at least one layer each, as planner/cost/stage.split_kinds lays them out at vpp 1) with
+    every stage within T seconds per micro-batch: stage s (cst, cap, BlockTerms) on its run of n layers from layer
+    q takes at least cst + BlockTerms.time(n, e), e = before[q + n] - before[q] its MoE layers (``before``:
+    ModelSpec.moe_layers_before of 0..L). The bottlenecks above let each stage take its cheapest run of n layers
+    anywhere (moe_windows); with the kinds interleaved that run's position is set by the stages before it, and a
+    stage of an odd count shifts every run after it. The run ends a stage can reach form a set of positions,
+    grown stage by stage (a run's time grows with its length, so from each start the reachable ends are an
+    interval); T holds where the last stage can end at layer L."""
+    L = len(before) - 1
+    P = len(blocks)
+    starts = [(0, 0)]  # the positions the next stage may start at, as sorted disjoint intervals
+    limit = T * (1 + 1e-12)
+    for s, (cst, cap, terms) in enumerate(blocks):
+        room = limit - cst
+        last_end = L - (P - 1 - s)  # every later stage holds a layer
+        ends = []
+        for lo, hi in starts:
+            for q in range(lo, hi + 1):
+                most = min(cap, last_end - q)
+                if most < 1 or terms.time(1, before[q + 1] - before[q]) > room:
+                    continue
+                a, b = 1, most  # the longest run from q within T: bisection (its time grows with its length)
+                while a < b:
+                    mid = (a + b + 1) // 2
+                    if terms.time(mid, before[q + mid] - before[q]) <= room:
+                        a = mid
+                    else:
+                        b = mid - 1
+                if ends and q + 1 <= ends[-1][1] + 1:
+                    ends[-1] = (ends[-1][0], max(ends[-1][1], q + a))
+                else:
+                    ends.append((q + 1, q + a))
+        if not ends:
+            return False
+        starts = ends
+    return starts[-1][1] >= L
 
 
 def _kind_memory_bottleneck(stage_times, cst, L: int, probe: float | None = None) -> float:
