@@ -1018,7 +1018,8 @@ def refined_bound(
         T = max(T, _kind_memory_bottleneck(kind_memory, cst, layers, probe))
     if probe is None or T < probe:
         T = max(T, _memory_bottleneck(heavy, need, cst, ctx.job.model, probe, v))
-    if windows is not None and v == 1 and probe is not None and T < probe:
+    interleaved = windows is not None and ctx.job.model.all_moe_from == layers  # (else moe_from places the kinds)
+    if interleaved and v == 1 and probe is not None and T < probe:
         # the runs of layers in their places: the stages cannot hold them within the probe, so T is above it
         blocks = [
             (ci, k, _block_terms(ctx, sm, g, s, z))
@@ -1275,26 +1276,37 @@ def sequence_holds(blocks, before: list[int], T: float) -> bool:
     for s, (cst, cap, terms) in enumerate(blocks):
         room = limit - cst
         last_end = L - (P - 1 - s)  # every later stage holds a layer
-        ends = []
-        for lo, hi in starts:
-            for q in range(lo, hi + 1):
+
+        def fits(q: int, n: int, terms=terms, room=room) -> bool:
+            return terms.time(n, before[q + n] - before[q]) <= room
+
+        ends = []  # the union of the intervals q + 1 .. q + n(q), n(q) the longest run from q within T, built
+        for lo, hi in reversed(starts):  # from the last start down: a start whose run ends no further than the
+            for q in range(hi, lo - 1, -1):  # ends already reached only extends them down to q + 1
                 most = min(cap, last_end - q)
-                if most < 1 or terms.time(1, before[q + 1] - before[q]) > room:
+                if most < 1 or not fits(q, 1):
                     continue
-                a, b = 1, most  # the longest run from q within T: bisection (its time grows with its length)
+                if ends and ends[-1][0] == q + 2:  # q + 1 was a start (touching): only a longer run adds
+                    a = ends[-1][1] - q
+                    if a >= most or not fits(q, a + 1):
+                        ends[-1] = (q + 1, ends[-1][1])
+                        continue
+                else:
+                    a = 1
+                b = most  # the longest run from q within T: bisection (its time grows with its length)
                 while a < b:
                     mid = (a + b + 1) // 2
-                    if terms.time(mid, before[q + mid] - before[q]) <= room:
+                    if fits(q, mid):
                         a = mid
                     else:
                         b = mid - 1
-                if ends and q + 1 <= ends[-1][1] + 1:
-                    ends[-1] = (ends[-1][0], max(ends[-1][1], q + a))
+                if ends and q + a >= ends[-1][0] - 1:
+                    ends[-1] = (q + 1, max(ends[-1][1], q + a))
                 else:
                     ends.append((q + 1, q + a))
         if not ends:
             return False
-        starts = ends
+        starts = ends[::-1]
     return starts[-1][1] >= L
 
 
