@@ -21,6 +21,7 @@ from planner.search.replicas import (
     _exact_shape,
     _replica_dims,
     _shapes,
+    choice_floor_terms,
     micro_batch_work,
     pipeline_floor,
     throughput_floor,
@@ -79,6 +80,41 @@ def test_the_exact_split_of_a_pipelined_replica_shape_is_the_brute_force_optimum
     assert proven and open_s == float("inf")
     assert expected < float("inf") and est is not None
     assert est.iteration_time_s == pytest.approx(expected, rel=RESOLUTION)
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 2, 1), (1, 1, 4, 1)])
+def test_each_micro_batch_choice_bound_is_below_every_plan_with_those_counts(monkeypatch, shape):
+    """The bound micro_batch_choices gives a micro-batch choice of a pipelined shape (each replica's work with its
+    sends, its least DP tail and optimizer step, its least slowest stage: replicas.choice_floor_terms) is at most
+    the fastest plan with those counts (every layer split and recompute count, each estimated), and above the
+    bound from the work alone for some choice."""
+    import planner.cost.estimate as E
+
+    zero, base, counts = 1, "none", ((0, 2), (1, 1))
+    job = replica_job()
+    shared = E.costs_by_group(job)
+    monkeypatch.setattr(E, "costs_by_group", lambda job, cal=None: shared)
+    ctx = MixedContext(job, SearchOptions(), None, cost_source(job), group_order(job.cluster))
+    tp, cp, pp, mbs = shape
+    L, M = job.model.num_layers, job.training.global_batch_size // mbs
+    cand = ReplicaCandidate(*shape, zero, base, counts, 0.0)
+    plain = [micro_batch_work(ctx, g, tp, cp, mbs, base) for g, _ in counts]
+    work, tails, bottlenecks = choice_floor_terms(ctx, cand, plain)
+    choices, _ = micro_batch_choices(M, counts, work, pp, float("inf"), tails, bottlenecks)
+    loose = dict((ms, b) for b, ms in micro_batch_choices(M, counts, plain, pp, float("inf"))[0])
+    tighter = 0
+    for bound, ms in choices:
+        best = float("inf")
+        for layers in compositions(L, pp):
+            recs_per_replica = list(itertools.product(*[range(n + 1) for n in layers]))
+            for recs in itertools.product(recs_per_replica, repeat=len(counts)):
+                dims = _replica_dims(job, shape, zero, counts, layers, list(recs), list(ms), base)
+                est = estimate_replicas(job, dims, 0.0)
+                if est.fits:
+                    best = min(best, est.iteration_time_s)
+        assert bound <= best * (1 + 1e-9), (ms, bound, best)
+        tighter += bound > loose[ms] * (1 + 1e-6)
+    assert choices and tighter
 
 
 def test_micro_batch_range_holds_every_choice_below_the_bound():
@@ -178,14 +214,16 @@ def test_the_micro_batch_enumeration_lists_every_choice_below_the_bound():
     count divides) against a plain walk over every count, on random small shapes."""
     import random
 
-    def every_choice(M, counts, work, pp, beat):
+    def every_choice(M, counts, work, pp, beat, tails=None, slowest=None):
         d = [c for _, c in counts]
+        tails, slowest = tails or [0.0] * len(d), slowest or [0.0] * len(d)
         found = []
         for ms in itertools.product(*(range(1, M + 1) for _ in d[:-1])):
             left = M - sum(di * mi for di, mi in zip(d, ms))
             if left >= d[-1] and left % d[-1] == 0:
                 full = (*ms, left // d[-1])
-                b = max(max((m + pp - 1) * w / pp, w) for m, w in zip(full, work))
+                # (m + pp - 1) w / pp, or (m - 1) t + w where the slowest stage's floor t is above w / pp
+                b = max((m - 1) * max(w / pp, t) + w + r for m, w, r, t in zip(full, work, tails, slowest))
                 if b < beat:
                     found.append((b, full))
         return sorted(found)
@@ -198,12 +236,15 @@ def test_the_micro_batch_enumeration_lists_every_choice_below_the_bound():
         M = rng.randint(n, 24 if n == 4 else 40)
         work = [rng.uniform(0.1, 1.0) for _ in range(n)]
         pp, beat = rng.randint(1, 4), rng.choice([float("inf"), rng.uniform(1.0, 10.0)])
+        terms = (None, None)
+        if rng.random() < 0.5:  # with each replica's least DP tail and least slowest stage
+            terms = ([rng.uniform(0.0, 0.5) for _ in range(n)], [w / pp * rng.uniform(0.8, 1.5) for w in work])
         if rng.random() < 0.3:  # the bound at a choice's own bound: the tie is left out, as with any bound
-            bounds = every_choice(M, counts, work, pp, float("inf"))
+            bounds = every_choice(M, counts, work, pp, float("inf"), *terms)
             beat = rng.choice(bounds)[0] if bounds else beat
-        choices, complete = micro_batch_choices(M, counts, work, pp, beat)
+        choices, complete = micro_batch_choices(M, counts, work, pp, beat, *terms)
         assert complete
-        assert [ms for _, ms in choices] == [ms for _, ms in every_choice(M, counts, work, pp, beat)]
+        assert [ms for _, ms in choices] == [ms for _, ms in every_choice(M, counts, work, pp, beat, *terms)]
         checked += bool(choices)
     assert checked > 20
 

@@ -65,17 +65,27 @@ class ExactShape:
 
 
 def micro_batch_choices(
-    M: int, counts, work: list[float], pp: int, beat: float, tails: list[float] | None = None
+    M: int,
+    counts,
+    work: list[float],
+    pp: int,
+    beat: float,
+    tails: list[float] | None = None,
+    bottlenecks: list[float] | None = None,
 ) -> tuple[list, bool]:
     """(bound, ms) for every m with sum_g d_g m_g = M, m_g >= 1, whose bound is below ``beat``, sorted; and
     whether the enumeration was complete (False past MAX_CHOICES choices or MAX_VISITS partial ones). ``tails``:
-    per group, a floor under what its replicas add after their last backward (D_g + O_g), added to each bound."""
+    per group, a floor under what its replicas add after their last backward (D_g + O_g), added to each bound;
+    ``bottlenecks``: per group, a floor under its slowest stage's seconds per micro-batch T_g. A replica of g
+    running m micro-batches takes (m - 1) T_g + sum_i t_gi (1F1B, the model's objective), with sum_i t_gi >= W_g
+    (``work``) and T_g >= sum_i t_gi / pp."""
     d = [c for _, c in counts]
     visits = 0
     tails = tails or [0.0] * len(d)
+    slowest = [max(w / pp, t) for w, t in zip(work, bottlenecks or [0.0] * len(d))]
 
     def floor(g: int, m: int) -> float:
-        return max((m + pp - 1) * work[g] / pp, work[g]) + tails[g]
+        return (m - 1) * slowest[g] + work[g] + tails[g]
 
     # The groups after g share what is left, R: the slowest of them takes at least the T at which each group h
     # runs its most micro-batches, m_h <= T pp / w_h - pp + 1 (floor), and those hold R: T >= (R + (pp - 1) sum d_h)
@@ -336,9 +346,10 @@ def exact_splits(
     uniform_recompute: bool,
     workers: int,
     tails: list[float] | None = None,
+    bottlenecks: list[float] | None = None,
 ) -> ExactShape:
     """The best splits of a pipelined replica shape below ``beat`` (module docstring). ``stage_models_for(ms)``
-    gives the per-group stage models for micro-batch counts ``ms``; ``tails``: micro_batch_choices'."""
+    gives the per-group stage models for micro-batch counts ``ms``; ``tails``, ``bottlenecks``: micro_batch_choices'."""
     ranges = micro_batch_range(M, counts, work, pp, beat)
     if ranges is None:
         return ExactShape([], True, float("inf"))
@@ -383,7 +394,7 @@ def exact_splits(
     if all(lo >= pp for lo, _ in ranges) and not enumerate_steady:
         return ExactShape([], True, float("inf"))
     # counts where some replica runs fewer than pp micro-batches (fewer in flight): one model per choice
-    choices, complete = micro_batch_choices(M, counts, work, pp, beat, tails)
+    choices, complete = micro_batch_choices(M, counts, work, pp, beat, tails, bottlenecks)
     splits: list[ShapeSplit] = []
     best = beat
     # an enumeration cut short bounds nothing it did not visit (the caller keeps the shape's own bound)

@@ -323,14 +323,29 @@ def _probe_models(ctx, cand: ReplicaCandidate, ms, stages=None) -> list[list[Sta
     return replica_stage_models(job, probe, ctx.costs, stages)
 
 
-def _tail_floors(ctx, cand: ReplicaCandidate) -> list[float]:
-    """Per replica group of the shape, a floor under its D_g + O_g (replica_partition's model: the largest exposed
-    DP tail and optimizer step of its stages, at least their sum on the stage holding the most layers, which holds
-    at least ceil(L / pp)): the least TailProfile reach there over the stage positions, every layer recomputed (the
-    longest window hides the most: valid at any recompute; MixedContext.tail_floor)."""
+def _tail_floors(ctx, cand: ReplicaCandidate, per: list[list[StageModel]]) -> list[float]:
+    """Per replica group of the shape (``per``: its stage models), a floor under its D_g + O_g (replica_partition's
+    model: the largest exposed DP tail and optimizer step of its stages, at least their sum on the stage holding the
+    most layers, which holds at least ceil(L / pp)): the least TailProfile reach there over the stage positions,
+    every layer recomputed (the longest window hides the most: valid at any recompute; MixedContext.tail_floor)."""
     most = -(-ctx.job.model.num_layers // cand.pp)
-    per = _probe_models(ctx, cand, [cand.pp] * len(cand.counts))
     return [min(ctx.tail_profile(sm, s, math.inf).reach[most] for s, sm in enumerate(sms)) for sms in per]
+
+
+def _with_sends(work, per: list[list[StageModel]]) -> list[float]:
+    """Each group's micro_batch_work plus its stages' pipeline sends (StageModel.pp_time, which every stage's time
+    adds in replica_partition's model, as in planner/search/partition.py): the least sum_i t_gi of a replica of g,
+    so that its micro-batch choices' floor, (m + pp - 1) sum_i t_gi / pp, counts the sends too."""
+    return [w + sum(sm.pp_time for sm in sms) for w, sms in zip(work, per)]
+
+
+def choice_floor_terms(ctx, cand: ReplicaCandidate, work) -> tuple[list[float], list[float], list[float]]:
+    """What replica_partition.micro_batch_choices bounds each micro-batch choice of a pipelined shape with, per
+    replica group: its least sum of stage times (micro_batch_work and the sends: _with_sends), its least D_g + O_g
+    (_tail_floors) and its least slowest stage (quick.integer_bottleneck: its layers alone, at any split). None of
+    them depends on the counts (the stage models at pp in flight stand for all)."""
+    per = _probe_models(ctx, cand, [cand.pp] * len(cand.counts))
+    return _with_sends(work, per), _tail_floors(ctx, cand, per), [quick.integer_bottleneck(sms[0]) for sms in per]
 
 
 def _exact_shape(ctx, cand: ReplicaCandidate, best, remaining: float, workers: int, beat: float, work):
@@ -341,12 +356,13 @@ def _exact_shape(ctx, cand: ReplicaCandidate, best, remaining: float, workers: i
     job = ctx.job
     shape = (cand.tp, cand.cp, cand.pp, cand.mbs)
     counts = cand.counts
+    work, tails, bottlenecks = choice_floor_terms(ctx, cand, work)
     found = exact_splits(
         lambda ms: _probe_models(ctx, cand, ms),
         [ctx.capacity(g) for g, _ in counts],
         job.training.global_batch_size // cand.mbs,
         counts,
-        list(work),
+        work,
         cand.pp,
         beat * (1 + RESOLUTION),
         time.monotonic() + remaining,
@@ -354,7 +370,8 @@ def _exact_shape(ctx, cand: ReplicaCandidate, best, remaining: float, workers: i
         even_layers=ctx.opts.even_layers,
         uniform_recompute=ctx.opts.uniform_recompute,
         workers=workers,
-        tails=_tail_floors(ctx, cand),
+        tails=tails,
+        bottlenecks=bottlenecks,
     )
     for split in found.splits:
         dims = _replica_dims(
