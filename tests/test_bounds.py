@@ -854,6 +854,12 @@ def test_whole_chunk_bottleneck_of_groups_with_open_choices_is_below_every_choic
     assert tighter
 
 
+def windows_of(moe: list[bool]) -> tuple[list[int], list[int]]:
+    """(fewest, most) MoE layers in any n consecutive layers of a kind sequence, n = 0..L (moe_windows' form)."""
+    L = len(moe)
+    return tuple([f([sum(moe[i : i + n]) for i in range(L - n + 1)]) for n in range(L + 1)] for f in (min, max))
+
+
 def test_block_bottleneck_is_below_every_split_into_consecutive_layers():
     """mixed_pipeline_bounds.block_bottleneck against every split of a random dense/MoE layer sequence into
     consecutive blocks, one per stage (at most caps_s layers each): the slowest stage is at or above the bound; and
@@ -870,7 +876,7 @@ def test_block_bottleneck_is_below_every_split_into_consecutive_layers():
         leading = rng.random() < 0.5  # dense layers first, then only MoE layers (ModelSpec.all_moe_from)
         D = rng.randint(0, L)
         moe = [i >= D for i in range(L)] if leading else [rng.random() < 0.5 for _ in range(L)]
-        windows = tuple([f([sum(moe[i : i + n]) for i in range(L - n + 1)]) for n in range(L + 1)] for f in (min, max))
+        windows = windows_of(moe)
         xs = [rng.uniform(0.5, 2.0) for _ in range(P)]
         ys = [x * rng.uniform(0.5, 3.0) for x in xs]
         c = [rng.uniform(0.0, 1.0) for _ in range(P)]
@@ -938,9 +944,7 @@ def test_sequence_holds_exactly_where_a_split_into_consecutive_runs_does():
         if best < float("inf"):
             xs = [t.x for _, _, t in blocks]
             ys = [t.y for _, _, t in blocks]
-            windows = tuple(
-                [f([sum(moe[i : i + n]) for i in range(L - n + 1)]) for n in range(L + 1)] for f in (min, max)
-            )
+            windows = windows_of(moe)
             plain = [(ci, k, t._replace(room=float("inf"))) for ci, k, t in blocks]  # (block_bottleneck: no memory)
             T = block_bottleneck(xs, ys, windows, [ci for ci, _, _ in blocks], [k for _, k, _ in blocks], L)
             tighter += not sequence_holds(plain, before, T * (1 + 1e-4))

@@ -146,7 +146,7 @@ class MixedCaches:
     replica_shapes: dict = field(default_factory=dict)  # replicas.shapes: the enumeration below a bound, by bound
     replica_blocks: dict = field(default_factory=dict)  # replicas._shapes: per (tp, cp, mbs, base), its work terms
     moe_windows: dict = field(default_factory=dict)  # moe_windows, by the first layer (window_start)
-    kind_memory: dict = field(default_factory=dict)  # mixed_pipeline_bounds._kind_memory_times
+    kind_memory: dict = field(default_factory=dict)  # mixed_pipeline_bounds._kind_memory_times, by BlockTerms
     block_terms: dict = field(default_factory=dict)  # mixed_pipeline_bounds._block_terms
     window_arrays: dict = field(default_factory=dict)  # moe_window_arrays, by the first layer
     ep_ok: dict = field(default_factory=dict)  # replicas.replica_ep_options: ep_error is None, by (ep, d, cp)
@@ -382,7 +382,7 @@ class ZeroTerms:
         if hit is None:
             room = self.memory_terms(after, vpp)[0]
             hit = self.kind_memory[inflight] = kind_memory_times(
-                self.sm, room, inflight, False, False, 0.0, self.windows
+                block_terms(self.sm, room, inflight, False, False, 0.0), self.windows
             )
         return hit
 
@@ -606,18 +606,22 @@ class BlockTerms(NamedTuple):
     rho: float
     room: float
 
-    def time(self, n: int, e: int) -> float:
-        """Least seconds on n layers of which e are MoE ones when the stage recomputes just enough to fit:
-        d*x + e*y + rho * max(0, d*ad + e*ae - room) (d = n - e), inf where even every layer recomputed needs
-        more than the room (see kind_memory_times)."""
+    def cost(self, n: int, e: int) -> float:
+        """d*x + e*y + rho * max(0, d*ad + e*ae - room) (d = n - e): the least seconds on n layers of which e are
+        MoE ones when the stage recomputes just enough to fit (inf where it must recompute and nothing frees
+        memory), whether or not even every layer recomputed fits (time checks that)."""
         d = n - e
-        if d * self.lean_d + e * self.lean_e > self.room * (1 + 1e-12):
-            return float("inf")
         value = d * self.x + e * self.y
         over = d * self.ad + e * self.ae - self.room
         if over > 0:
-            value += self.rho * over  # (inf * over where nothing recomputes: then it cannot fit)
+            value += self.rho * over
         return value
+
+    def time(self, n: int, e: int) -> float:
+        """cost, inf where even every layer recomputed needs more than the room (see kind_memory_times)."""
+        if (n - e) * self.lean_d + e * self.lean_e > self.room * (1 + 1e-12):
+            return float("inf")
+        return self.cost(n, e)
 
 
 def block_terms(sm: StageModel, room: float, inflight: float, first: bool, last: bool, lift: float) -> BlockTerms:
@@ -634,12 +638,10 @@ def block_terms(sm: StageModel, room: float, inflight: float, first: bool, last:
     return BlockTerms(kd.layer_floor() + lift, ke.layer_floor() + lift, ad, ae, ad - bd, ae - be, rho, room)
 
 
-def kind_memory_times(
-    sm: StageModel, room: float, inflight: float, first: bool, last: bool, lift: float, windows
-) -> tuple:
-    """For a model with dense and MoE layers, the least seconds a stage (at this position, keeping ``inflight``
-    micro-batches, with ``room`` allocatable bytes left for layers) spends on n of its layers (n = 1..L, index
-    n - 1) when it recomputes just enough to fit, made to grow with n (the least over n or more layers).
+def kind_memory_times(terms: BlockTerms, windows) -> tuple:
+    """For a model with dense and MoE layers, the least seconds a stage (its BlockTerms: block_terms at its
+    position, in-flight micro-batches and room) spends on n of its layers (n = 1..L, index n - 1) when it
+    recomputes just enough to fit, made to grow with n (the least over n or more layers).
     Its n layers hold e MoE layers, fewest[n] <= e <= most[n] (``windows``: moe_windows), and need
     d*alpha_d + e*alpha_e bytes (d = n - e; quick.memory_term per kind, at the stage's in-flight count) of its
     room; recompute frees beta bytes per layer at rc seconds, at best rho = min rc/beta seconds per byte, so the
@@ -648,8 +650,7 @@ def kind_memory_times(
     BlockTerms.time). That is convex in e: its least lies at an end of the feasible e or next to where the
     recompute starts. With the dense layers counted, a model whose dense layers hold as much activation memory as
     its MoE ones (Llama 4: every other layer) is no longer bounded by its MoE layers alone (_memory_bottleneck)."""
-    terms = block_terms(sm, room, inflight, first, last, lift)
-    ad, ae, lean_d, lean_e = terms.ad, terms.ae, terms.lean_d, terms.lean_e
+    ad, ae, lean_d, lean_e, room = terms.ad, terms.ae, terms.lean_d, terms.lean_e, terms.room
     fewest, most = windows
     inf = float("inf")
     times = []
@@ -673,11 +674,8 @@ def kind_memory_times(
             low, high = math.floor(kink), math.ceil(kink)
             points = (lo, hi, low if lo <= low <= hi else lo, high if lo <= high <= hi else hi)
         best = inf
-        for e in points:
-            over = (n - e) * ad + e * ae - room
-            if over > 0 and terms.rho == inf:
-                continue
-            value = (n - e) * terms.x + e * terms.y + (terms.rho * over if over > 0 else 0.0)
+        for e in points:  # (e within the feasible range: cost, not time)
+            value = terms.cost(n, e)
             if value < best:
                 best = value
         times.append(best)

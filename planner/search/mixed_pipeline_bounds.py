@@ -1238,18 +1238,16 @@ def _memory_bottleneck(heavy, need: int, cst: list[float], m, probe: float | Non
 
 
 def _kind_memory_times(ctx: MixedContext, sm: StageModel, g: int, s: int, lift: float) -> tuple:
-    """mixed_context.kind_memory_times of stage s on group g's GPU, memoized."""
-    first, last, inflight = s == 0, s == sm.dims.pp - 1, sm.inflight(s)
-    key = (sm.form_cache, inflight, first, last, g, lift)
-    hit = ctx.caches.kind_memory.get(key)
+    """mixed_context.kind_memory_times of stage s on group g's GPU (its _block_terms), memoized."""
+    terms = _block_terms(ctx, sm, g, s, lift)
+    hit = ctx.caches.kind_memory.get(terms)
     if hit is None:
-        room = sm.allocatable(ctx.capacity(g)) - sm.allocated_memory(first, last).const(inflight)
-        hit = ctx.caches.kind_memory[key] = kind_memory_times(sm, room, inflight, first, last, lift, moe_windows(ctx))
+        hit = ctx.caches.kind_memory[terms] = kind_memory_times(terms, moe_windows(ctx))
     return hit
 
 
 def _block_terms(ctx: MixedContext, sm: StageModel, g: int, s: int, lift: float) -> BlockTerms:
-    """mixed_context.block_terms of stage s on group g's GPU, memoized (as _kind_memory_times)."""
+    """mixed_context.block_terms of stage s on group g's GPU, memoized."""
     first, last, inflight = s == 0, s == sm.dims.pp - 1, sm.inflight(s)
     key = (sm.form_cache, inflight, first, last, g, lift)
     hit = ctx.caches.block_terms.get(key)

@@ -332,20 +332,15 @@ def _tail_floors(ctx, cand: ReplicaCandidate, per: list[list[StageModel]]) -> li
     return [min(ctx.tail_profile(sm, s, math.inf).reach[most] for s, sm in enumerate(sms)) for sms in per]
 
 
-def _with_sends(work, per: list[list[StageModel]]) -> list[float]:
-    """Each group's micro_batch_work plus its stages' pipeline sends (StageModel.pp_time, which every stage's time
-    adds in replica_partition's model, as in planner/search/partition.py): the least sum_i t_gi of a replica of g,
-    so that its micro-batch choices' floor, (m + pp - 1) sum_i t_gi / pp, counts the sends too."""
-    return [w + sum(sm.pp_time for sm in sms) for w, sms in zip(work, per)]
-
-
 def choice_floor_terms(ctx, cand: ReplicaCandidate, work) -> tuple[list[float], list[float], list[float]]:
     """What replica_partition.micro_batch_choices bounds each micro-batch choice of a pipelined shape with, per
-    replica group: its least sum of stage times (micro_batch_work and the sends: _with_sends), its least D_g + O_g
-    (_tail_floors) and its least slowest stage (quick.integer_bottleneck: its layers alone, at any split). None of
-    them depends on the counts (the stage models at pp in flight stand for all)."""
+    replica group: its least sum of stage times (``work``, micro_batch_work, plus its stages' pipeline sends,
+    StageModel.pp_time, which every stage's time adds in replica_partition's model as in planner/search/partition.py),
+    its least D_g + O_g (_tail_floors) and its least slowest stage (quick.integer_bottleneck: its layers alone, at any
+    split). None of them depends on the counts (the stage models at pp in flight stand for all)."""
     per = _probe_models(ctx, cand, [cand.pp] * len(cand.counts))
-    return _with_sends(work, per), _tail_floors(ctx, cand, per), [quick.integer_bottleneck(sms[0]) for sms in per]
+    sums = [w + sum(sm.pp_time for sm in sms) for w, sms in zip(work, per)]
+    return sums, _tail_floors(ctx, cand, per), [quick.integer_bottleneck(sms[0]) for sms in per]
 
 
 def _exact_shape(ctx, cand: ReplicaCandidate, best, remaining: float, workers: int, beat: float, work):
