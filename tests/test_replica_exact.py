@@ -15,7 +15,12 @@ from planner.parallel import group_order
 from planner.search.mixed_context import MixedContext
 from planner.search.partition import cp_sat
 from planner.search.quick import RESOLUTION
-from planner.search.replica_partition import _copy_model, micro_batch_choices, micro_batch_range
+from planner.search.replica_partition import (
+    _copy_model,
+    _solve_time_then_ties,
+    micro_batch_choices,
+    micro_batch_range,
+)
 from planner.search.replicas import (
     ReplicaCandidate,
     _exact_shape,
@@ -80,6 +85,28 @@ def test_the_exact_split_of_a_pipelined_replica_shape_is_the_brute_force_optimum
     assert proven and open_s == float("inf")
     assert expected < float("inf") and est is not None
     assert est.iteration_time_s == pytest.approx(expected, rel=RESOLUTION)
+
+
+@pytest.mark.parametrize("workers", [1, 4])
+def test_time_then_ties_is_the_least_tiebreak_among_the_fastest(workers):
+    """Many assignments share the least time; the two-step solve proves that time and returns the one with the
+    least tie-break, the lexicographic optimum found by enumerating every assignment."""
+    cp = cp_sat()
+    m = cp.CpModel()
+    xs = [m.new_int_var(0, 4, f"x{i}") for i in range(4)]
+    m.add(sum(xs) == 8)
+    time = m.new_int_var(0, 100, "time")
+    m.add_max_equality(time, [xs[0] + xs[1], xs[2] + xs[3]])
+    tiebreak = sum((4 - i) * x for i, x in enumerate(xs))
+    m.minimize(time)
+    solver = cp.CpSolver()
+    solver.parameters.num_workers = workers
+    solver.parameters.max_time_in_seconds = 30
+    status, bound = _solve_time_then_ties(solver, m, time, tiebreak)
+    every = [v for v in itertools.product(range(5), repeat=4) if sum(v) == 8]
+    best = min((max(v[0] + v[1], v[2] + v[3]), sum((4 - i) * x for i, x in enumerate(v)), v) for v in every)
+    assert status == cp.OPTIMAL and bound == best[0]
+    assert tuple(solver.value(x) for x in xs) == best[2]
 
 
 @pytest.mark.parametrize("shape", [(1, 1, 2, 1), (1, 1, 4, 1)])
