@@ -107,12 +107,13 @@ HETERO_ZERO = (1, 0, 3)
 DIVE = 0.05
 # The first look at the replica plans (before the mixed pipelines) takes at most this many steps of their
 # best-first search (search_replicas' ``look``), its candidates split greedily: a count, not seconds, so that the
-# first cut of the mixed pipelines, and with it their solve and prune counts, is the same on any machine. Where a
-# replica plan is the best, the look finds it in its first steps (bench_hetero --suite, seed 0: a look without a
-# bound makes its last improvement within 1,000 steps on 47 of the 52 jobs, and takes 0.03-2.7 s with the shape
-# enumeration); where it is not, a longer look only delays the mixed search (Llama 4 Maverick on four types:
-# 23,731 steps to a plan 14x slower than the best).
-REPLICA_LOOK = 1000
+# first cut of the mixed pipelines, and with it their solve and prune counts, is the same on any machine. A cut
+# saves the mixed pipelines more than the look costs where a replica plan is the best or close to it: on the suite
+# (bench_hetero --suite, seeds 0-3) 5,000 steps instead of 1,000 took seed-1 job 31 (a replica plan is the best, its
+# first after 3,197 steps) from 24.7 to 15.5 s and seed-2 jobs 16 and 40 (first plans 6% and 10% above the best)
+# from 8.5 and 5.8 s to 4.3 and 1.9 s; where the replica plans are far from the best, the longer look costs up to
+# 1.2 s (seed-3 job 10: 1.0 -> 2.2 s, its look's plan 44% above the best).
+REPLICA_LOOK = 5000
 # Work units of the mixed search's steps, for lockstep's epochs, each about 60-120 microseconds on the slow suite
 # jobs (measured by kind of step on jobs 4, 13, 19 and 46): a node out of line, a bound worked out for a node put in
 # line, and on top of that a TP-choice node's memory terms and an open family's bound (per ZeRO stage), a
