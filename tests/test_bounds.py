@@ -1722,3 +1722,24 @@ def test_capped_rate_is_the_most_any_stage_set_within_the_cap_takes():
         assert capped_rate(a, hi, most) == pytest.approx(best, rel=1e-12)
         below += best < sum(k / x for k, x in zip(hi, a)) * (1 - 1e-9)
     assert below
+
+
+def test_a_memoized_stage_row_is_the_one_of_its_own_position():
+    """_stage_row shares a stage's refined-bound terms across positions and depths; with three leading dense layers
+    a stage at position 1 may hold dense layers and one at position 3 or later holds MoE layers only (its DP tail
+    floor, read off the tail profile from its window start, differs), so the memo must tell them apart: every row
+    it returns, over every candidate in the search's order, is the one worked out afresh for that position."""
+    from planner.search.mixed_pipeline_bounds import _stage_bound, _stage_bounds
+
+    model = {**SMALL_MOE, "name": "moe-8", "num_layers": 8, "moe": {**SMALL_MOE["moe"], "first_dense_layers": 3}}
+    j = mixed_job(model, gbs=8)
+    ctx = search_context(j)
+    cache: dict = {}
+    differ = 0
+    for _, _, c in candidates_with_bounds(ctx):
+        sms = mixed_pipelines._stage_models(ctx, c, cache)
+        for i, (row, sm, g) in enumerate(zip(_stage_bounds(ctx, c, sms), sms, c.stage_groups)):
+            fresh = _stage_bound(ctx, sm, g, i)
+            assert row == fresh, (c, i)
+            differ += i in (1, 2) and fresh.tail != _stage_bound(ctx, sm, g, 3).tail if c.pp > 3 else 0
+    assert differ  # the positions' tails do differ somewhere

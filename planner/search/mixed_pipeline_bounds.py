@@ -24,6 +24,7 @@ from planner.search.mixed_context import (
     block_terms,
     kind_memory_times,
     moe_windows,
+    window_start,
 )
 from planner.search.quick import layer_slack
 
@@ -869,9 +870,10 @@ def _stage_bound(ctx: MixedContext, sm: StageModel, g: int, s: int) -> StageRow:
 
 def _stage_row(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel], g: int, i: int) -> StageRow:
     """_stage_bound of stage i, memoized per position and across depths (as MixedContext.stage_terms: the terms
-    depend on the depth only through the in-flight count and the ends)."""
+    depend on the depth only through the in-flight count and the ends, and on the position through the first layer
+    the stage may hold, mixed_context.window_start, which its DP tail's layer mixes start from)."""
     sm = sms[i]
-    key = (sm.form_cache, sm.inflight(i), i == 0, i == c.pp - 1, c.vpp)
+    key = (sm.form_cache, sm.inflight(i), i == 0, i == c.pp - 1, c.vpp, window_start(ctx.job.model, i))
     row = ctx.caches.stage_bound.get(key)
     if row is None:
         row = ctx.caches.stage_bound[key] = _stage_bound(ctx, sm, g, i)
