@@ -1743,3 +1743,23 @@ def test_a_memoized_stage_row_is_the_one_of_its_own_position():
             assert row == fresh, (c, i)
             differ += i in (1, 2) and fresh.tail != _stage_bound(ctx, sm, g, 3).tail if c.pp > 3 else 0
     assert differ  # the positions' tails do differ somewhere
+
+
+def test_the_box_tail_of_the_first_and_last_stages_holds_for_every_plan(monkeypatch):
+    """A box of two or more stages takes the DP tail of the pipeline's first stage (the embedding's gradients, over
+    the few layers its memory leaves it) and of its last (past three leading dense layers, MoE layers only):
+    ZeroTerms.end_tails. It raises some candidate's box bound above the one without it, and every bound of those
+    candidates stays at most their brute-force best plan."""
+    from planner.search.mixed_context import ZeroTerms
+
+    model = {**SMALL_MOE, "name": "moe-8", "num_layers": 8, "moe": {**SMALL_MOE["moe"], "first_dense_layers": 3}}
+    j = mixed_job(model, gbs=8)
+    L = j.model.num_layers
+    found = candidates_with_bounds(search_context(j))
+    monkeypatch.setattr(ZeroTerms, "end_tails", lambda self, after_first, vpp=1: (0.0, 0.0))
+    bare = candidates_with_bounds(search_context(j))
+    monkeypatch.undo()
+    raised = [x for x, y in zip(found, bare) if x[0][-1] > y[0][-1] * (1 + 1e-9)]
+    assert raised and all(x[2] == y[2] for x, y in zip(found, bare))
+    assert all(c.pp >= 2 and sum(k for _, _, k in c.groups) <= L for _, _, c in raised)
+    assert_bounds_hold(search_context(j), random.Random(7).sample(raised, min(40, len(raised))))

@@ -289,8 +289,10 @@ class ZeroTerms:
         return self._lines[3]
 
     @functools.cached_property
-    def _tails(self) -> tuple[tuple[float, ...], tuple[float, ...], float]:
-        return self.make_tails() if self.make_tails is not None else ((), (), float("inf"))
+    def _tails(self) -> tuple:
+        if self.make_tails is None:
+            return (), (), float("inf"), None, None
+        return self.make_tails()
 
     def tail(self, vpp: int = 1) -> float:
         """The least exposed DP tail of any of the group's stages in a pipeline of ``vpp`` model chunks per stage
@@ -302,8 +304,24 @@ class ZeroTerms:
         """Per layer count n = 1..L (index n - 1), the least DP tail a stage of this group holding n or more layers
         has (TailProfile.reach, the least over the first, a middle and the last stage), as tail: with recompute
         paid for in the schedule's sum up to the vpp where that holds, else with every layer recomputed."""
-        paid, every, pays_up_to = self._tails
+        paid, every, pays_up_to = self._tails[:3]
         return paid if vpp <= pays_up_to else every
+
+    def end_tails(self, after_first: int, vpp: int = 1) -> tuple[float, float]:
+        """(first, last): the least DP tail of this group's stage at the start of a pipeline with at least
+        ``after_first`` stages after it (it also holds the embedding's parameters, and at most room(after_first, 1)
+        layers: fewer layers hide less of its communication behind their backward) and of its stage at the end of
+        such a pipeline (the logits'; at most room(0, 1) layers, from layer after_first on), as ``reach`` takes
+        them."""
+        _, _, pays_up_to, paid, every = self._tails
+        if paid is None:
+            return 0.0, 0.0
+        first, last = paid if vpp <= pays_up_to else every
+
+        def held(within, after: int) -> float:
+            return within[int(min(max(1.0, self.room(after, 1, vpp)), len(within))) - 1]
+
+        return held(first, after_first), held(last[min(max(after_first, 1), len(last) - 1)], 0)
 
     def room(self, after: int, count: int, vpp: int = 1) -> float:
         """Most layers ``count`` stages of this group can hold when at least ``after`` stages follow them, in a
@@ -433,17 +451,33 @@ def _zero_lines(ctx: MixedContext, sm: StageModel) -> tuple[float, float, float,
     return min(z for z, _ in lines), first, last, slopes
 
 
-def _zero_tails(ctx: MixedContext, sm: StageModel, L: int) -> tuple[tuple[float, ...], tuple[float, ...], float]:
-    """ZeroTerms' (paid_reach, any_reach, pays_up_to): per layer count n = 1..L, the least tail any of the first, a
-    middle and the last stage (at any depth >= 2) has holding n or more layers, with recompute paid for in the
-    schedule's sum and with every layer recomputed, and the largest vpp at which the first holds."""
+def _zero_tails(ctx: MixedContext, sm: StageModel, L: int) -> tuple:
+    """ZeroTerms' (paid_reach, any_reach, pays_up_to, paid_ends, any_ends): per layer count n = 1..L, the least
+    tail any of the first, a middle and the last stage (at any depth >= 2) has holding n or more layers, with
+    recompute paid for in the schedule's sum and with every layer recomputed; the largest vpp at which the first
+    holds; and, each way, per n the least tail of the first stage (it also holds the embedding) holding 1 to n
+    layers, and the same of the last stage (the logits) by the first layer it may hold, 0 up to the leading dense
+    layers (window_start: a last stage past them holds MoE layers only)."""
+    import numpy as np
+
     # the first stage, a middle and the last one of a 3-stage model: the latter two start at layer 1 or later
     paid = [ctx.tail_profile(sm, s, 1, start=min(s, 1)) for s in range(3)]
     every = [ctx.tail_profile(sm, s, math.inf, start=min(s, 1)) for s in range(3)]
+    lead = window_start(ctx.job.model, L)  # (past it every start reads the same layer mixes)
+
+    def within(profile) -> tuple[float, ...]:
+        return tuple(np.minimum.accumulate(np.asarray(profile.at[1:], dtype=float)).tolist())
+
+    def ends(vpp: float) -> tuple:
+        first = within(ctx.tail_profile(sm, 0, vpp, start=0))
+        return first, tuple(within(ctx.tail_profile(sm, 2, vpp, start=s)) for s in range(lead + 1))
+
     return (
         tuple(map(min, *(p.reach[1:] for p in paid))),
         tuple(map(min, *(p.reach[1:] for p in every))),
         min(ctx.recompute_pays(sm, s) for s in range(3)),
+        ends(1),
+        ends(math.inf),
     )
 
 

@@ -717,7 +717,7 @@ class _Family:
         args = (a, lo, hi, ends, L, self.mb, self.send, v)
         kw = {"mix": mix, "whole": True, "max_stages": self.deepest}
         if sum(lo) >= 2:  # the schedule and the largest DP tail bounded together (box_schedule_with_tail)
-            kw["tails"] = lambda: BoxTails(self._reaches(zt), self._levels(zt), self._box_tail(zt, hi, L))
+            kw["tails"] = lambda: BoxTails(self._reaches(zt), self._levels(zt), self._box_tail(zt, lo, hi, L))
         plain, reach = box_bound_reach(*args, **kw, target=target)
         if plain >= target:
             return plain
@@ -813,16 +813,28 @@ class _Family:
         """The DP tail floor of the used groups at the family's vpp: the largest of their least tails."""
         return max(z.tail(self.vpp) for z in zt)
 
-    def _box_tail(self, zt: tuple[ZeroTerms, ...], hi, L: int) -> float:
-        """The DP tail floor of a box of two or more stages: _tail, and the least largest tail at which at most hi
-        stages per group hold the layers (mixed_pipeline_bounds.tail_bottleneck). Memoized by hi (a halved box
-        keeps its parent's in one half)."""
+    def _box_tail(self, zt: tuple[ZeroTerms, ...], lo, hi, L: int) -> float:
+        """The DP tail floor of a box of two or more stages: _tail; the tails of the pipeline's first stage (it
+        holds the embedding, and with at least sum(lo) - 1 stages after it, few layers) and of its last (the
+        logits; past the leading dense layers, MoE layers only), on the first and last group in pipeline order, or
+        on any group while the order is open (ZeroTerms.end_tails); and the least largest tail at which at most hi
+        stages per group hold the layers (mixed_pipeline_bounds.tail_bottleneck). Memoized: the ends by the box's
+        least depth, the rest by hi (a halved box keeps its parent's in one half)."""
         key = ("tail", id(zt), hi)
         hit = self._box_memo.get(key)
         if hit is None:
-            levels = self._levels(zt)
-            hit = self._box_memo[key] = max(self._tail(zt), tail_bottleneck(self._reaches(zt), hi, L, levels, self.vpp))
-        return hit
+            bottleneck = tail_bottleneck(self._reaches(zt), hi, L, self._levels(zt), self.vpp)
+            hit = self._box_memo[key] = max(self._tail(zt), bottleneck)
+        key = ("ends", id(zt), sum(lo))
+        ends = self._box_memo.get(key)
+        if ends is None:
+            each = [z.end_tails(sum(lo) - 1, self.vpp) for z in zt]
+            if self.ordered:
+                ends = max(each[0][0], each[-1][1])
+            else:
+                ends = max(min(f for f, _ in each), min(x for _, x in each))
+            self._box_memo[key] = ends
+        return max(hit, ends)
 
     def _levels(self, zt: tuple[ZeroTerms, ...]) -> list[float]:
         """merged_levels of the used groups' DP tail reaches (the same for every box of the family: its zt are its
