@@ -477,3 +477,33 @@ def test_a_copied_split_model_is_the_model_and_leaves_it_alone():
         found.append((solver.Value(x), solver.Value(y), solver.Value(z)))
     assert found == [(3, 4, 10), (5, 2, 12)]
     assert len(base.Proto().variables) == 2 and len(base.Proto().constraints) == 1
+
+
+def test_a_later_pass_reads_the_choices_a_solve_proved(monkeypatch):
+    """A pipelined shape asked again (a later pass of the replica search) takes each micro-batch choice's split that
+    a solve proved from ctx.caches.replica_choices instead of solving it again, and gets the same plan and proof."""
+    import planner.cost.estimate as E
+    import planner.search.replica_partition as RP
+
+    job = replica_job()
+    shared = E.costs_by_group(job)
+    monkeypatch.setattr(E, "costs_by_group", lambda job, cal=None: shared)
+    ctx = MixedContext(job, SearchOptions(), None, cost_source(job), group_order(job.cluster))
+    shape, base, counts = (1, 1, 2, 1), "none", ((0, 2), (1, 1))
+    work = [micro_batch_work(ctx, g, 1, 1, 1, base) for g, _ in counts]
+    cand = ReplicaCandidate(*shape, 1, base, counts, 0.0)
+    solved = []
+    solve = RP.solve_split
+
+    def counted(per, caps, ms, *args, **kw):
+        if all(isinstance(m, int) for m in ms):  # a choice's solve (not the one with the counts as variables)
+            solved.append(ms)
+        return solve(per, caps, ms, *args, **kw)
+
+    monkeypatch.setattr(RP, "solve_split", counted)
+    first = _exact_shape(ctx, cand, None, 120.0, 1, float("inf"), work)
+    assert solved and ctx.caches.replica_choices[cand.key]
+    solved.clear()
+    again = _exact_shape(ctx, cand, None, 120.0, 1, float("inf"), work)
+    assert not solved
+    assert again[1:] == first[1:] and again[0].iteration_time_s == first[0].iteration_time_s

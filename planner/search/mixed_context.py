@@ -143,6 +143,7 @@ class MixedCaches:
     replica_floor: dict = field(default_factory=dict)  # replicas.pipeline_floor, by ReplicaCandidate.key
     replica_throughput: dict = field(default_factory=dict)  # replicas.throughput_floor, by ReplicaCandidate.key
     replica_exact: dict = field(default_factory=dict)  # replicas._exact_once: (cut, best plan) where proven
+    replica_choices: dict = field(default_factory=dict)  # replicas._exact_shape: each choice's proven split, by key
     replica_shapes: dict = field(default_factory=dict)  # replicas.shapes: the enumeration below a bound, by bound
     replica_blocks: dict = field(default_factory=dict)  # replicas._shapes: per (tp, cp, mbs, base), its work terms
     moe_windows: dict = field(default_factory=dict)  # moe_windows, by the first layer (window_start)

@@ -21,6 +21,7 @@ from dataclasses import dataclass
 
 from planner.cost.stage import StageModel
 from planner.search.partition import (
+    PRECISION,
     PartitionVars,
     Scale,
     _add_dp_tail,
@@ -372,9 +373,14 @@ def exact_splits(
     workers: int,
     tails: list[float] | None = None,
     bottlenecks: list[float] | None = None,
+    settled: dict | None = None,
 ) -> ExactShape:
     """The best splits of a pipelined replica shape below ``beat`` (module docstring). ``stage_models_for(ms)``
-    gives the per-group stage models for micro-batch counts ``ms``; ``tails``, ``bottlenecks``: micro_batch_choices'."""
+    gives the per-group stage models for micro-batch counts ``ms``; ``tails``, ``bottlenecks``: micro_batch_choices'.
+    ``settled``: the choices a solve proved, kept by the caller across calls (a later pass of the replica search,
+    under a lower cut, asks again): by counts, (cap, its optimal split and time, or None: none below the cap).
+    Once a choice's solve runs out of time without a split, the choices after it, which would have even less, are
+    left open (their bounds are the open bound)."""
     ranges = micro_batch_range(M, counts, work, pp, beat)
     if ranges is None:
         return ExactShape([], True, float("inf"))
@@ -426,6 +432,7 @@ def exact_splits(
     open_bound = float("inf") if complete else 0.0
     if not enumerate_steady:
         choices = [(lb, ms) for lb, ms in choices if min(ms) < pp]
+    settled = {} if settled is None else settled
     for i, (lb, ms) in enumerate(choices):
         if lb >= best:
             break
@@ -433,6 +440,12 @@ def exact_splits(
         if left <= 0:
             open_bound = min(open_bound, lb)
             break
+        known = settled.get(ms)
+        if known is not None and best <= known[0]:  # proven under a cap at least this one
+            if known[1] is not None and known[2] < best * (1 + PRECISION):
+                splits.append(known[1])
+                best = min(best, known[2])
+            continue
         split, status, bound = solve_split(
             models_for(ms),
             caps,
@@ -444,8 +457,12 @@ def exact_splits(
             workers=workers,
             **kw,
         )
+        if status in ("infeasible", "optimal"):
+            settled[ms] = (best, split, bound)
         if status in ("feasible", "unknown"):
             open_bound = min(open_bound, max(lb, bound))
+        if status == "unknown":
+            break  # out of time before a first split: the choices after it get less
         if split is not None:
             splits.append(split)
             if status == "optimal":

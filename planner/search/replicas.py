@@ -367,6 +367,7 @@ def _exact_shape(ctx, cand: ReplicaCandidate, best, remaining: float, workers: i
         workers=workers,
         tails=tails,
         bottlenecks=bottlenecks,
+        settled=ctx.caches.replica_choices.setdefault(cand.key, {}),
     )
     for split in found.splits:
         dims = _replica_dims(
