@@ -258,3 +258,42 @@ def test_frameworks_without_partial_recompute_checkpoint_every_layer():
     assert best.estimate.fits and best.estimate.dims.recompute == "full" and best.estimate.dims.stage_recompute is None
     free = search(j, top=1, time_limit_s=60, options=SearchOptions(zero_stages=(0, 1, 3), max_micro_batch=2))
     assert free.plans[0].time <= best.time * (1 + 1e-9)
+
+
+def test_a_solve_past_its_conflict_limit_goes_on_without_presolve_to_the_same_optimum(monkeypatch):
+    """A presolved solve stopped by PRESOLVED_CONFLICTS goes on without presolve from its best split
+    (partition._solve): with the limit at 0, every candidate of a memory-bound job (recompute counts to place) that
+    needs a conflict takes the second pass, and gets the same status, objective and bound within PRECISION as the
+    plain solve."""
+    import planner.search.partition as partition
+
+    j = job(
+        model={**SMALL_GPT, "num_layers": 6}, gpu={**TIGHT_GPU, "memory_gib": 6.0}, gbs=4, seq=8192, attention="eager"
+    )
+    costs = AnalyticCosts(j.cluster[0], j.training.precision)
+    capacity = j.cluster[0].gpu.memory_gib * (1 - SearchOptions().memory_margin)
+    opts = SearchOptions(zero_stages=(0, 1, 3), max_micro_batch=2).for_job(j)
+    cands, _, _ = enumerate_candidates(j, costs, opts)
+    seconds = []
+    real_new_solver = partition.new_solver
+
+    def counted(*args, **kwargs):
+        seconds.append(args)
+        return real_new_solver(*args, **kwargs)
+
+    plain, limited = [], []
+    for out, limit in ((plain, partition.PRESOLVED_CONFLICTS), (limited, 0)):
+        monkeypatch.setattr(partition, "PRESOLVED_CONFLICTS", limit)
+        monkeypatch.setattr(partition, "new_solver", counted)
+        seconds.clear()
+        for c in cands:
+            sm = StageModel(j, dims_for(j, c), costs)
+            out.append(solve_partition(sm, capacity, partial_recompute=True, time_limit_s=30))
+        calls = len(seconds)
+    assert calls > len(cands)  # (the second pass ran)
+    assert len(plain) == len(limited) > 0
+    for a, b in zip(plain, limited):
+        assert a.status == b.status
+        if a.plans is not None:
+            assert b.objective_s == pytest.approx(a.objective_s, rel=partition.PRECISION)
+            assert b.bound_s == pytest.approx(a.bound_s, rel=partition.PRECISION)
