@@ -311,6 +311,18 @@ def _check_one(job, p: dict, memory_margin: float, allow_cross_node_tp: bool | N
     return v
 
 
+def check_proof(result) -> list[str]:
+    """Each plan's status says what the search proved of its top list: optimal (with its equivalents) where it
+    stopped with the top K proven, feasible otherwise."""
+    want = "optimal" if result.stop_reason == "proven" else "feasible"
+    return [
+        f"plan {k}: status {q.status}, the search stopped {result.stop_reason}"
+        for k, p in enumerate(result.plans, start=1)
+        for q in (p, *p.equivalent)
+        if q.status != want
+    ]
+
+
 def check_result(job, result, memory_margin: float, *, top: int | None = None) -> list[str]:
     """The in-memory SearchResult, unrounded: every stage's peak within capacity + 1e-6 GiB, fits, finite and
     sorted times. Reads attributes only (no planner.cost import)."""
@@ -324,6 +336,7 @@ def check_result(job, result, memory_margin: float, *, top: int | None = None) -
         v.append(f"result plans not sorted by iteration time: {times}")
     if not _finite(result.gap) or result.gap < 0:
         v.append(f"result.gap = {result.gap!r}")
+    v += check_proof(result)
     for k, p in enumerate(plans, start=1):
         est = p.estimate
         if not _finite(est.iteration_time_s) or est.iteration_time_s <= 0:

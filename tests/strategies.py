@@ -287,6 +287,7 @@ def run_case(raw: dict, settings: SearchSettings, *, top: int = 3, time_limit_s:
 
 def run_mixed_case(raw: dict, settings: SearchSettings, *, top: int = 3, time_limit_s: float = 5.0):
     """Parse, run the mixed-GPU search and check every plan with tests/invariants_mixed.py."""
+    from invariants import check_proof
     from invariants_mixed import check_mixed_plan
 
     from planner.report.plan_json import plan_document
@@ -298,6 +299,7 @@ def run_mixed_case(raw: dict, settings: SearchSettings, *, top: int = 3, time_li
     violations = [
         f"plan {p['rank']}: {msg}" for p in doc["plans"] for msg in check_mixed_plan(job, p, settings.memory_margin)
     ] + settings.refusals(doc)
+    violations += check_proof(result)
     times = [p["estimate"]["iteration_time_s"] for p in doc["plans"]]
     if times != sorted(times):
         violations.append(f"plans not sorted by time: {times}")

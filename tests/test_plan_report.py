@@ -26,7 +26,7 @@ from planner.report.plan_json import plan_document
 from planner.search import homogeneous
 from planner.search.homogeneous import search
 from planner.search.quick import RESOLUTION
-from planner.search.result import Plan, keep_top, solve_limit, unproven
+from planner.search.result import Plan, keep_top, solve_limit, with_proof
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tests"))
@@ -76,7 +76,7 @@ def test_status_proven(small):
 def test_status_time_limit(small):
     j, result = small
     stopped = dataclasses.replace(
-        result, complete=False, gap=0.0123, stop_reason="time_limit", plans=[unproven(p) for p in result.plans]
+        result, complete=False, gap=0.0123, stop_reason="time_limit", plans=[with_proof(p, False) for p in result.plans]
     )
     text, doc = sentence(j, stopped)
     assert doc["search"]["stop_reason"] == "time_limit" and not doc["search"]["complete"]
@@ -89,7 +89,7 @@ def test_status_time_limit(small):
 def test_status_solve_cap(small):
     j, result = small
     capped = dataclasses.replace(
-        result, complete=False, gap=0.0042, stop_reason="solve_cap", plans=[unproven(p) for p in result.plans]
+        result, complete=False, gap=0.0042, stop_reason="solve_cap", plans=[with_proof(p, False) for p in result.plans]
     )
     text, doc = sentence(j, capped)
     assert doc["search"]["stop_reason"] == "solve_cap"

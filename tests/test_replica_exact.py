@@ -507,3 +507,30 @@ def test_a_later_pass_reads_the_choices_a_solve_proved(monkeypatch):
     again = _exact_shape(ctx, cand, None, 120.0, 1, float("inf"), work)
     assert not solved
     assert again[1:] == first[1:] and again[0].iteration_time_s == first[0].iteration_time_s
+
+
+def test_a_proven_search_reports_its_replica_plan_optimal():
+    """A replica shape's heuristic plan that the shape's own bound closes (no split of it is faster) is the proven best
+    when every other part of the space is bounded above it: the search stops proven and reports the plan optimal,
+    not feasible (seed-0 suite job 16: DeepSeek-V2 on four types, its best plan a replica plan)."""
+    from invariants import check_proof
+
+    from planner.search.mixed_pipelines import search_hetero
+
+    job = parse_job(
+        {
+            "model": "deepseek-v2",
+            "cluster": [
+                {"gpu": "a10", "nodes": 1, "gpus_per_node": 8},
+                {"gpu": "gb300", "nodes": 1, "gpus_per_node": 72},
+                {"gpu": "gb200", "nodes": 1, "gpus_per_node": 72},
+                {"gpu": "v100-32gb", "nodes": 4, "gpus_per_node": 8},
+            ],
+            "training": {"seq_length": 16384, "global_batch_size": 1024, "precision": "fp16", "optimizer": "adam"},
+        }
+    )
+    result = search_hetero(job, top=1, time_limit_s=120, processes=1)
+    assert result.stop_reason == "proven" and result.gap == 0.0
+    assert isinstance(result.plans[0].candidate, ReplicaCandidate)
+    assert result.plans[0].status == "optimal"
+    assert check_proof(result) == []

@@ -27,7 +27,7 @@ from planner.search.result import (
     solve_cap,
     solve_wall,
     stage_tuple,
-    unproven,
+    with_proof,
 )
 from planner.search.space import Candidate, SearchOptions, check_searchable, dims_for, enumerate_candidates
 from planner.spec import Job
@@ -146,7 +146,7 @@ def search(
         progress(len(cands), len(cands))
     timed_out = not complete  # only the deadline (of the enumeration or of this loop) clears it before here
     complete, open_bound = settle_open_solves(complete, open_bounds, best, top)
-    final = [p if complete else unproven(p) for p in best]
+    final = [with_proof(p, complete) for p in best]
     unexplored = cands[stopped_at].lower_bound_s if stopped_at < len(cands) else float("inf")
     unexplored = min(unexplored, open_bound)
     if not enumerated:

@@ -92,7 +92,7 @@ from planner.search.result import (
     solve_limit,
     solve_wall,
     stage_tuple,
-    unproven,
+    with_proof,
 )
 from planner.search.single_type import as_mixed_plan, best_single_type, better_single_type
 from planner.search.space import SearchOptions
@@ -1567,7 +1567,7 @@ def search_hetero(
     if rs is not None:
         open_parts += rs.open_parts(kth)
     proven = not open_parts
-    final = [p if proven else unproven(p) for p in best]
+    final = [with_proof(p, proven) for p in best]
     gap, reason, source = 0.0, "proven", None
     if open_parts:
         reason = min((r for _, r, _ in open_parts), key=STOP_REASONS.index)  # the most decisive

@@ -72,9 +72,13 @@ def stage_tuple(plans, base: str) -> tuple[tuple[int, ...], tuple[int, ...] | No
     return (layers, *stage_recompute(layers, [p.recomputed for p in plans], base))
 
 
-def unproven(plan: Plan) -> Plan:
-    """The plan (and its equivalents) reported as feasible: the top list it belongs to is not proven."""
-    return replace(plan, status="feasible", equivalent=[replace(e, status="feasible") for e in plan.equivalent])
+def with_proof(plan: Plan, proven: bool) -> Plan:
+    """The plan (and its equivalents) as the search reports it: optimal where the top list it belongs to is proven
+    (every part of the space left is bounded at or above the K-th best, so each plan is the k-th best whatever its
+    own solve or evaluation said: a replica shape's heuristic plan its bound closes, a solve stopped at its cap
+    whose bound reaches it), else feasible."""
+    status = "optimal" if proven else "feasible"
+    return replace(plan, status=status, equivalent=[replace(e, status=status) for e in plan.equivalent])
 
 
 # One CP-SAT solve may take at most this share of the search's time limit, so that one hard partition cannot
