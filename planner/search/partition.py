@@ -37,7 +37,7 @@ if TYPE_CHECKING:
 
 MIN_UNITS, MAX_UNITS = 1e6, 1e9  # integer time units per second: between a microsecond and a nanosecond
 PRECISION = 1e-4  # relative rounding error the time unit allows (quick.RESOLUTION)
-PRESOLVED_CONFLICTS = 1000  # conflicts of a presolved single-worker solve before it goes on without presolve (_solve)
+PRESOLVED_CONFLICTS = 5000  # conflicts of a presolved single-worker solve before it goes on without presolve (_solve)
 KIB = 1024.0
 MILLI = 1000  # overlaps with a fractional share are kept in thousandths of a time unit
 DUMP_ENV = "PLANNER_DUMP_CPSAT"
@@ -422,12 +422,16 @@ def _solve(built: PartitionModel, time_limit_s: float, workers: int, seed: int, 
     """CP-SAT on a built model: (the solver that answered, its status, the best objective bound either pass
     proved). One presolve pass: on the partition models of 9 mixed suite jobs and the shipped examples (249 models)
     the same status, objective and split, in 10-15% less solver time (most of a solve that proves no split beats the
-    cap is presolve). A single-worker solve that runs past PRESOLVED_CONFLICTS conflicts without its answer goes on
-    without presolve, from the best split it found (_hinted): on a few models the presolved search raises the
-    objective bound one conflict at a time, where the model as built is solved at once (seed-2 suite job 46, a
-    34-variable model: 10 s to its wall cap, 18,000 conflicts, against 0.13 s; seed-1 job 42: 0.77 s, 4,924
-    conflicts, against 0.05 s; of 117 dumped models of 7 suite jobs these two are the only ones past 1,000
-    conflicts, the median 6). A conflict count stops the first pass at the same point on any machine."""
+    cap is presolve). A single-worker solve that runs past PRESOLVED_CONFLICTS conflicts without its answer is solved
+    again without presolve (its split kept where the second pass finds none as good): on a few models the presolved
+    search raises the objective bound one conflict at a time, where the model as built is solved at once (seed-2
+    suite job 46, a 34-variable model: 10 s to its wall cap, 18,000 conflicts, against 0.13 s; seed-1 job 42: 0.77
+    s, 4,924 conflicts, against 0.05 s; of 117 dumped models of 7 suite jobs these two are the only ones past 1,000
+    conflicts, the median 6). Not every such model is solved faster without presolve, so the limit is set high:
+    seed-4 job 26's 1,940-conflict model takes 0.19 s presolved and 1.4 s without (1,000 as the limit: the job 4.7 ->
+    5.9 s), seed-4 job 13's 4,548-conflict one 0.33 s and 0.51 s, its 6,648-conflict one 0.56 s and 0.05 s. The
+    first pass's split as the second's hint was tried: 2.0 s instead of 0.51 on the 4,548-conflict model. A conflict
+    count stops the first pass at the same point on any machine."""
     cp_model = cp_sat()
     solver = new_solver(time_limit_s, workers, seed, work_limit)
     solver.parameters.max_presolve_iterations = 1
@@ -441,22 +445,14 @@ def _solve(built: PartitionModel, time_limit_s: float, workers: int, seed: int, 
     left_work = None if work_limit is None else work_limit - solver.ResponseProto().deterministic_time
     if left_s <= 0 or (left_work is not None and left_work <= 0):
         return solver, status, bound
-    if status == cp_model.FEASIBLE:
-        _hinted(built.model, solver)
     second = new_solver(left_s, workers, seed, left_work)
     second.parameters.cp_model_presolve = False
     again = second.Solve(built.model)
-    if again not in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.INFEASIBLE):
+    if again not in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.INFEASIBLE) or (
+        again == cp_model.FEASIBLE and status == cp_model.FEASIBLE and solver.ObjectiveValue() < second.ObjectiveValue()
+    ):
         return solver, status, bound  # (the first pass's split, if any, stands)
     return second, again, bound
-
-
-def _hinted(model: cp_model.CpModel, solver: cp_model.CpSolver) -> None:
-    """The solver's best solution as the model's hint (every variable)."""
-    values = solver.ResponseProto().solution
-    model.ClearHints()
-    for i, value in enumerate(values):
-        model.AddHint(model.GetIntVarFromProtoIndex(i), value)
 
 
 def build_partition_model(
