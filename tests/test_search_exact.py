@@ -261,10 +261,10 @@ def test_frameworks_without_partial_recompute_checkpoint_every_layer():
 
 
 def test_a_solve_past_its_conflict_limit_goes_on_without_presolve_to_the_same_optimum(monkeypatch):
-    """A presolved solve stopped by PRESOLVED_CONFLICTS goes on without presolve from its best split
+    """A presolved solve with a plan to beat, stopped by PRESOLVED_CONFLICTS, is solved again without presolve
     (partition._solve): with the limit at 0, every candidate of a memory-bound job (recompute counts to place) that
     needs a conflict takes the second pass, and gets the same status, objective and bound within PRECISION as the
-    plain solve."""
+    plain solve; without a cap (no plan to beat) none does."""
     import planner.search.partition as partition
 
     j = job(
@@ -281,16 +281,18 @@ def test_a_solve_past_its_conflict_limit_goes_on_without_presolve_to_the_same_op
         seconds.append(args)
         return real_new_solver(*args, **kwargs)
 
-    plain, limited = [], []
-    for out, limit in ((plain, partition.PRESOLVED_CONFLICTS), (limited, 0)):
+    plain, limited, uncapped = [], [], []
+    calls = {}
+    for out, limit, cap in ((plain, partition.PRESOLVED_CONFLICTS, 3600.0), (limited, 0, 3600.0), (uncapped, 0, None)):
         monkeypatch.setattr(partition, "PRESOLVED_CONFLICTS", limit)
         monkeypatch.setattr(partition, "new_solver", counted)
         seconds.clear()
         for c in cands:
             sm = StageModel(j, dims_for(j, c), costs)
-            out.append(solve_partition(sm, capacity, partial_recompute=True, time_limit_s=30))
-        calls = len(seconds)
-    assert calls > len(cands)  # (the second pass ran)
+            out.append(solve_partition(sm, capacity, partial_recompute=True, time_limit_s=30, objective_cap_s=cap))
+        calls[cap, limit] = len(seconds)
+    assert calls[3600.0, 0] > len(cands)  # (the second pass ran)
+    assert calls[None, 0] == len(cands)
     assert len(plain) == len(limited) > 0
     for a, b in zip(plain, limited):
         assert a.status == b.status
