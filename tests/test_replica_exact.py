@@ -34,6 +34,17 @@ from planner.search.replicas import (
 from planner.search.space import SearchOptions
 
 
+def suite_job(model, cluster, seq: int, batch: int, precision: str = "bf16"):
+    """A job of the bench suite (scripts/bench_hetero.py --suite): ``cluster`` as (gpu, nodes, GPUs per node)."""
+    return parse_job(
+        {
+            "model": model,
+            "cluster": [{"gpu": g, "nodes": n, "gpus_per_node": k} for g, n, k in cluster],
+            "training": {"seq_length": seq, "global_batch_size": batch, "precision": precision, "optimizer": "adam"},
+        }
+    )
+
+
 def replica_job(gbs: int = 8, model=SMALL):
     """A 4-layer ``model`` on 4 small GPUs and 2 A100-40GB."""
     return parse_job(
@@ -284,18 +295,7 @@ def test_a_pipelined_replica_plan_is_proven_by_the_exact_pass():
     from planner.search.mixed_pipelines import search_hetero
     from planner.search.space import SearchOptions
 
-    job = parse_job(
-        {
-            "model": "qwen3-4b",
-            "cluster": [
-                {"gpu": "mi355x", "nodes": 21, "gpus_per_node": 8},
-                {"gpu": "h100-sxm", "nodes": 21, "gpus_per_node": 8},
-                {"gpu": "gb300", "nodes": 1, "gpus_per_node": 72},
-                {"gpu": "h20", "nodes": 6, "gpus_per_node": 8},
-            ],
-            "training": {"seq_length": 32768, "global_batch_size": 512, "precision": "bf16", "optimizer": "adam"},
-        }
-    )
+    job = suite_job("qwen3-4b", [("mi355x", 21, 8), ("h100-sxm", 21, 8), ("gb300", 1, 72), ("h20", 6, 8)], 32768, 512)
     result = search_hetero(job, top=1, time_limit_s=600, options=SearchOptions())
     assert result.stop_reason == "proven" and result.gap == 0.0
     best = result.plans[0]
@@ -344,16 +344,7 @@ def test_the_first_look_is_the_same_on_a_slow_machine(monkeypatch):
     160 steps and evaluates about 20 candidates."""
     from planner.search import mixed_pipelines, replicas
 
-    job = parse_job(
-        {
-            "model": "gpt3-5b",
-            "cluster": [
-                {"gpu": "mi250x", "nodes": 19, "gpus_per_node": 8},
-                {"gpu": "h800", "nodes": 71, "gpus_per_node": 8},
-            ],
-            "training": {"seq_length": 16384, "global_batch_size": 256, "precision": "bf16", "optimizer": "adam"},
-        }
-    )
+    job = suite_job("gpt3-5b", [("mi250x", 19, 8), ("h800", 71, 8)], 16384, 256)
 
     def look(tick: float):
         clock = {"now": 0.0}
@@ -517,18 +508,8 @@ def test_a_proven_search_reports_its_replica_plan_optimal():
 
     from planner.search.mixed_pipelines import search_hetero
 
-    job = parse_job(
-        {
-            "model": "deepseek-v2",
-            "cluster": [
-                {"gpu": "a10", "nodes": 1, "gpus_per_node": 8},
-                {"gpu": "gb300", "nodes": 1, "gpus_per_node": 72},
-                {"gpu": "gb200", "nodes": 1, "gpus_per_node": 72},
-                {"gpu": "v100-32gb", "nodes": 4, "gpus_per_node": 8},
-            ],
-            "training": {"seq_length": 16384, "global_batch_size": 1024, "precision": "fp16", "optimizer": "adam"},
-        }
-    )
+    groups = [("a10", 1, 8), ("gb300", 1, 72), ("gb200", 1, 72), ("v100-32gb", 4, 8)]
+    job = suite_job("deepseek-v2", groups, 16384, 1024, "fp16")
     result = search_hetero(job, top=1, time_limit_s=120, processes=1)
     assert result.stop_reason == "proven" and result.gap == 0.0
     assert isinstance(result.plans[0].candidate, ReplicaCandidate)

@@ -274,11 +274,11 @@ def test_a_solve_past_its_conflict_limit_goes_on_without_presolve_to_the_same_op
     capacity = j.cluster[0].gpu.memory_gib * (1 - SearchOptions().memory_margin)
     opts = SearchOptions(zero_stages=(0, 1, 3), max_micro_batch=2).for_job(j)
     cands, _, _ = enumerate_candidates(j, costs, opts)
-    seconds = []
+    solvers = []
     real_new_solver = partition.new_solver
 
     def counted(*args, **kwargs):
-        seconds.append(args)
+        solvers.append(args)
         return real_new_solver(*args, **kwargs)
 
     plain, limited, uncapped = [], [], []
@@ -286,11 +286,11 @@ def test_a_solve_past_its_conflict_limit_goes_on_without_presolve_to_the_same_op
     for out, limit, cap in ((plain, partition.PRESOLVED_CONFLICTS, 3600.0), (limited, 0, 3600.0), (uncapped, 0, None)):
         monkeypatch.setattr(partition, "PRESOLVED_CONFLICTS", limit)
         monkeypatch.setattr(partition, "new_solver", counted)
-        seconds.clear()
+        solvers.clear()
         for c in cands:
             sm = StageModel(j, dims_for(j, c), costs)
             out.append(solve_partition(sm, capacity, partial_recompute=True, time_limit_s=30, objective_cap_s=cap))
-        calls[cap, limit] = len(seconds)
+        calls[cap, limit] = len(solvers)
     assert calls[3600.0, 0] > len(cands)  # (the second pass ran)
     assert calls[None, 0] == len(cands)
     assert len(plain) == len(limited) > 0
