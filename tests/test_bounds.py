@@ -435,6 +435,80 @@ def test_stages_past_the_dense_layers_hold_moe_layers_only():
     assert_bounds_hold(ctx, random.Random(3).sample(raised, min(30, len(raised))))
 
 
+def test_split_rows_hold_every_candidate_of_a_box():
+    """mixed_pipeline_bounds.split_rows, by enumeration: for every stage-count choice of small boxes in pipeline
+    order, each group's stages before position moe_from (they may hold a dense layer) and past it (MoE layers only)
+    lie within the counts of its two rows."""
+    from planner.search.mixed_pipeline_bounds import split_rows
+
+    checked = 0
+    for moe_from in (1, 2, 3):
+        for lo in itertools.product((1, 2), repeat=3):
+            for hi in itertools.product((1, 2, 4), repeat=3):
+                if any(a > b for a, b in zip(lo, hi)):
+                    continue
+                split = split_rows(lo, hi, moe_from)
+                if sum(lo) <= moe_from:
+                    assert split is None
+                    continue
+                rows, rlo, rhi = split
+                for ks in itertools.product(*[range(a, b + 1) for a, b in zip(lo, hi)]):
+                    counts = {}
+                    start = 0
+                    for g, k in enumerate(ks):
+                        before = min(k, max(0, moe_from - start))
+                        counts[(g, False)], counts[(g, True)] = before, k - before
+                        start += k
+                    for key, n in counts.items():
+                        if key in rows:
+                            i = rows.index(key)
+                            assert rlo[i] <= n <= rhi[i], (lo, hi, ks, key)
+                        else:
+                            assert n == 0, (lo, hi, ks, key)
+                    checked += 1
+    assert checked > 1000
+
+
+def test_a_box_prices_its_stages_past_the_dense_layers_at_moe_layers():
+    """An ordered family's box takes its groups' stages past MOE6's one dense layer at the MoE layer's seconds and
+    their DP tails at an MoE-only stage's (split_rows): some boxes of several candidates are raised by it (seen
+    against the bound without the rows apart), and every box bound is at most the brute-force best plan of every
+    candidate in the box."""
+    from planner.search import mixed_pipeline_bounds
+
+    j = mixed_job(MOE6)
+    ctx = search_context(j)
+    L = j.model.num_layers
+    rng = random.Random(5)
+    found = candidates_with_bounds(ctx)
+    by_family: dict = {}
+    for _, fam, c in found:
+        by_family.setdefault(id(fam), (fam, []))[1].append(c)
+    boxes = []
+    for fam, cands in by_family.values():
+        if fam.kinds is None:
+            continue
+        for c in cands:
+            ks = tuple(k for _, _, k in c.groups)
+            lo = tuple(rng.randint(1, k) for k in ks)
+            hi = tuple(k + rng.randint(0, 2) for k in ks)
+            boxes.append((fam, lo, hi, c))
+    split = mixed_pipeline_bounds.split_rows
+    try:
+        mixed_pipeline_bounds.split_rows = lambda lo, hi, moe_from: None
+        mixed_pipelines.split_rows = mixed_pipeline_bounds.split_rows
+        without = [dataclasses.replace(fam).bound(L, lo, hi) for fam, lo, hi, _ in boxes]
+    finally:
+        mixed_pipeline_bounds.split_rows = mixed_pipelines.split_rows = split
+    with_rows = [dataclasses.replace(fam).bound(L, lo, hi) for fam, lo, hi, _ in boxes]
+    raised = [i for i, (x, y) in enumerate(zip(with_rows, without)) if x > y * (1 + 1e-9)]
+    assert raised
+    for i in rng.sample(raised, min(25, len(raised))):
+        fam, lo, hi, c = boxes[i]
+        best = brute_mixed(ctx.job, c, ctx, ctx.opts.memory_margin)
+        assert with_rows[i] <= best.fit_time * SLACK, (c.groups, lo, hi)
+
+
 def test_the_refined_bound_prices_stages_past_the_dense_layers_at_moe_layers():
     """A candidate's refined bound takes a stage past MOE6's one dense layer at its MoE layer's seconds (every layer
     it holds is MoE: ModelSpec.all_moe_from). It is above the refined bound without the rule for some candidates,

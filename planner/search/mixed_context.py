@@ -292,7 +292,7 @@ class ZeroTerms:
     @functools.cached_property
     def _tails(self) -> tuple:
         if self.make_tails is None:
-            return (), (), float("inf"), None, None
+            return (), (), float("inf"), None, None, None, None
         return self.make_tails()
 
     def tail(self, vpp: int = 1) -> float:
@@ -308,13 +308,21 @@ class ZeroTerms:
         paid, every, pays_up_to = self._tails[:3]
         return paid if vpp <= pays_up_to else every
 
+    def moe_reach(self, vpp: int = 1) -> tuple[float, ...] | None:
+        """``reach`` of a stage that holds MoE layers only (a middle or last stage past the model's leading dense
+        layers: ModelSpec.all_moe_from), None for a model without leading dense layers (``reach`` is that)."""
+        paid, every = self._tails[5:7]
+        if paid is None:
+            return None
+        return paid if vpp <= self._tails[2] else every
+
     def end_tails(self, after_first: int, vpp: int = 1) -> tuple[float, float]:
         """(first, last): the least DP tail of this group's stage at the start of a pipeline with at least
         ``after_first`` stages after it (it also holds the embedding's parameters, and at most room(after_first, 1)
         layers: fewer layers hide less of its communication behind their backward) and of its stage at the end of
         such a pipeline (the logits'; at most room(0, 1) layers, from layer after_first on), as ``reach`` takes
         them."""
-        _, _, pays_up_to, paid, every = self._tails
+        _, _, pays_up_to, paid, every = self._tails[:5]
         if paid is None:
             return 0.0, 0.0
         first, last = paid if vpp <= pays_up_to else every
@@ -453,12 +461,13 @@ def _zero_lines(ctx: MixedContext, sm: StageModel) -> tuple[float, float, float,
 
 
 def _zero_tails(ctx: MixedContext, sm: StageModel, L: int) -> tuple:
-    """ZeroTerms' (paid_reach, any_reach, pays_up_to, paid_ends, any_ends): per layer count n = 1..L, the least
-    tail any of the first, a middle and the last stage (at any depth >= 2) has holding n or more layers, with
-    recompute paid for in the schedule's sum and with every layer recomputed; the largest vpp at which the first
-    holds; and, each way, per n the least tail of the first stage (it also holds the embedding) holding 1 to n
-    layers, and the same of the last stage (the logits) by the first layer it may hold, 0 up to the leading dense
-    layers (window_start: a last stage past them holds MoE layers only)."""
+    """ZeroTerms' (paid_reach, any_reach, pays_up_to, paid_ends, any_ends, paid_moe_reach, any_moe_reach): per
+    layer count n = 1..L, the least tail any of the first, a middle and the last stage (at any depth >= 2) has
+    holding n or more layers, with recompute paid for in the schedule's sum and with every layer recomputed; the
+    largest vpp at which the first holds; each way, per n the least tail of the first stage (it also holds the
+    embedding) holding 1 to n layers, and the same of the last stage (the logits) by the first layer it may hold,
+    0 up to the leading dense layers (window_start: a last stage past them holds MoE layers only); and the reaches
+    of a middle or last stage past those layers (None without them)."""
     import numpy as np
 
     # the first stage, a middle and the last one of a 3-stage model: the latter two start at layer 1 or later
@@ -473,12 +482,19 @@ def _zero_tails(ctx: MixedContext, sm: StageModel, L: int) -> tuple:
         first = within(ctx.tail_profile(sm, 0, vpp, start=0))
         return first, tuple(within(ctx.tail_profile(sm, 2, vpp, start=s)) for s in range(lead + 1))
 
+    def moe_only(vpp: float) -> tuple[float, ...] | None:
+        if not 0 < ctx.job.model.all_moe_from < L:
+            return None
+        return tuple(map(min, *(ctx.tail_profile(sm, s, vpp, start=lead).reach[1:] for s in (1, 2))))
+
     return (
         tuple(map(min, *(p.reach[1:] for p in paid))),
         tuple(map(min, *(p.reach[1:] for p in every))),
         min(ctx.recompute_pays(sm, s) for s in range(3)),
         ends(1),
         ends(math.inf),
+        moe_only(1),
+        moe_only(math.inf),
     )
 
 

@@ -232,6 +232,12 @@ def box_bound_reach(
             T = whole_chunk_bottleneck(mix.moe, hi, mix.ends, mix.moe_layers, moe_sends, 1, T, shares)
     if whole and not any(relaxed):
         fixed = ends.emb + ends.logits + sum(k * y for k, y in zip(lo, ys))
+        split = moe_split(a, lo, hi, ys, ends, mix) if moe_positions else None
+        if split is not None:  # each group's stages before the leading dense layers' end apart from those past it
+            a, lo, hi, ys, ends, rows = split
+            T = whole_chunk_bottleneck(a, hi, ends, L, ys if sends else None, v, T)
+            if tails is not None:
+                tails = _split_tails(tails, rows)
         sched = (a, lo, hi, ys, L, T, m - 1 / v, v, fixed, total)
         if tails is not None:
             return box_schedule_with_tail(sched, tails, target), T
@@ -273,6 +279,62 @@ def moe_only_rates(a, lo, ends: Ends, mix: KindMix) -> tuple[tuple[float, ...], 
     if all(x == y for x, y in zip(a, out)):
         return a, ends
     return tuple(out), Ends.at(ends.emb, ends.logits, out[0], out[-1])
+
+
+def dense_capable(lo, hi, moe_from: int) -> tuple[tuple[int, int], ...]:
+    """Per group of a box in pipeline order, (fewest, most) of its stages that sit before position ``moe_from``
+    (ModelSpec.all_moe_from: a stage from there on holds MoE layers only, moe_only_top): group g's first stage
+    sits at a position between lo_0 + ... + lo_{g-1} and hi_0 + ... + hi_{g-1}."""
+    out, before_lo, before_hi = [], 0, 0
+    for k_lo, k_hi in zip(lo, hi):
+        out.append((max(0, min(k_lo, moe_from - before_hi)), max(0, min(k_hi, moe_from - before_lo))))
+        before_lo += k_lo
+        before_hi += k_hi
+    return tuple(out)
+
+
+def split_rows(lo, hi, moe_from: int | None):
+    """(rows, lo, hi) of a box in pipeline order with each group's stages that may sit before position
+    ``moe_from`` (ModelSpec.all_moe_from; dense_capable) apart from those past it, which hold MoE layers only:
+    ``rows`` names each row's (group, MoE only). A candidate with k_g stages from position p has c = min(k_g,
+    max(0, moe_from - p)) before, within the first row's counts, and k_g - c past, within the second's. None where
+    the box's last stage may sit before it (sum lo <= moe_from) or there is no such position (moe_from None or < 1)."""
+    if moe_from is None or moe_from < 1 or sum(lo) <= moe_from:
+        return None
+    rows, out_lo, out_hi = [], [], []
+    for g, ((few, most), k_lo, k_hi) in enumerate(zip(dense_capable(lo, hi, moe_from), lo, hi)):
+        if most:
+            rows.append((g, False)), out_lo.append(few), out_hi.append(most)
+        if k_hi - few:
+            rows.append((g, True)), out_lo.append(max(0, k_lo - most)), out_hi.append(k_hi - few)
+    return tuple(rows), tuple(out_lo), tuple(out_hi)
+
+
+def moe_split(a, lo, hi, ys, ends: Ends, mix: KindMix):
+    """box_bound's rows of a box in pipeline order, split_rows apart: (a, lo, hi, sends, ends, rows), a row before
+    the leading dense layers' end at its group's per-layer seconds a_g, one past it at max(a_g, y_g) (y_g its MoE
+    layer's seconds); the embedding stays on the first row (the first group's first stage, position 0) and the
+    logits go to the last (the last group's last stage, past them). None where split_rows is."""
+    split = split_rows(lo, hi, mix.moe_from)
+    if split is None:
+        return None
+    rows, lo, hi = split
+    a = tuple(max(a[g], mix.moe[g]) if only else a[g] for g, only in rows)
+    ys = tuple(ys[g] for g, _ in rows)
+    return a, lo, hi, ys, Ends.at(ends.emb, ends.logits, a[0], a[-1]), rows
+
+
+def _split_tails(tails: Callable[[], BoxTails], rows) -> Callable[[], BoxTails]:
+    """``tails`` for the rows of moe_split: an MoE-only row reads its group's MoE-only reaches (BoxTails
+    .moe_reaches, where there are; its least tail is the caller's, worked out over the same rows)."""
+
+    def split() -> BoxTails:
+        t = tails()
+        moe = t.moe_reaches or (None,) * len(t.reaches)
+        reaches = tuple(moe[g] if only and moe[g] is not None else t.reaches[g] for g, only in rows)
+        return t._replace(reaches=reaches)
+
+    return split
 
 
 def moe_only_top(mix: KindMix, lo, ys, v: int) -> float:
@@ -334,6 +396,7 @@ class BoxTails(NamedTuple):
     reaches: tuple
     levels: list
     least: float
+    moe_reaches: tuple | None = None  # per group, a stage's past the leading dense layers (ZeroTerms.moe_reach)
 
 
 def box_schedule_with_tail(sched: tuple, get_tails: Callable[[], BoxTails], target: float = float("inf")) -> float:

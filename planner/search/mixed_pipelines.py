@@ -76,6 +76,7 @@ from planner.search.mixed_pipeline_bounds import (
     merged_levels,
     pipeline_sends,
     refined_bound,
+    split_rows,
     tail_bottleneck,
 )
 from planner.search.partition import cp_sat, solve_partition
@@ -717,7 +718,9 @@ class _Family:
         args = (a, lo, hi, ends, L, self.mb, self.send, v)
         kw = {"mix": mix, "whole": True, "max_stages": self.deepest}
         if sum(lo) >= 2:  # the schedule and the largest DP tail bounded together (box_schedule_with_tail)
-            kw["tails"] = lambda: BoxTails(self._reaches(zt), self._levels(zt), self._box_tail(zt, lo, hi, L))
+            kw["tails"] = lambda: BoxTails(
+                self._reaches(zt), self._levels(zt), self._box_tail(zt, lo, hi, L), self._moe_reaches(zt)
+            )
         plain, reach = box_bound_reach(*args, **kw, target=target)
         if plain >= target:
             return plain
@@ -820,10 +823,16 @@ class _Family:
         on any group while the order is open (ZeroTerms.end_tails); and the least largest tail at which at most hi
         stages per group hold the layers (mixed_pipeline_bounds.tail_bottleneck). Memoized: the ends by the box's
         least depth, the rest by hi (a halved box keeps its parent's in one half)."""
-        key = ("tail", id(zt), hi)
+        split = split_rows(lo, hi, self.moe_from) if self.ordered and self.kinds is not None else None
+        key = ("tail", id(zt), hi if split is None else split)
         hit = self._box_memo.get(key)
         if hit is None:
-            bottleneck = tail_bottleneck(self._reaches(zt), hi, L, self._levels(zt), self.vpp)
+            reaches, his = self._reaches(zt), hi
+            if split is not None:  # (box_bound's rows: MoE-only stages at their own reaches)
+                moe = self._moe_reaches(zt)
+                rows, _, his = split
+                reaches = tuple(moe[g] if only and moe[g] is not None else reaches[g] for g, only in rows)
+            bottleneck = tail_bottleneck(reaches, his, L, self._levels(zt), self.vpp)
             hit = self._box_memo[key] = max(self._tail(zt), bottleneck)
         key = ("ends", id(zt), sum(lo))
         ends = self._box_memo.get(key)
@@ -841,7 +850,8 @@ class _Family:
         own), memoized."""
         levels = self._box_memo.get(id(zt))
         if levels is None:
-            levels = self._box_memo[id(zt)] = merged_levels(self._reaches(zt))
+            moe = [r for r in self._moe_reaches(zt) if r is not None]
+            levels = self._box_memo[id(zt)] = merged_levels([*self._reaches(zt), *moe])
         return levels
 
     def _reaches(self, zt: tuple[ZeroTerms, ...]) -> tuple:
@@ -851,6 +861,15 @@ class _Family:
         hit = self._box_memo.get(key)
         if hit is None:
             hit = self._box_memo[key] = tuple(z.reach(self.vpp) for z in zt)
+        return hit
+
+    def _moe_reaches(self, zt: tuple[ZeroTerms, ...]) -> tuple:
+        """The used groups' DP tail reaches of a stage past the leading dense layers (ZeroTerms.moe_reach; None
+        where a group has none) at the family's vpp, memoized."""
+        key = ("moe reaches", id(zt))
+        hit = self._box_memo.get(key)
+        if hit is None:
+            hit = self._box_memo[key] = tuple(z.moe_reach(self.vpp) for z in zt)
         return hit
 
     @functools.cached_property
