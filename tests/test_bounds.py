@@ -495,7 +495,7 @@ def test_a_box_prices_its_stages_past_the_dense_layers_at_moe_layers():
             boxes.append((fam, lo, hi, c))
     split = mixed_pipeline_bounds.split_rows
     try:
-        mixed_pipeline_bounds.split_rows = lambda lo, hi, moe_from: None
+        mixed_pipeline_bounds.split_rows = lambda *_: None
         mixed_pipelines.split_rows = mixed_pipeline_bounds.split_rows
         without = [dataclasses.replace(fam).bound(L, lo, hi) for fam, lo, hi, _ in boxes]
     finally:

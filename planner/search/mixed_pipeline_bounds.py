@@ -94,16 +94,27 @@ class KindMix(NamedTuple):
     moe: tuple[float, ...] = ()  # each group's least seconds per MoE layer (y_g)
     moe_layers: int = 0  # E
     moe_from: int = 0  # the first layer index from which every layer is MoE (ModelSpec.all_moe_from)
+    # in any group order: the stages at positions below it are the only ones that may hold a dense layer (moe_from
+    # of the model whatever the order; None where no position holds MoE layers only)
+    lead: int | None = None
 
     @classmethod
     def of(
-        cls, kinds, lift, ends, counts: tuple[int, int], ordered: bool, moe_lift=None, moe_from: int | None = None
+        cls,
+        kinds,
+        lift,
+        ends,
+        counts: tuple[int, int],
+        ordered: bool,
+        moe_lift=None,
+        moe_from: int | None = None,
+        lead: int | None = None,
     ) -> KindMix:
         """``kinds``: (dense, MoE) least seconds per layer of each used group, ``lift`` what the caller adds to
         every layer there (ZeRO-2/3 traffic), ``moe_lift`` to every MoE layer instead where given; ``ends``:
         (embedding, logits) seconds per group; ``counts``: (D, E); ``ordered``: the groups are in pipeline order
         (else each end term at its least over the groups); ``moe_from``: ModelSpec.all_moe_from (None: no
-        position holds only MoE layers)."""
+        position holds only MoE layers); ``lead``: ModelSpec.all_moe_from whatever the order (KindMix.lead)."""
         dense = tuple(x + z for (x, _), z in zip(kinds, lift))
         moe = tuple(y + z for (_, y), z in zip(kinds, moe_lift if moe_lift is not None else lift))
         D, E = counts
@@ -111,7 +122,7 @@ class KindMix(NamedTuple):
         at_ends = Ends.of(dense, ends, 0, len(dense) - 1) if ordered else Ends.any_order(dense, ends)
         far = D + E if moe_from is None else moe_from
         layers, work = D + rho * E, D * min(dense) + E * min(moe)
-        return cls(tuple(dense), at_ends, layers, work, moe=moe, moe_layers=E, moe_from=far)
+        return cls(tuple(dense), at_ends, layers, work, moe=moe, moe_layers=E, moe_from=far, lead=lead)
 
 
 def schedule_bound(bottleneck: float, total: float, m: int, v: int = 1) -> float:
@@ -232,17 +243,29 @@ def box_bound_reach(
             T = whole_chunk_bottleneck(mix.moe, hi, mix.ends, mix.moe_layers, moe_sends, 1, T, shares)
     if whole and not any(relaxed):
         fixed = ends.emb + ends.logits + sum(k * y for k, y in zip(lo, ys))
-        split = moe_split(a, lo, hi, ys, ends, mix) if moe_positions else None
-        if split is not None:  # each group's stages before the leading dense layers' end apart from those past it
-            a, lo, hi, ys, ends, rows = split
-            T = whole_chunk_bottleneck(a, hi, ends, L, ys if sends else None, v, T)
-            if tails is not None:
-                tails = _split_tails(tails, rows)
-        sched = (a, lo, hi, ys, L, T, m - 1 / v, v, fixed, total)
-        if tails is not None:
-            return box_schedule_with_tail(sched, tails, target), T
-        return box_schedule_time(*sched), T
+        split = moe_split(a, lo, hi, ys, ends, mix) if mix is not None and mix.moe and mix.lead else None
+        if split is None:
+            return _box_schedule((a, lo, hi, ys, L, T, m - 1 / v, v, fixed, total), tails, target), T
+        # each group's stages before the leading dense layers' end apart from those past it; where the rows hold
+        # more stages than the groups (an unordered box: any group may come first), the bound by groups too
+        plain = 0.0
+        if sum(split[2]) > sum(hi):
+            plain = _box_schedule((a, lo, hi, ys, L, T, m - 1 / v, v, fixed, total), tails, target)
+            if plain >= target:
+                return plain, T
+        a, lo, hi, ys, ends, rows = split
+        at = whole_chunk_bottleneck(a, hi, ends, L, ys if sends else None, v, T)
+        tails = _split_tails(tails, rows) if tails is not None else None
+        value = _box_schedule((a, lo, hi, ys, L, at, m - 1 / v, v, fixed, total), tails, target)
+        return (value, at) if value >= plain else (plain, T)
     return schedule_bound(T, total, m, v) + (tails().least if tails is not None else 0.0), T
+
+
+def _box_schedule(sched: tuple, tails: Callable[[], BoxTails] | None, target: float) -> float:
+    """box_schedule_time of ``sched``, with the DP tails where there are (box_schedule_with_tail)."""
+    if tails is not None:
+        return box_schedule_with_tail(sched, tails, target)
+    return box_schedule_time(*sched)
 
 
 def pipeline_sends(lo, v: int) -> bool:
@@ -293,16 +316,22 @@ def dense_capable(lo, hi, moe_from: int) -> tuple[tuple[int, int], ...]:
     return tuple(out)
 
 
-def split_rows(lo, hi, moe_from: int | None):
-    """(rows, lo, hi) of a box in pipeline order with each group's stages that may sit before position
-    ``moe_from`` (ModelSpec.all_moe_from; dense_capable) apart from those past it, which hold MoE layers only:
-    ``rows`` names each row's (group, MoE only). A candidate with k_g stages from position p has c = min(k_g,
-    max(0, moe_from - p)) before, within the first row's counts, and k_g - c past, within the second's. None where
-    the box's last stage may sit before it (sum lo <= moe_from) or there is no such position (moe_from None or < 1)."""
-    if moe_from is None or moe_from < 1 or sum(lo) <= moe_from:
+def split_rows(lo, hi, moe_from: int | None, ordered: bool = True):
+    """(rows, lo, hi) of a box with each group's stages that may sit before position ``moe_from``
+    (ModelSpec.all_moe_from) apart from those past it, which hold MoE layers only: ``rows`` names each row's
+    (group, MoE only). A candidate with k_g stages from position p has c = min(k_g, max(0, moe_from - p)) before,
+    within the first row's counts, and k_g - c past, within the second's: in pipeline order (``ordered``) the
+    counts of dense_capable, else between 0 and min(hi_g, moe_from) for every group (any group may come first).
+    None where there is no such position (moe_from None or < 1) or, in pipeline order, the box's last stage may
+    sit before it (sum lo <= moe_from: moe_split's logits stage is then not known to be past it)."""
+    if moe_from is None or moe_from < 1 or (ordered and sum(lo) <= moe_from):
         return None
+    if ordered:
+        before = dense_capable(lo, hi, moe_from)
+    else:
+        before = tuple((0, min(k_hi, moe_from)) for k_hi in hi)
     rows, out_lo, out_hi = [], [], []
-    for g, ((few, most), k_lo, k_hi) in enumerate(zip(dense_capable(lo, hi, moe_from), lo, hi)):
+    for g, ((few, most), k_lo, k_hi) in enumerate(zip(before, lo, hi)):
         if most:
             rows.append((g, False)), out_lo.append(few), out_hi.append(most)
         if k_hi - few:
@@ -311,17 +340,21 @@ def split_rows(lo, hi, moe_from: int | None):
 
 
 def moe_split(a, lo, hi, ys, ends: Ends, mix: KindMix):
-    """box_bound's rows of a box in pipeline order, split_rows apart: (a, lo, hi, sends, ends, rows), a row before
-    the leading dense layers' end at its group's per-layer seconds a_g, one past it at max(a_g, y_g) (y_g its MoE
-    layer's seconds); the embedding stays on the first row (the first group's first stage, position 0) and the
-    logits go to the last (the last group's last stage, past them). None where split_rows is."""
-    split = split_rows(lo, hi, mix.moe_from)
+    """box_bound's rows of a box, split_rows apart (at mix.lead): (a, lo, hi, sends, ends, rows), a row before the
+    leading dense layers' end at its group's per-layer seconds a_g, one past it at max(a_g, y_g) (y_g its MoE
+    layer's seconds). In pipeline order the embedding stays on the first row (the first group's first stage,
+    position 0) and the logits go to the last (the last group's last stage, past them); unordered ends stay as
+    they are (the whole-chunk and schedule steps that read the rows take no end terms from them). None where
+    split_rows is."""
+    split = split_rows(lo, hi, mix.lead, ends.ordered)
     if split is None:
         return None
     rows, lo, hi = split
     a = tuple(max(a[g], mix.moe[g]) if only else a[g] for g, only in rows)
     ys = tuple(ys[g] for g, _ in rows)
-    return a, lo, hi, ys, Ends.at(ends.emb, ends.logits, a[0], a[-1]), rows
+    if ends.ordered:
+        ends = Ends.at(ends.emb, ends.logits, a[0], a[-1])
+    return a, lo, hi, ys, ends, rows
 
 
 def _split_tails(tails: Callable[[], BoxTails], rows) -> Callable[[], BoxTails]:

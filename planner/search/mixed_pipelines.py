@@ -653,6 +653,12 @@ class _Family:
         return self.depths[-1] if self.depths else None
 
     @functools.cached_property
+    def lead(self) -> int | None:
+        """KindMix.lead of the family: the model's leading dense layers' end (moe_from) where a later position
+        holds MoE layers only, else None."""
+        return self.moe_from if self.moe_from is not None and self.moe_from < sum(self.kind_counts) else None
+
+    @functools.cached_property
     def bound_ends(self) -> Ends:
         return Ends.of(self.a, self.ends, 0, len(self.a) - 1) if self.ordered else Ends.any_order(self.a, self.ends)
 
@@ -670,11 +676,11 @@ class _Family:
         moe_from = self.moe_from if ordered else None  # positions are known in pipeline order only
         if not zt:
             none = (0.0,) * len(self.kinds)
-            return KindMix.of(self.kinds, none, self.ends, self.kind_counts, ordered, None, moe_from)
+            return KindMix.of(self.kinds, none, self.ends, self.kind_counts, ordered, None, moe_from, self.lead)
         # each kind its own slope where the group has them (ZeroTerms.kind_slopes)
         dense = [z.kind_slopes[0] if z.kind_slopes else z.slope for z in zt]
         moe = [z.kind_slopes[1] if z.kind_slopes else z.slope for z in zt]
-        return KindMix.of(self.kinds, dense, self._lined(zt)[1], self.kind_counts, ordered, moe, moe_from)
+        return KindMix.of(self.kinds, dense, self._lined(zt)[1], self.kind_counts, ordered, moe, moe_from, self.lead)
 
     @functools.cached_property
     def mixes(self) -> tuple[KindMix | None, KindMix | None]:
@@ -823,16 +829,17 @@ class _Family:
         on any group while the order is open (ZeroTerms.end_tails); and the least largest tail at which at most hi
         stages per group hold the layers (mixed_pipeline_bounds.tail_bottleneck). Memoized: the ends by the box's
         least depth, the rest by hi (a halved box keeps its parent's in one half)."""
-        split = split_rows(lo, hi, self.moe_from) if self.ordered and self.kinds is not None else None
+        split = split_rows(lo, hi, self.lead, self.ordered) if self.kinds is not None else None
         key = ("tail", id(zt), hi if split is None else split)
         hit = self._box_memo.get(key)
         if hit is None:
-            reaches, his = self._reaches(zt), hi
+            reaches, levels = self._reaches(zt), self._levels(zt)
+            bottleneck = tail_bottleneck(reaches, hi, L, levels, self.vpp)
             if split is not None:  # (box_bound's rows: MoE-only stages at their own reaches)
                 moe = self._moe_reaches(zt)
                 rows, _, his = split
                 reaches = tuple(moe[g] if only and moe[g] is not None else reaches[g] for g, only in rows)
-            bottleneck = tail_bottleneck(reaches, his, L, self._levels(zt), self.vpp)
+                bottleneck = max(bottleneck, tail_bottleneck(reaches, his, L, levels, self.vpp))
             hit = self._box_memo[key] = max(self._tail(zt), bottleneck)
         key = ("ends", id(zt), sum(lo))
         ends = self._box_memo.get(key)
@@ -1375,7 +1382,7 @@ class _PipelineSearch:
                 return
             for flb, family, fbox in fam.families(ctx, self.cut()):
                 self.work += WORK["open"] if isinstance(family, _Family) else 0
-                push(flb, family, fbox)
+                push(max(lb, flb), family, fbox)  # (the node's bound holds for every family under it)
             return
         if isinstance(fam, HeteroCandidate):  # a candidate back with its refined bound: solve it
             family, sms = box
