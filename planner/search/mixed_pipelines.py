@@ -463,7 +463,10 @@ class _TpChoiceNode:
         terms = self._free(ctx, i) if free else (*self._terms(ctx, choices[0]), 1, stages[0], False)
         count = layer_counts(ctx.job.model)
         kinds = self._kind_row(ctx, choices, terms[4]) if count["dense"] and count["moe"] else None
-        return terms, kinds, Ends.row(terms[0], terms[1]), max(stages)
+        # the end terms at their least over the choices, each at its own seconds per layer: a free row's fastest
+        # seconds with its least embedding would count the embedding as more layers than any choice's stage does
+        ends = tuple(map(min, zip(*(Ends.row(*self._terms(ctx, u)[:2]) for u in choices)))) if free else None
+        return terms, kinds, ends or Ends.row(terms[0], terms[1]), max(stages)
 
     def _choices(self, ctx: MixedContext) -> list[tuple[int, tuple[tuple[int, int], ...]]]:
         """(index in ctx.order, (group, TP) choices) of each row of the node: a used group's one fixed choice, a
