@@ -543,6 +543,66 @@ def test_a_free_rows_end_terms_hold_for_each_of_its_tp_choices():
     assert checked
 
 
+def test_choice_capped_rate_is_the_most_any_choice_of_stages_takes():
+    """mixed_pipeline_bounds.choice_capped_rate, by enumeration on random groups of TP choices (k stages of x
+    seconds per layer): at least the most layers per second any pick of one choice and q <= k of its stages per
+    group, with at most ``most`` stages in all, takes; and equal to it where each group has one choice (the
+    greedy over concave segments is then exact)."""
+    from planner.search.mixed_pipeline_bounds import choice_capped_rate
+
+    rng = random.Random(11)
+    for _ in range(300):
+        rows = [
+            [(rng.randint(1, 5), rng.choice((0.5, 1.0, 1.5, 2.0, 3.0))) for _ in range(rng.randint(1, 3))]
+            for _ in range(rng.randint(1, 3))
+        ]
+        most = rng.randint(1, 8)
+        best = 0.0
+        for pick in itertools.product(*rows):
+            for qs in itertools.product(*[range(k + 1) for k, _ in pick]):
+                if sum(qs) <= most:
+                    best = max(best, sum(q / x for q, (_, x) in zip(qs, pick)))
+        rate = choice_capped_rate(rows, most)
+        assert rate >= best * (1 - 1e-12), (rows, most)
+        if all(len(r) == 1 for r in rows):
+            assert rate == pytest.approx(best), (rows, most)
+
+
+def test_a_tp_choice_node_counts_its_groups_stages_at_their_own_choices():
+    """A TP-choice node whose groups together have more stages than its deepest pipeline bounds the bottleneck by
+    the heavy layers those stages take at each group's own TP choices (_TpChoiceNode._capped_bound): it raises some
+    node bounds of MOE6's mixed job, and every node bound on the way to a sampled candidate is at most its
+    brute-force best plan (assert_bounds_hold)."""
+    ctx = search_context(mixed_job(MOE6, seq=2048, gbs=16))
+    nodes, line = [], [grp for grp, _ in mixed_pipelines._roots(ctx)]
+    while line:
+        node = line.pop()
+        nodes.append(node)
+        line += [child for _, child, _ in node.families(ctx) if isinstance(child, mixed_pipelines._TpChoiceNode)]
+    with_it = [node.bound(ctx, memory=False) for node in nodes]
+    capped = mixed_pipelines._TpChoiceNode._capped_bound
+    try:
+        mixed_pipelines._TpChoiceNode._capped_bound = lambda *_: 0.0
+        bare = [dataclasses.replace(node, memo={}, rows=None).bound(ctx, memory=False) for node in nodes]
+    finally:
+        mixed_pipelines._TpChoiceNode._capped_bound = capped
+    raised = [(node, x) for node, x, y in zip(nodes, with_it, bare) if x > y * (1 + 1e-9)]
+    assert raised
+    L = ctx.job.model.num_layers
+    rng, checked = random.Random(4), 0
+    for node, bound in rng.sample(raised, min(8, len(raised))):
+        under = [
+            c
+            for _, fam, (lo, hi) in families(ctx, node)
+            for ks in boxes_points(lo, hi, L)
+            for c in fam.candidates(ctx, ks, 0.0)
+        ]
+        for c in rng.sample(under, min(6, len(under))):
+            assert bound <= brute_mixed(ctx.job, c, ctx, ctx.opts.memory_margin).fit_time * SLACK, c.groups
+            checked += 1
+    assert checked
+
+
 def test_the_refined_bound_prices_stages_past_the_dense_layers_at_moe_layers():
     """A candidate's refined bound takes a stage past MOE6's one dense layer at its MoE layer's seconds (every layer
     it holds is MoE: ModelSpec.all_moe_from). It is above the refined bound without the rule for some candidates,

@@ -290,6 +290,42 @@ def capped_rate(a, hi, most: int) -> float:
     return rate
 
 
+def choice_capped_rate(rows, most: int) -> float:
+    """The most layers per second at most ``most`` stages take together, each group at one of its choices: ``rows``
+    per group its choices as (stages k, seconds per layer x). q stages of a group take at most max over its
+    choices of min(q, k)/x layers per second, at most the least concave function above the points (0, 0) and
+    (k, k/x) (_rate_hull), so the steepest segments of all groups first bound the total (capped_rate where a
+    group's TP is still open: each choice at its own stage count and seconds)."""
+    segments = [seg for choices in rows for seg in _rate_hull(tuple(choices))]
+    rate, left = 0.0, most
+    for slope, k in sorted(segments, reverse=True):
+        take = min(k, left)
+        rate += take * slope
+        left -= take
+        if left <= 0:
+            break
+    return rate
+
+
+@functools.lru_cache(maxsize=1 << 14)
+def _rate_hull(choices: tuple[tuple[int, float], ...]) -> tuple[tuple[float, int], ...]:
+    """(layers per second per stage, stages) segments, steepest first, of the least concave function above the
+    points (0, 0) and (k, k/x) of a group's choices (k stages of x seconds per layer): their upper hull."""
+    rising: list[tuple[int, float]] = []  # the points above every one with fewer stages (the function never falls)
+    for p in sorted({(0, 0.0), *((k, k / x) for k, x in choices if k > 0)}):
+        if not rising or p[1] > rising[-1][1]:
+            rising.append(p)
+    hull: list[tuple[int, float]] = []
+    for p in rising:
+        # drop the last point while it lies on or below the chord from the one before it to p
+        while len(hull) >= 2 and (hull[-1][1] - hull[-2][1]) * (p[0] - hull[-2][0]) <= (p[1] - hull[-2][1]) * (
+            hull[-1][0] - hull[-2][0]
+        ):
+            hull.pop()
+        hull.append(p)
+    return tuple(((y2 - y1) / (x2 - x1), x2 - x1) for (x1, y1), (x2, y2) in zip(hull, hull[1:]))
+
+
 def moe_only_rates(a, lo, ends: Ends, mix: KindMix) -> tuple[tuple[float, ...], Ends]:
     """A box's per-layer seconds with each group whose stages all sit past the model's leading dense layers taken
     at its MoE layer's seconds: group g's first stage is at position k_0 + ... + k_{g-1} >= lo_0 + ... + lo_{g-1},

@@ -71,11 +71,13 @@ from planner.search.mixed_pipeline_bounds import (
     Meter,
     box_bound,
     box_bound_reach,
+    choice_capped_rate,
     kind_memory_floor,
     memory_floor,
     merged_levels,
     pipeline_sends,
     refined_bound,
+    schedule_bound,
     split_rows,
     tail_bottleneck,
 )
@@ -393,6 +395,9 @@ class _TpChoiceNode:
         args = (a, lo, hi, ends, L, self.mb, send, self.vpp)
         kw = {"mix": mix, "whole": True, "relaxed": free, "max_stages": deepest}
         plain, reach = box_bound_reach(*args, **kw, target=target)
+        if plain < target:  # at most that many stages: each group's at its own choice's seconds
+            work = mix.work if mix is not None else L * min(a)
+            plain = max(plain, self._capped_bound(ctx, deepest or L // self.vpp, work))
         if not memory or plain >= target:
             return plain
         floor = self.memory_floor(ctx)
@@ -401,6 +406,31 @@ class _TpChoiceNode:
         if floor < reach:  # (the bound with it is the bound without)
             return plain
         return max(plain, box_bound(*args, floor=floor, **kw))
+
+    def _capped_bound(self, ctx: MixedContext, most: int, work: float) -> float:
+        """schedule_bound at the least bottleneck at which at most ``most`` stages hold the heavy layers (the MoE
+        layers of a model with both kinds, else every layer), each group at one of its TP choices (k stages of y
+        seconds per heavy layer: choice_capped_rate), and the least ``work``; 0 where the groups' stages cannot
+        exceed ``most`` (box_bound's capped_rate, which takes a group whose TP is open at its best throughput
+        and its fastest seconds together, is then as good)."""
+        key = ("capped", most, tuple(c for _, c in self._choices(ctx)))
+        hit = self.memo.get(key)
+        if hit is None:
+            rows = tuple(
+                tuple((self.kmax_of[g][tp], self._heavy_seconds(ctx, g, tp)) for g, tp in c)
+                for _, c in self._choices(ctx)
+            )
+            hit = 0.0
+            if sum(max(k for k, _ in r) for r in rows) > most:
+                need = heavy_kind(ctx.job.model)[1]
+                hit = schedule_bound(need / choice_capped_rate(rows, most), work, self.mb, self.vpp)
+            self.memo[key] = hit
+        return hit
+
+    def _heavy_seconds(self, ctx: MixedContext, g: int, tp: int) -> float:
+        """The least seconds per heavy layer (heavy_kind) of a stage of group g at this TP."""
+        kinds = kind_layer_bounds(ctx, g, tp, self.cp, self.mbs, self.base, self.ep)
+        return kinds[1] if kinds is not None else self._terms(ctx, (g, tp))[0]
 
     def _deepest(self, ctx: MixedContext, rows=None) -> int:
         """Where not every depth runs (_depths): the most stages a candidate of the node has, the deepest depth that
