@@ -483,7 +483,7 @@ def _zero_tails(ctx: MixedContext, sm: StageModel, L: int) -> tuple:
         return first, tuple(within(ctx.tail_profile(sm, 2, vpp, start=s)) for s in range(lead + 1))
 
     def moe_only(vpp: float) -> tuple[float, ...] | None:
-        if not 0 < ctx.job.model.all_moe_from < L:
+        if moe_lead(ctx.job.model.all_moe_from, L) is None:
             return None
         return tuple(map(min, *(ctx.tail_profile(sm, s, vpp, start=lead).reach[1:] for s in (1, 2))))
 
@@ -593,6 +593,13 @@ def moe_window_arrays(ctx: MixedContext, start: int = 0) -> tuple[np.ndarray, np
 
         hit = ctx.caches.window_arrays[start] = tuple(np.asarray(x, dtype=float) for x in moe_windows(ctx, start))
     return hit
+
+
+def moe_lead(moe_from: int, num_layers: int) -> int | None:
+    """Where a model's leading dense layers end, for a model whose every later layer is MoE
+    (ModelSpec.all_moe_from = ``moe_from``, with at least one such dense layer): a stage from that position on holds
+    MoE layers only. None for a model without such a position."""
+    return moe_from if 0 < moe_from < num_layers else None
 
 
 def window_start(model, position: int) -> int:

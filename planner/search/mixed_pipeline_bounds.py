@@ -280,8 +280,14 @@ def capped_rate(a, hi, most: int) -> float:
     stages (one chunk of v layers each), so box_bound's bottleneck, sum_s (T - c_s)/a_s >= L, with c_s >= 0 and
     at most that many stages, needs T >= L / this rate. A relaxed row (hi/a its best throughput over its choices, a
     its fastest per-stage time) gives at most min(q, hi)/a for q of its stages."""
+    return _fastest_first(zip(a, hi), most)
+
+
+def _fastest_first(rows, most: int) -> float:
+    """The layers per second of at most ``most`` stages, ``rows`` as (seconds per layer, stages), the fastest
+    taken first."""
     rate, left = 0.0, most
-    for x, k in sorted(zip(a, hi)):
+    for x, k in sorted(rows):
         take = min(k, left)
         rate += take / x
         left -= take
@@ -296,21 +302,14 @@ def choice_capped_rate(rows, most: int) -> float:
     choices of min(q, k)/x layers per second, at most the least concave function above the points (0, 0) and
     (k, k/x) (_rate_hull), so the steepest segments of all groups first bound the total (capped_rate where a
     group's TP is still open: each choice at its own stage count and seconds)."""
-    segments = [seg for choices in rows for seg in _rate_hull(tuple(choices))]
-    rate, left = 0.0, most
-    for slope, k in sorted(segments, reverse=True):
-        take = min(k, left)
-        rate += take * slope
-        left -= take
-        if left <= 0:
-            break
-    return rate
+    return _fastest_first([seg for choices in rows for seg in _rate_hull(tuple(choices))], most)
 
 
 @functools.lru_cache(maxsize=1 << 14)
 def _rate_hull(choices: tuple[tuple[int, float], ...]) -> tuple[tuple[float, int], ...]:
-    """(layers per second per stage, stages) segments, steepest first, of the least concave function above the
-    points (0, 0) and (k, k/x) of a group's choices (k stages of x seconds per layer): their upper hull."""
+    """The segments of the least concave function above the points (0, 0) and (k, k/x) of a group's choices (k
+    stages of x seconds per layer), their upper hull, steepest first: each as (seconds per layer, stages), the
+    stages it spans and the inverse of its slope (what one of them adds per layer per second)."""
     rising: list[tuple[int, float]] = []  # the points above every one with fewer stages (the function never falls)
     for p in sorted({(0, 0.0), *((k, k / x) for k, x in choices if k > 0)}):
         if not rising or p[1] > rising[-1][1]:
@@ -323,7 +322,7 @@ def _rate_hull(choices: tuple[tuple[int, float], ...]) -> tuple[tuple[float, int
         ):
             hull.pop()
         hull.append(p)
-    return tuple(((y2 - y1) / (x2 - x1), x2 - x1) for (x1, y1), (x2, y2) in zip(hull, hull[1:]))
+    return tuple(((x2 - x1) / (y2 - y1), x2 - x1) for (x1, y1), (x2, y2) in zip(hull, hull[1:]))
 
 
 def moe_only_rates(a, lo, ends: Ends, mix: KindMix) -> tuple[tuple[float, ...], Ends]:
@@ -399,11 +398,16 @@ def _split_tails(tails: Callable[[], BoxTails], rows) -> Callable[[], BoxTails]:
 
     def split() -> BoxTails:
         t = tails()
-        moe = t.moe_reaches or (None,) * len(t.reaches)
-        reaches = tuple(moe[g] if only and moe[g] is not None else t.reaches[g] for g, only in rows)
-        return t._replace(reaches=reaches)
+        return t._replace(reaches=row_reaches(t.reaches, t.moe_reaches, rows))
 
     return split
+
+
+def row_reaches(reaches, moe_reaches, rows) -> tuple:
+    """The DP tail reaches of split_rows' rows: a row past the leading dense layers its group's MoE-only reaches
+    (``moe_reaches``, where the group has them), any other its group's ``reaches``."""
+    moe = moe_reaches or (None,) * len(reaches)
+    return tuple(moe[g] if only and moe[g] is not None else reaches[g] for g, only in rows)
 
 
 def moe_only_top(mix: KindMix, lo, ys, v: int) -> float:

@@ -57,6 +57,7 @@ from planner.search.mixed_context import (
     end_costs,
     ep_options,
     kind_layer_bounds,
+    moe_lead,
     per_layer_bound,
     pipeline_dims,
     send_bound,
@@ -77,6 +78,7 @@ from planner.search.mixed_pipeline_bounds import (
     merged_levels,
     pipeline_sends,
     refined_bound,
+    row_reaches,
     schedule_bound,
     split_rows,
     tail_bottleneck,
@@ -413,7 +415,7 @@ class _TpChoiceNode:
         seconds per heavy layer: choice_capped_rate), and the least ``work``; 0 where the groups' stages cannot
         exceed ``most`` (box_bound's capped_rate, which takes a group whose TP is open at its best throughput
         and its fastest seconds together, is then as good)."""
-        key = ("capped", most, tuple(c for _, c in self._choices(ctx)))
+        key = ("capped", most, self.fixed)  # (the node's choices follow from its fixed ones: its root's memo)
         hit = self.memo.get(key)
         if hit is None:
             rows = tuple(
@@ -495,8 +497,8 @@ class _TpChoiceNode:
         kinds = self._kind_row(ctx, choices, terms[4]) if count["dense"] and count["moe"] else None
         # the end terms at their least over the choices, each at its own seconds per layer: a free row's fastest
         # seconds with its least embedding would count the embedding as more layers than any choice's stage does
-        ends = tuple(map(min, zip(*(Ends.row(*self._terms(ctx, u)[:2]) for u in choices)))) if free else None
-        return terms, kinds, ends or Ends.row(terms[0], terms[1]), max(stages)
+        ends = tuple(map(min, zip(*(Ends.row(*self._terms(ctx, u)[:2]) for u in choices))))
+        return terms, kinds, ends, max(stages)
 
     def _choices(self, ctx: MixedContext) -> list[tuple[int, tuple[tuple[int, int], ...]]]:
         """(index in ctx.order, (group, TP) choices) of each row of the node: a used group's one fixed choice, a
@@ -689,7 +691,7 @@ class _Family:
     def lead(self) -> int | None:
         """KindMix.lead of the family: the model's leading dense layers' end (moe_from) where a later position
         holds MoE layers only, else None."""
-        return self.moe_from if self.moe_from is not None and self.moe_from < sum(self.kind_counts) else None
+        return None if self.moe_from is None else moe_lead(self.moe_from, sum(self.kind_counts))
 
     @functools.cached_property
     def bound_ends(self) -> Ends:
@@ -869,10 +871,9 @@ class _Family:
             reaches, levels = self._reaches(zt), self._levels(zt)
             bottleneck = tail_bottleneck(reaches, hi, L, levels, self.vpp)
             if split is not None:  # (box_bound's rows: MoE-only stages at their own reaches)
-                moe = self._moe_reaches(zt)
                 rows, _, his = split
-                reaches = tuple(moe[g] if only and moe[g] is not None else reaches[g] for g, only in rows)
-                bottleneck = max(bottleneck, tail_bottleneck(reaches, his, L, levels, self.vpp))
+                split_reaches = row_reaches(reaches, self._moe_reaches(zt), rows)
+                bottleneck = max(bottleneck, tail_bottleneck(split_reaches, his, L, levels, self.vpp))
             hit = self._box_memo[key] = max(self._tail(zt), bottleneck)
         key = ("ends", id(zt), sum(lo))
         ends = self._box_memo.get(key)
