@@ -130,6 +130,7 @@ def test_homogeneous_bounds_hold_for_every_plan(name):
         assert sm.lower_bound() <= best.any_time * SLACK, what
         assert quick.lower_bound(sm) <= best.any_time * SLACK, what
         assert quick.integer_bottleneck(sm) <= best.any_slowest * SLACK, what
+        assert quick.integer_bottleneck(sm) <= quick.ordered_bottleneck(sm) <= best.any_slowest * SLACK, what
         assert quick.lower_bound(sm, capacity) <= best.fit_time * SLACK, what
         if best.fit_time < float("inf"):
             fitting += 1
@@ -139,6 +140,31 @@ def test_homogeneous_bounds_hold_for_every_plan(name):
             forced = quick.forced_recompute(sm, capacity)
             assert forced is not None and forced <= best.fit_recomputed + 1e-9, what
     assert fitting  # the memory-aware bounds were checked somewhere
+
+
+def test_ordered_bottleneck_is_the_least_slowest_stage_of_any_contiguous_split():
+    """quick._ordered_bottleneck (each layer at its own kind's floor, in the model's order) against every split
+    into contiguous stages of at least one layer: within the bisection's 1e-9 under the least slowest stage. The
+    layers [dense, dense, MoE, MoE] on three stages, the middle one with room for a dense layer and no MoE layer at
+    the optimum 6.5, fit there only where the first stage holds one layer: filling each stage as far as it goes
+    would find no split at 6.5 and overstate the bottleneck (8.5)."""
+    rng = random.Random(7)
+    cases = [((0.0, 5.5, 0.0), (1.0, 3.0), (False, False, True, True))]
+    for _ in range(300):
+        L = rng.randint(1, 9)
+        p = rng.randint(1, L)
+        lead, freq = rng.randint(0, L), rng.choice((1, 2))
+        order = tuple(j >= lead and (j - lead) % freq == 0 for j in range(L))
+        consts = tuple(rng.choice((0.0, rng.uniform(0, 3))) for _ in range(p))
+        cases.append((consts, (rng.uniform(0.2, 1.5), rng.uniform(0.2, 3.0)), order))
+    for consts, floors, order in cases:
+        cost = [floors[1] if moe else floors[0] for moe in order]
+        best = min(
+            max(c + sum(cost[a : a + n]) for c, a, n in zip(consts, itertools.accumulate((0, *split)), split))
+            for split in compositions(len(order), len(consts))
+        )
+        got = quick._ordered_bottleneck(consts, floors, order)
+        assert best * (1 - 2e-9) <= got <= best, (consts, floors, order)
 
 
 @pytest.mark.parametrize("name", HOMOGENEOUS)

@@ -27,6 +27,7 @@ from planner.search.replicas import (
     _replica_dims,
     _shapes,
     choice_floor_terms,
+    integer_reach,
     micro_batch_work,
     pipeline_floor,
     throughput_floor,
@@ -194,6 +195,35 @@ def test_the_pipeline_floor_of_a_replica_shape_is_below_every_plan_of_it(monkeyp
         assert floor > 0
     if (shape, zero) == ((1, 1, 2, 1), 3):  # fits on both GPUs, on the 5.5 GiB one only by recomputing
         assert expected < float("inf")
+
+
+def test_integer_reach_is_the_least_time_whole_micro_batch_counts_reach():
+    """replicas.integer_reach against every choice of whole counts m_g >= 1 (shared by a group's d_g replicas)
+    with sum_g d_g m_g >= M: the least slowest (m_g - 1) T_g + rest_g. The continuous reach is below it where the
+    counts cannot balance, as with one replica of a slow group next to a fast one."""
+    import random
+
+    rng = random.Random(3)
+    cases = [(5, [(1, 1.0, 0.0), (1, 10.0, 0.0)])]
+    for _ in range(300):
+        cases.append(
+            (
+                rng.randint(1, 30),
+                [(rng.randint(1, 4), rng.uniform(0.1, 3), rng.uniform(0, 5)) for _ in range(rng.randint(1, 3))],
+            )
+        )
+    below = 0
+    for M, terms in cases:
+        best = min(
+            max((m - 1) * T + rest for m, (_, T, rest) in zip(ms, terms))
+            for ms in itertools.product(range(1, M + 1), repeat=len(terms))
+            if sum(d * m for m, (d, _, _) in zip(ms, terms)) >= M
+        )
+        assert integer_reach(M, terms) == pytest.approx(best, rel=1e-12), (M, terms)
+        rate = sum(d / T for d, T, _ in terms)
+        continuous = (M - sum(d for d, _, _ in terms) + sum(d * r / T for d, T, r in terms)) / rate
+        below += max([continuous] + [r for _, _, r in terms]) < best * (1 - 1e-9)
+    assert below
 
 
 def test_the_shape_bound_of_a_model_with_dense_and_moe_layers_counts_each_layer_at_its_kind(monkeypatch):
