@@ -94,7 +94,7 @@ def _ordered_bottleneck(consts: tuple[float, ...], floors: tuple[float, float], 
         (a run of starts whose first layer fits reaches one interval: the furthest end grows with the start)."""
         reach = [(0, 0)]  # positions the next stage may start at
         for i, c in enumerate(consts):
-            room, last = T - c, L - (p - 1 - i)  # (each later stage keeps one layer)
+            room, last = T - c + 1e-12 * T, L - (p - 1 - i)  # (each later stage keeps one layer; float rounding)
             ends = []
             for lo, hi in reach:
                 e = lo
@@ -105,7 +105,7 @@ def _ordered_bottleneck(consts: tuple[float, ...], floors: tuple[float, float], 
                     start = e
                     while e < hi and cost[e + 1] <= room:
                         e += 1
-                    top = min(bisect.bisect_right(prefix, prefix[e] + room * (1 + 1e-12)) - 1, last)
+                    top = min(bisect.bisect_right(prefix, prefix[e] + room) - 1, last)
                     if top > start:
                         if ends and ends[-1][1] >= start:
                             ends[-1] = (ends[-1][0], max(ends[-1][1], top))
@@ -119,11 +119,23 @@ def _ordered_bottleneck(consts: tuple[float, ...], floors: tuple[float, float], 
                 return False
         return any(lo <= L <= hi for lo, hi in reach)
 
-    lo, hi = 0.0, max(consts) + prefix[L]  # one stage holding every layer stands for any feasible split
-    while hi - lo > 1e-9 * hi:
-        mid = (lo + hi) / 2
-        lo, hi = (lo, mid) if fits(mid) else (mid, hi)
-    return lo
+    # the least bottleneck is the time of some stage: a constant plus a run of at most L - p + 1 layers
+    values = sorted({c + d * floors[0] + e * floors[1] for c in set(consts) for d, e in _run_mixes(order, L - p + 1)})
+    lo, hi = 0, len(values) - 1  # (the last: a stage's most, which every split of the layers reaches)
+    while lo < hi:
+        mid = (lo + hi) // 2
+        lo, hi = (lo, mid) if fits(values[mid]) else (mid + 1, hi)
+    return values[lo]
+
+
+@lru_cache(maxsize=256)
+def _run_mixes(order: tuple[bool, ...], longest: int) -> frozenset[tuple[int, int]]:
+    """(dense, MoE) layer counts of every run of 1..``longest`` consecutive layers of ``order``."""
+    moe = list(itertools.accumulate(order, initial=0))
+    L = len(order)
+    return frozenset(
+        (n - moe[a + n] + moe[a], moe[a + n] - moe[a]) for a in range(L) for n in range(1, min(longest, L - a) + 1)
+    )
 
 
 def _effective_layers(sm: StageModel) -> float:
