@@ -66,21 +66,32 @@ def integer_bottleneck(sm: StageModel, consts: list[float] | None = None) -> flo
     return floor_t + L * a  # unreachable: L layers always fit one per v-chunk at T = max c + L*a
 
 
-def ordered_bottleneck(sm: StageModel, consts: list[float] | None = None) -> float:
+def ordered_bottleneck(sm: StageModel, consts: list[float] | None = None, floor: float = 0.0) -> float:
     """integer_bottleneck with every layer at the floor of its own kind, in the model's layer order: the smallest T
     at which contiguous stages, stage i holding at least one layer, its layers' floors plus c_i within T, hold all
     L layers. A model with dense and MoE layers: integer_bottleneck counts every layer at the cheaper dense floor,
     so a last stage holding one MoE layer and the logits (a pipeline as deep as the model) was bounded at the dense
     layer and the logits, 26% under (suite seed 5, job 10). Without interleaving only (a chunk of an interleaved
-    stage is not contiguous with the next); otherwise, and for a model of one kind, integer_bottleneck."""
+    stage is not contiguous with the next); otherwise, and for a model of one kind, integer_bottleneck. At least
+    ``floor``, a bound known otherwise (lower_bound_terms: the stages' floors over p)."""
     d, m = sm.dims, sm.job.model
     consts = consts if consts is not None else _stage_consts(sm)
     count = layer_counts(m)
     if d.vpp != 1 or not count["dense"] or not count["moe"]:
-        return integer_bottleneck(sm, consts)
+        return max(integer_bottleneck(sm, consts), floor)
     floors = (sm.kinds["dense"].layer_floor(), sm.kinds["moe"].layer_floor())
-    order = tuple(m.is_moe_layer(j) for j in range(m.num_layers))
-    return max(integer_bottleneck(sm, consts), _ordered_bottleneck(tuple(consts), floors, order))
+    return max(integer_bottleneck(sm, consts), floor, _ordered_bottleneck(tuple(consts), floors, _layer_order(m)))
+
+
+def _layer_order(model) -> tuple[bool, ...]:
+    """Per layer, whether it is an MoE layer (ModelSpec.is_moe_layer); the last model's kept."""
+    global _LAST_ORDER
+    if _LAST_ORDER[0] is not model:
+        _LAST_ORDER = (model, tuple(model.is_moe_layer(j) for j in range(model.num_layers)))
+    return _LAST_ORDER[1]
+
+
+_LAST_ORDER: tuple = (None, ())
 
 
 @lru_cache(maxsize=4096)
@@ -88,6 +99,7 @@ def _ordered_bottleneck(consts: tuple[float, ...], floors: tuple[float, float], 
     L, p = len(order), len(consts)
     cost = [floors[1] if moe else floors[0] for moe in order]
     prefix = list(itertools.accumulate(cost, initial=0.0))
+    low, high = min(floors), max(floors)
 
     def fits(T: float) -> bool:
         """Whether stages 0..p-1 can end exactly at layer L: the positions each stage can end at, as intervals
@@ -96,7 +108,14 @@ def _ordered_bottleneck(consts: tuple[float, ...], floors: tuple[float, float], 
         for i, c in enumerate(consts):
             room, last = T - c + 1e-12 * T, L - (p - 1 - i)  # (each later stage keeps one layer; float rounding)
             ends = []
+            if room < low:
+                return False  # (no layer fits the stage)
             for lo, hi in reach:
+                if room >= high:  # every start's first layer fits: one run
+                    top = min(bisect.bisect_right(prefix, prefix[hi] + room) - 1, last)
+                    if top > lo:
+                        ends.append((lo + 1, top))
+                    continue
                 e = lo
                 while e <= hi:
                     if cost[e] > room:
@@ -373,7 +392,7 @@ def lower_bound_terms(
             comp += forced * min(k.recompute_extra for k in sm.kinds.values())
     if time.zero is not None:
         total += time.zero.exposed(time.zero.traffic.at(whole), comp)
-    T = max(ordered_bottleneck(sm, consts), total / p)
+    T = ordered_bottleneck(sm, consts, total / p)
     rest = total / v + tail.exposed(whole, comp, fwd) / p + tail.optimizer.at(whole) / p
     slope = sm.mb - 1 / v
     if capacity_gib is not None and slope * T + rest < cutoff:
