@@ -80,7 +80,8 @@ def ordered_bottleneck(sm: StageModel, consts: list[float] | None = None, floor:
     if d.vpp != 1 or not count["dense"] or not count["moe"]:
         return max(integer_bottleneck(sm, consts), floor)
     floors = (sm.kinds["dense"].layer_floor(), sm.kinds["moe"].layer_floor())
-    return max(integer_bottleneck(sm, consts), floor, _ordered_bottleneck(tuple(consts), floors, _layer_order(m)))
+    # (at least integer_bottleneck, which takes every layer at the lesser of the two floors)
+    return max(floor, _ordered_bottleneck(tuple(consts), floors, _layer_order(m)))
 
 
 def _layer_order(model) -> tuple[bool, ...]:
@@ -140,7 +141,14 @@ def _ordered_bottleneck(consts: tuple[float, ...], floors: tuple[float, float], 
 
     # the least bottleneck is the time of some stage: a constant plus a run of at most L - p + 1 layers
     values = sorted({c + d * floors[0] + e * floors[1] for c in set(consts) for d, e in _run_mixes(order, L - p + 1)})
-    lo, hi = 0, len(values) - 1  # (the last: a stage's most, which every split of the layers reaches)
+    # the slowest stage is at least the mean of the stages (the least over the values) and, in a split found by
+    # fits, seldom more than a layer and the constants' spread above it (tried first; the last value, a stage's
+    # most, every split of the layers reaches)
+    mean = (sum(consts) + prefix[L]) / p
+    lo = max(0, bisect.bisect_left(values, mean) - 1)
+    hi = min(len(values) - 1, bisect.bisect_right(values, mean + high + max(consts) - min(consts)))
+    if not fits(values[hi]):
+        lo, hi = hi + 1, len(values) - 1
     while lo < hi:
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if fits(values[mid]) else (mid + 1, hi)
