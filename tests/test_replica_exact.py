@@ -80,13 +80,35 @@ def brute_force(job, shape, zero, counts, base, ep=1):
     return best
 
 
-def test_the_exact_split_of_a_pipelined_replica_shape_is_the_brute_force_optimum(monkeypatch):
+@pytest.mark.parametrize(("gbs", "zero", "memory_gib"), [(8, 1, None), (5, 1, None), (5, 3, 5.5), (7, 3, 5.5)])
+def test_the_exact_split_of_a_pipelined_replica_shape_is_the_brute_force_optimum(monkeypatch, gbs, zero, memory_gib):
+    """On the small GPU as it is and on one so tight that ZeRO-3 fits only by recomputing: the choices whose
+    replicas keep fewer micro-batches in flight (their own stage models, their own memory) share one built model
+    of the stage times (replica_partition._split_model, built once per time unit), and the plan is the brute-force
+    optimum."""
     import planner.cost.estimate as E
+    import planner.search.replica_partition as RP
 
-    zero = 1
-    job = replica_job()
+    job = replica_job(gbs)
+    if memory_gib is not None:
+        raw = job.model_dump(mode="json", exclude_none=True)
+        raw["cluster"][0]["gpu"] = {**SMALL_GPU, "memory_gib": memory_gib}
+        job = parse_job(raw)
     shared = E.costs_by_group(job)  # one cost source for the brute force's many estimates (its caches)
     monkeypatch.setattr(E, "costs_by_group", lambda job, cal=None: shared)
+    builds, priced = [], set()
+    build, solve = RP._split_model, RP.solve_split
+
+    def counted_build(per, caps, scale, **kw):
+        builds.append(scale)
+        return build(per, caps, scale, **kw)
+
+    def counted_solve(per, *args, **kw):
+        priced.add(id(per))
+        return solve(per, *args, **kw)
+
+    monkeypatch.setattr(RP, "_split_model", counted_build)
+    monkeypatch.setattr(RP, "solve_split", counted_solve)
     opts = SearchOptions()
     ctx = MixedContext(job, opts, None, cost_source(job), group_order(job.cluster))
     shape, base, counts = (1, 1, 2, 1), "none", ((0, 2), (1, 1))
@@ -97,6 +119,43 @@ def test_the_exact_split_of_a_pipelined_replica_shape_is_the_brute_force_optimum
     assert proven and open_s == float("inf")
     assert expected < float("inf") and est is not None
     assert est.iteration_time_s == pytest.approx(expected, rel=RESOLUTION)
+    assert len(builds) == len(set(builds))  # one build a time unit
+    if gbs != 8:  # (5 and 7 micro-batches: choices with one replica at one micro-batch in flight, and at two)
+        assert len(priced) >= 2
+
+
+def test_a_choice_on_a_shared_split_model_keeps_its_own_memory(monkeypatch):
+    """Choices whose replicas keep different micro-batches in flight share the built model of the stage times
+    (replica_partition._split_model) but each fits its own stage models' memory: on a GPU where one micro-batch in
+    flight leaves room that two do not, the choice solved second on the shared model gets the split and recompute
+    it gets on its own (less recompute than the first choice's)."""
+    import planner.search.replica_partition as RP
+    from planner.search.replicas import _probe_models
+
+    raw = replica_job(5).model_dump(mode="json", exclude_none=True)
+    raw["cluster"][0]["gpu"] = {**SMALL_GPU, "memory_gib": 5.8}
+    job = parse_job(raw)
+    ctx = MixedContext(job, SearchOptions(), None, cost_source(job), group_order(job.cluster))
+    counts = ((0, 2), (1, 1))
+    cand = ReplicaCandidate(1, 1, 2, 1, 3, "none", counts, 0.0)
+    caps = [ctx.capacity(g) for g, _ in counts]
+    kw = {
+        "partial_recompute": True,
+        "even_layers": False,
+        "uniform_recompute": False,
+        "cap_s": float("inf"),
+        "time_limit_s": 30.0,
+        "workers": 1,
+    }
+    first, second = ((2, 1), _probe_models(ctx, cand, [2, 1])), ((1, 3), _probe_models(ctx, cand, [1, 3]))
+    alone = [RP.solve_split(per, caps, ms, counts, 5, **kw)[0] for ms, per in (first, second)]
+    assert sum(map(sum, alone[1].recompute)) < sum(map(sum, alone[0].recompute))  # (the memory binds apart)
+    builds = []
+    build = RP._split_model
+    monkeypatch.setattr(RP, "_split_model", lambda *a, **k: builds.append(1) or build(*a, **k))
+    models = {}
+    shared = [RP.solve_split(per, caps, ms, counts, 5, models=models, **kw)[0] for ms, per in (first, second)]
+    assert shared == alone and len(builds) == 1
 
 
 @pytest.mark.parametrize("workers", [1, 4])

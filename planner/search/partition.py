@@ -365,8 +365,9 @@ def _add_optimizer_step(m: cp_model.CpModel, pv: PartitionVars, i: int, tail: Ta
 
 
 def _add_memory(m: cp_model.CpModel, pv: PartitionVars, i: int, memory: MemoryForms, allocatable: float) -> None:
-    """Stage i's allocated bytes (KiB) fit what its GPU allows before the allocator's allowance."""
-    m.Add(pv.linear(memory.allocated, i, _kib) <= int(allocatable / KIB))
+    """Stage i's allocated bytes (KiB) fit what its GPU allows before the allocator's allowance (``add``: also on a
+    copied model, replica_partition._copy_model, which has no pre-PEP8 names)."""
+    m.add(pv.linear(memory.allocated, i, _kib) <= int(allocatable / KIB))
 
 
 def _kib(nbytes: float) -> int:

@@ -170,12 +170,14 @@ def micro_batch_range(M: int, counts, work: list[float], pp: int, beat: float) -
 
 @dataclass
 class _SplitModel:
-    """What a shared split's model holds for every micro-batch choice of one set of stage models and one time
-    unit: the stages' layer and recompute counts, each group's stage times, bottleneck, DP tail and optimizer step,
-    and memory. A choice's solve copies it and adds its own counts, cap and objective (solve_split): building it
-    is most of a small solve's time (suite seed 2 job 26: 2,773 choices, 18.1 s of solves, 4.2 s of it in CP-SAT)."""
+    """What a shared split's model holds for every micro-batch choice of one set of stage times and one time unit:
+    the stages' layer and recompute counts, each group's stage times, bottleneck, DP tail and optimizer step. A
+    choice's solve copies it and adds its own memory (its stage models: the in-flight micro-batches), counts, cap
+    and objective (solve_split): building it is most of a small solve's time (suite seed 2 job 26: 2,773 choices,
+    18.1 s of solves, 4.2 s of it in CP-SAT), and the choices whose replicas keep fewer than pp micro-batches in
+    flight, each with its own stage models, share it (seed-5 job 10: 76 builds, 3.6 s of 4.8 s of solves)."""
 
-    per: list[list[StageModel]]  # the stage models it prices (held: solve_split's cache keys them by id)
+    per: list[list[StageModel]]  # the stage models whose times it holds (_same_times tells who else may share it)
     model: object  # cp_model.CpModel, never solved itself
     shared: PartitionVars
     pvs: list[PartitionVars]
@@ -218,9 +220,18 @@ def _split_model(
             comp, fwd = _add_stage_time(m, pv, i, forms.time, sm.pp_time, scale)
             _add_dp_tail(m, pv, i, forms.tail, comp, fwd, scale)
             _add_optimizer_step(m, pv, i, forms.tail, scale)
-            _add_memory(m, pv, i, forms.memory, sm.allocatable(caps[g]))
         pvs.append(pv)
     return _SplitModel(per, m, shared, pvs)
+
+
+def _same_times(a: list[list[StageModel]], b: list[list[StageModel]]) -> bool:
+    """Whether two sets of stage models price every stage's time, DP tail and optimizer step alike (the forms a
+    _SplitModel holds): those at different in-flight counts differ in their memory alone."""
+    return all(
+        x is y or (x.pp_time == y.pp_time and x.forms(i).time == y.forms(i).time and x.forms(i).tail == y.forms(i).tail)
+        for xs, ys in zip(a, b)
+        for i, (x, y) in enumerate(zip(xs, ys))
+    )
 
 
 def _copy_model(model):
@@ -259,8 +270,8 @@ def solve_split(
     (fixed counts, or per group a (lo, hi) range, solved for with sum_g d_g m_g = M); ``per[g][i]`` prices stage
     i of replica group g, ``caps[g]`` its GPUs' capacity. Only splits faster than ``cap_s`` (up to the time unit's
     precision) are of interest. ``work_limit``: a cap in CP-SAT's deterministic time (partition.new_solver).
-    ``models``: the _SplitModel of each (stage models, time unit) built so far, kept by the caller across its
-    choices (the model solved is the same, constraint for constraint, as one built afresh)."""
+    ``models``: the _SplitModel built so far by time unit, kept by the caller across its choices (the model solved
+    is the same, constraint for constraint, as one built afresh, its memory constraints last)."""
     ranges = [m if isinstance(m, tuple) else (m, m) for m in ms]
     s0 = per[0][0]
     job, d = s0.job, s0.dims
@@ -271,8 +282,8 @@ def solve_split(
     span = max(hi for _, hi in ranges) + p + 2
     unit = _time_unit(horizon_s, 1, span, every, d.zero_stage)  # (the objective is the time alone)
     scale = Scale(unit, int(horizon_s * unit))
-    key = (id(per), scale)
-    built = models.get(key) if models is not None else None
+    kept = models.setdefault(scale, []) if models is not None else []
+    built = next((x for x in kept if x.per is per or _same_times(x.per, per)), None)
     if built is None:
         built = _split_model(
             per,
@@ -282,10 +293,12 @@ def solve_split(
             even_layers=even_layers,
             uniform_recompute=uniform_recompute,
         )
-        if models is not None:
-            models[key] = built
+        kept.append(built)
     m = _copy_model(built.model)  # (snake_case from here: the copy has no pre-PEP8 aliases)
     shared, pvs = built.shared, built.pvs
+    for pv, sms, cap in zip(pvs, per, caps):  # this choice's memory: its own stage models
+        for i, sm in enumerate(sms):
+            _add_memory(m, pv, i, sm.forms(i).memory, sm.allocatable(cap))
     z = m.new_int_var(0, span * scale.big_t, "Z")
     counts_m = []
     for g, (pv, (lo, hi)) in enumerate(zip(pvs, ranges)):
@@ -389,7 +402,7 @@ def exact_splits(
         "partial_recompute": partial_recompute,
         "even_layers": even_layers,
         "uniform_recompute": uniform_recompute,
-        "models": {},  # the choice-independent models (_SplitModel), by stage models and time unit
+        "models": {},  # the choice-independent models (_SplitModel), by time unit
     }
 
     def models_for(ms) -> list[list[StageModel]]:
