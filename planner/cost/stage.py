@@ -103,15 +103,26 @@ class KindCoeffs:
 def layer_counts(model) -> dict[str, int]:
     """How many layers of each kind ("dense", "moe") the model has (read-only: the last model's counts are kept,
     the bounds ask for them in their inner loops)."""
-    global _LAST_COUNTS
-    last = _LAST_COUNTS
-    if last[0] is not model:
-        moe = model.num_moe_layers
-        last = _LAST_COUNTS = (model, {"dense": model.num_layers - moe, "moe": moe})
-    return last[1]
+    last = _LAST_LAYERS
+    return (last if last[0] is model else _layers_of(model))[1]
 
 
-_LAST_COUNTS: tuple = (None, None)  # (model, its layer_counts), replaced whole
+def moe_flags(model) -> tuple[bool, ...]:
+    """Per layer, in the model's order, whether it is an MoE layer (ModelSpec.is_moe_layer); kept with
+    layer_counts."""
+    last = _LAST_LAYERS
+    return (last if last[0] is model else _layers_of(model))[2]
+
+
+def _layers_of(model) -> tuple:
+    global _LAST_LAYERS
+    moe = model.num_moe_layers
+    flags = tuple(model.is_moe_layer(j) for j in range(model.num_layers))
+    _LAST_LAYERS = (model, {"dense": model.num_layers - moe, "moe": moe}, flags)
+    return _LAST_LAYERS
+
+
+_LAST_LAYERS: tuple = (None, None, None)  # (model, its layer_counts, its moe_flags), replaced whole
 
 
 def end_params(model, tp: int, first: bool, last: bool, deep: bool) -> float:

@@ -244,6 +244,23 @@ class MixedContext:
         return self.job.cluster[g].gpu.memory_gib * (1 - self.opts.memory_margin)
 
 
+class ZeroTails(NamedTuple):
+    """The DP tail terms of ZeroTerms (_zero_tails), each as (paid, every): with recompute paid for in the
+    schedule's sum (valid up to ``pays_up_to`` model chunks per stage) and with every layer recomputed."""
+
+    pays_up_to: float
+    reach: tuple  # per layer count n = 1..L, the least tail of a stage holding n or more layers
+    ends: tuple | None  # (first stage's, last stage's by its first layer) tails holding 1..n layers
+    moe_reach: tuple | None  # reach of a stage past the leading dense layers (None: the model has none)
+
+    def way(self, vpp: int) -> int:
+        """Which of each pair holds at ``vpp``: 0 (paid) up to pays_up_to, else 1 (every)."""
+        return 0 if vpp <= self.pays_up_to else 1
+
+
+_NO_TAILS = ZeroTails(float("inf"), ((), ()), None, None)
+
+
 @dataclass
 class ZeroTerms:
     """What a ZeRO stage adds to the bound of a node group's stages at fixed degrees, valid at every depth >= 2:
@@ -265,7 +282,7 @@ class ZeroTerms:
     # work out the traffic lines (_zero_lines) and the DP tail terms reach reads (_zero_tails) when a bound first
     # reads them: a TP-choice node only reads the memory terms, and many families are cut before their tails
     make_lines: Callable[[], tuple] | None = field(default=None, repr=False, compare=False)
-    make_tails: Callable[[], tuple] | None = field(default=None, repr=False, compare=False)
+    make_tails: Callable[[], ZeroTails] | None = field(default=None, repr=False, compare=False)
 
     @functools.cached_property
     def _lines(self) -> tuple[float, float, float, tuple[float, float] | None]:
@@ -290,10 +307,8 @@ class ZeroTerms:
         return self._lines[3]
 
     @functools.cached_property
-    def _tails(self) -> tuple:
-        if self.make_tails is None:
-            return (), (), float("inf"), None, None, None, None
-        return self.make_tails()
+    def _tails(self) -> ZeroTails:
+        return _NO_TAILS if self.make_tails is None else self.make_tails()
 
     def tail(self, vpp: int = 1) -> float:
         """The least exposed DP tail of any of the group's stages in a pipeline of ``vpp`` model chunks per stage
@@ -305,16 +320,14 @@ class ZeroTerms:
         """Per layer count n = 1..L (index n - 1), the least DP tail a stage of this group holding n or more layers
         has (TailProfile.reach, the least over the first, a middle and the last stage), as tail: with recompute
         paid for in the schedule's sum up to the vpp where that holds, else with every layer recomputed."""
-        paid, every, pays_up_to = self._tails[:3]
-        return paid if vpp <= pays_up_to else every
+        t = self._tails
+        return t.reach[t.way(vpp)]
 
     def moe_reach(self, vpp: int = 1) -> tuple[float, ...] | None:
         """``reach`` of a stage that holds MoE layers only (a middle or last stage past the model's leading dense
         layers: ModelSpec.all_moe_from), None for a model without leading dense layers (``reach`` is that)."""
-        paid, every = self._tails[5:7]
-        if paid is None:
-            return None
-        return paid if vpp <= self._tails[2] else every
+        t = self._tails
+        return None if t.moe_reach is None else t.moe_reach[t.way(vpp)]
 
     def end_tails(self, after_first: int, vpp: int = 1) -> tuple[float, float]:
         """(first, last): the least DP tail of this group's stage at the start of a pipeline with at least
@@ -322,10 +335,10 @@ class ZeroTerms:
         layers: fewer layers hide less of its communication behind their backward) and of its stage at the end of
         such a pipeline (the logits'; at most room(0, 1) layers, from layer after_first on), as ``reach`` takes
         them."""
-        _, _, pays_up_to, paid, every = self._tails[:5]
-        if paid is None:
+        t = self._tails
+        if t.ends is None:
             return 0.0, 0.0
-        first, last = paid if vpp <= pays_up_to else every
+        first, last = t.ends[t.way(vpp)]
 
         def held(within, after: int) -> float:
             return within[int(min(max(1.0, self.room(after, 1, vpp)), len(within))) - 1]
@@ -460,14 +473,13 @@ def _zero_lines(ctx: MixedContext, sm: StageModel) -> tuple[float, float, float,
     return min(z for z, _ in lines), first, last, slopes
 
 
-def _zero_tails(ctx: MixedContext, sm: StageModel, L: int) -> tuple:
-    """ZeroTerms' (paid_reach, any_reach, pays_up_to, paid_ends, any_ends, paid_moe_reach, any_moe_reach): per
-    layer count n = 1..L, the least tail any of the first, a middle and the last stage (at any depth >= 2) has
-    holding n or more layers, with recompute paid for in the schedule's sum and with every layer recomputed; the
-    largest vpp at which the first holds; each way, per n the least tail of the first stage (it also holds the
-    embedding) holding 1 to n layers, and the same of the last stage (the logits) by the first layer it may hold,
-    0 up to the leading dense layers (window_start: a last stage past them holds MoE layers only); and the reaches
-    of a middle or last stage past those layers (None without them)."""
+def _zero_tails(ctx: MixedContext, sm: StageModel, L: int) -> ZeroTails:
+    """ZeroTerms' ZeroTails: the largest vpp at which recompute is paid for in the schedule's sum; and each way
+    (paid, every layer recomputed) per layer count n = 1..L, the least tail any of the first, a middle and the last
+    stage (at any depth >= 2) has holding n or more layers; per n the least tail of the first stage (it also holds
+    the embedding) holding 1 to n layers, and the same of the last stage (the logits) by the first layer it may
+    hold, 0 up to the leading dense layers (window_start: a last stage past them holds MoE layers only); and the
+    reaches of a middle or last stage past those layers (None without them)."""
     import numpy as np
 
     # the first stage, a middle and the last one of a 3-stage model: the latter two start at layer 1 or later
@@ -482,19 +494,14 @@ def _zero_tails(ctx: MixedContext, sm: StageModel, L: int) -> tuple:
         first = within(ctx.tail_profile(sm, 0, vpp, start=0))
         return first, tuple(within(ctx.tail_profile(sm, 2, vpp, start=s)) for s in range(lead + 1))
 
-    def moe_only(vpp: float) -> tuple[float, ...] | None:
-        if moe_lead(ctx.job.model.all_moe_from, L) is None:
-            return None
+    def moe_only(vpp: float) -> tuple[float, ...]:
         return tuple(map(min, *(ctx.tail_profile(sm, s, vpp, start=lead).reach[1:] for s in (1, 2))))
 
-    return (
-        tuple(map(min, *(p.reach[1:] for p in paid))),
-        tuple(map(min, *(p.reach[1:] for p in every))),
+    return ZeroTails(
         min(ctx.recompute_pays(sm, s) for s in range(3)),
-        ends(1),
-        ends(math.inf),
-        moe_only(1),
-        moe_only(math.inf),
+        (tuple(map(min, *(p.reach[1:] for p in paid))), tuple(map(min, *(p.reach[1:] for p in every)))),
+        (ends(1), ends(math.inf)),
+        None if moe_lead(ctx.job.model.all_moe_from, L) is None else (moe_only(1), moe_only(math.inf)),
     )
 
 

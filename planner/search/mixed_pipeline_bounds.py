@@ -365,13 +365,14 @@ def split_rows(lo, hi, moe_from: int | None, ordered: bool = True):
         before = dense_capable(lo, hi, moe_from)
     else:
         before = tuple((0, min(k_hi, moe_from)) for k_hi in hi)
-    rows, out_lo, out_hi = [], [], []
+    out = []  # (row, lo, hi)
     for g, ((few, most), k_lo, k_hi) in enumerate(zip(before, lo, hi)):
         if most:
-            rows.append((g, False)), out_lo.append(few), out_hi.append(most)
+            out.append(((g, False), few, most))
         if k_hi - few:
-            rows.append((g, True)), out_lo.append(max(0, k_lo - most)), out_hi.append(k_hi - few)
-    return tuple(rows), tuple(out_lo), tuple(out_hi)
+            out.append(((g, True), max(0, k_lo - most), k_hi - few))
+    rows, out_lo, out_hi = zip(*out)
+    return rows, out_lo, out_hi
 
 
 def moe_split(a, lo, hi, ys, ends: Ends, mix: KindMix):

@@ -16,7 +16,7 @@ import math
 from functools import lru_cache
 
 from planner.cost import memory as M
-from planner.cost.stage import StageModel, StagePlan, heavy_kind, layer_counts, split_kinds
+from planner.cost.stage import StageModel, StagePlan, heavy_kind, layer_counts, moe_flags, split_kinds
 
 RESOLUTION = 1e-4  # plans closer than 0.01% are treated as equal in time
 
@@ -81,18 +81,7 @@ def ordered_bottleneck(sm: StageModel, consts: list[float] | None = None, floor:
         return max(integer_bottleneck(sm, consts), floor)
     floors = (sm.kinds["dense"].layer_floor(), sm.kinds["moe"].layer_floor())
     # (at least integer_bottleneck, which takes every layer at the lesser of the two floors)
-    return max(floor, _ordered_bottleneck(tuple(consts), floors, _layer_order(m)))
-
-
-def _layer_order(model) -> tuple[bool, ...]:
-    """Per layer, whether it is an MoE layer (ModelSpec.is_moe_layer); the last model's kept."""
-    global _LAST_ORDER
-    if _LAST_ORDER[0] is not model:
-        _LAST_ORDER = (model, tuple(model.is_moe_layer(j) for j in range(model.num_layers)))
-    return _LAST_ORDER[1]
-
-
-_LAST_ORDER: tuple = (None, ())
+    return max(floor, _ordered_bottleneck(tuple(consts), floors, moe_flags(m)))
 
 
 @lru_cache(maxsize=4096)
@@ -102,41 +91,42 @@ def _ordered_bottleneck(consts: tuple[float, ...], floors: tuple[float, float], 
     prefix = list(itertools.accumulate(cost, initial=0.0))
     low, high = min(floors), max(floors)
 
+    def runs(lo: int, hi: int, room: float):
+        """The runs (first, last) of starts lo..hi whose first layer fits ``room``."""
+        if room >= high:  # (every layer fits: one run)
+            yield lo, hi
+            return
+        e = lo
+        while e <= hi:
+            if cost[e] <= room:
+                start = e
+                while e < hi and cost[e + 1] <= room:
+                    e += 1
+                yield start, e
+            e += 1
+
     def fits(T: float) -> bool:
         """Whether stages 0..p-1 can end exactly at layer L: the positions each stage can end at, as intervals
-        (a run of starts whose first layer fits reaches one interval: the furthest end grows with the start)."""
+        (a run of starts whose first layer fits reaches one interval: the furthest end grows with the start; each
+        later stage keeps one layer, so a stage before the last ends at most at L - 1)."""
         reach = [(0, 0)]  # positions the next stage may start at
         for i, c in enumerate(consts):
-            room, last = T - c + 1e-12 * T, L - (p - 1 - i)  # (each later stage keeps one layer; float rounding)
-            ends = []
+            room, last = T - c + 1e-12 * T, L - (p - 1 - i)  # (float rounding)
             if room < low:
                 return False  # (no layer fits the stage)
+            ends = []
             for lo, hi in reach:
-                if room >= high:  # every start's first layer fits: one run
-                    top = min(bisect.bisect_right(prefix, prefix[hi] + room) - 1, last)
-                    if top > lo:
-                        ends.append((lo + 1, top))
-                    continue
-                e = lo
-                while e <= hi:
-                    if cost[e] > room:
-                        e += 1
-                        continue
-                    start = e
-                    while e < hi and cost[e + 1] <= room:
-                        e += 1
+                for start, e in runs(lo, hi, room):
                     top = min(bisect.bisect_right(prefix, prefix[e] + room) - 1, last)
-                    if top > start:
-                        if ends and ends[-1][1] >= start:
-                            ends[-1] = (ends[-1][0], max(ends[-1][1], top))
-                        else:
-                            ends.append((start + 1, top))
-                    e += 1
+                    if top <= start:
+                        continue
+                    if ends and ends[-1][1] >= start:  # (adjacent or overlapping: one interval)
+                        ends[-1] = (ends[-1][0], max(ends[-1][1], top))
+                    else:
+                        ends.append((start + 1, top))
             if not ends:
                 return False
-            reach = [(lo, min(hi, L - 1)) for lo, hi in ends if lo <= L - 1] if i < p - 1 else ends
-            if i < p - 1 and not reach:
-                return False
+            reach = ends
         return any(lo <= L <= hi for lo, hi in reach)
 
     # the least bottleneck is the time of some stage: a constant plus a run of at most L - p + 1 layers
