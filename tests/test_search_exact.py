@@ -299,3 +299,40 @@ def test_a_solve_past_its_conflict_limit_goes_on_without_presolve_to_the_same_op
         if a.plans is not None:
             assert b.objective_s == pytest.approx(a.objective_s, rel=partition.PRECISION)
             assert b.bound_s == pytest.approx(a.bound_s, rel=partition.PRECISION)
+
+
+def test_a_solve_reports_the_deterministic_time_of_both_its_passes_the_same_in_every_run(monkeypatch):
+    """PartitionResult.work_s (what the mixed search counts a solve's work by, mixed_pipelines.SOLVE_UNITS) is the
+    CP-SAT deterministic time of every pass the solve ran: with PRESOLVED_CONFLICTS at 0 the guarded solves of a
+    memory-bound job take a second pass, and work_s is the sum of both solvers' times (not the first's, nor the
+    answering one's alone); with one worker it is the same when solved again."""
+    import planner.search.partition as partition
+
+    j = job(
+        model={**SMALL_GPT, "num_layers": 6}, gpu={**TIGHT_GPU, "memory_gib": 6.0}, gbs=4, seq=8192, attention="eager"
+    )
+    costs = AnalyticCosts(j.cluster[0], j.training.precision)
+    capacity = j.cluster[0].gpu.memory_gib * (1 - SearchOptions().memory_margin)
+    opts = SearchOptions(zero_stages=(0, 1, 3), max_micro_batch=2).for_job(j)
+    cands, _, _ = enumerate_candidates(j, costs, opts)
+    made = []
+    real_new_solver = partition.new_solver
+
+    def kept(*args, **kwargs):
+        made.append(real_new_solver(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(partition, "PRESOLVED_CONFLICTS", 0)
+    monkeypatch.setattr(partition, "new_solver", kept)
+    two_pass = 0
+    for c in cands:
+        sm = StageModel(j, dims_for(j, c), costs)
+        runs = []
+        for _ in range(2):
+            made.clear()
+            res = solve_partition(sm, capacity, partial_recompute=True, time_limit_s=30, objective_cap_s=3600.0)
+            assert res.work_s == pytest.approx(sum(s.ResponseProto().deterministic_time for s in made), abs=1e-12)
+            two_pass += len(made) == 2 and min(s.ResponseProto().deterministic_time for s in made) > 0
+            runs.append(res.work_s)
+        assert runs[0] == runs[1]
+    assert two_pass > 0  # (some solves ran both passes, each with deterministic time of its own)

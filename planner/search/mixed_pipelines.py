@@ -119,16 +119,37 @@ DIVE = 0.05
 # from 8.5 and 5.8 s to 4.3 and 1.9 s; where the replica plans are far from the best, the longer look costs up to
 # 1.2 s (seed-3 job 10: 1.0 -> 2.2 s, its look's plan 44% above the best).
 REPLICA_LOOK = 5000
-# Work units of the mixed search's steps, for lockstep's epochs, each about 60-120 microseconds on the slow suite
-# jobs (measured by kind of step on jobs 4, 13, 19 and 46): a node out of line, a bound worked out for a node put in
-# line, and on top of that a TP-choice node's memory terms and an open family's bound (per ZeRO stage), a
-# candidate's refined bound (plus one per 8 chunks and stages: _PipelineSearch.refined_work) and a CP-SAT solve. The
-# closer they follow time, the less the two shares wait for each other. Counts, not seconds: the same on any machine.
+# Work units of the mixed search's steps, for lockstep's epochs, each about 0.1 ms: the closer they follow time, the
+# less the two shares wait for each other. Counts, not seconds: the same on any machine. A node out of line, a bound
+# worked out for a node put in line (a TP-choice node's, a family box's), a TP-choice node's memory terms, its family
+# built, an open family's bound (per ZeRO stage), a candidate's refined bound (plus one per 8 chunks and stages:
+# _PipelineSearch.refined_work) and a CP-SAT solve. Measured by kind of step on six slow suite jobs (seed-7 jobs 10,
+# 16, 23, 37; seed-1 jobs 40, 43; 85,000 steps in one process): a TP-choice node's bound took 0.08 ms, a family box's
+# 0.24, a family built 1.0 ms; with one unit each the TP-choice steps ran at 0.05 ms a unit and the family-building
+# ones at 0.56, with these 0.07-0.11 for every kind of step. A solve counts WORK["solve"] (its model built and
+# presolved) plus SOLVE_UNITS per CP-SAT deterministic second it used (with one worker: the same on any machine and
+# in every run). Over 168 solves of the same jobs a least-squares fit of their wall seconds gave 0.038 s + 1.24 s per
+# deterministic second, the stage and layer count adding nothing (4.7 microseconds per stage and layer). Counted as
+# 100 units plus one per stage and layer before, the solves of seed-7 job 23 came to 12.4 s of units for 1.5 s of
+# solving and those of seed-1 job 40 to 2.2 s for 5.8 s: the share with the longer solves fell behind the other's
+# count and the other waited for it (seed-7 job 37: 2.0 of its 5.7 s; 0.6 with the solves counted by their time).
 # A share out of work is given every other one of the best GIFT nodes of the other's line (_PipelineSearch.give).
 GIFT = 256
 # A root's bound (prepare) counts too where a share's explore works it out (the first share: its roots are bounded
 # after the replica look, while the second share's were bounded in the child meanwhile: _PipelineSearch.explore).
-WORK = {"pop": 1, "bound": 1, "memory": 4, "open": 1, "refined": 2, "rows": 256, "solve": 100, "root": 2}
+WORK = {
+    "pop": 1,
+    "node": 0.5,  # a TP-choice node's bound (put in line)
+    "bound": 2.4,  # a family's box bound (put in line)
+    "memory": 1,
+    "family": 8,  # a TP-choice node's family built and bounded (its ZeRO terms, its open bound)
+    "open": 1,
+    "refined": 2,
+    "rows": 256,
+    "solve": 400,
+    "root": 2,
+}
+SOLVE_UNITS = 12_000  # work units per CP-SAT deterministic second (a unit: about 0.1 ms)
 
 
 @dataclass(frozen=True)
@@ -1256,9 +1277,12 @@ class _PipelineSearch:
             self.solved += 1
             self.settled += 1
         wall = solve_wall((self.deadline if until is None else until) - time.monotonic(), limit)
-        self.work += WORK["solve"] + c.pp * self.L  # (CP-SAT's model grows with both)
         sent = with_group_sends(self.ctx.job, c.stage_groups, sms)
         res, est = _solve(self.ctx, c, sent, kth, limit, wall, self.workers)
+        # (its search counted by CP-SAT's deterministic time, the same in every run with one worker only; with
+        # more, by the model's stages and layers)
+        searched = round(res.work_s * SOLVE_UNITS) if self.workers == 1 else c.pp * self.L
+        self.work += WORK["solve"] + searched
         if res.status not in ("optimal", "infeasible"):
             # the candidate's own bound holds for the solve too
             self.open_solves.append((max(res.bound_s, bound), c, sms))
@@ -1282,7 +1306,7 @@ class _PipelineSearch:
             self.solve(c, sms, self.kth_time(), bound, limit=share, until=until)
 
     def push(self, bound: float, node, nbox) -> None:
-        self.work += WORK["bound"]
+        self.work += WORK["bound"] if isinstance(node, _Family) else WORK["node"]
         if bound < self.cut() and (not isinstance(node, _Family) or _has_depth(node, *nbox)):
             heapq.heappush(self.heap, (bound, next(self.tie), node, nbox))
         elif self.counting:  # cut by its bound (or, interleaved, no depth in it takes its vpp): its candidates settled
@@ -1415,7 +1439,7 @@ class _PipelineSearch:
                 push(max(lb, fam.bound(ctx, self.cut())), dataclasses.replace(fam, memory=True), None)
                 return
             for flb, family, fbox in fam.families(ctx, self.cut()):
-                self.work += WORK["open"] if isinstance(family, _Family) else 0
+                self.work += WORK["family"] if isinstance(family, _Family) else 0
                 push(max(lb, flb), family, fbox)  # (the node's bound holds for every family under it)
             return
         if isinstance(fam, HeteroCandidate):  # a candidate back with its refined bound: solve it

@@ -96,6 +96,9 @@ class PartitionResult:
     status: str  # "optimal" | "feasible" | "infeasible" | "unknown"
     objective_s: float  # CP-SAT objective as iteration seconds (integer-rounded model)
     bound_s: float  # proven lower bound, seconds
+    # CP-SAT's deterministic seconds the solve used (both passes of a guarded one): machine-independent with one
+    # worker, and on this machine's suite about its wall seconds (mixed_pipelines counts a solve's work by it)
+    work_s: float = 0.0
 
 
 @dataclass
@@ -420,43 +423,45 @@ def _add_hint(m: cp_model.CpModel, pv: PartitionVars, hint: list[StagePlan]) -> 
 
 # ----------------------------------------------------------------------------------------- build, solve
 def _solve(built: PartitionModel, time_limit_s: float, workers: int, seed: int, work_limit: float | None, guard: bool):
-    """CP-SAT on a built model: (the solver that answered, its status, the best objective bound either pass
-    proved). One presolve pass: on the partition models of 9 mixed suite jobs and the shipped examples (249 models)
-    the same status, objective and split, in 10-15% less solver time (most of a solve that proves no split beats the
-    cap is presolve). With ``guard`` (solve_partition: one worker, and a plan to beat), a solve that runs past
-    PRESOLVED_CONFLICTS conflicts without its answer is solved again without presolve (its split kept where the
-    second pass finds none as good): on a few models the presolved search raises the objective bound one conflict at
-    a time, where the model as built is solved at once (seed-2 suite job 46, a 34-variable model: 10 s to its wall
-    cap, 18,000 conflicts, against 0.13 s; seed-1 job 42: 0.77 s, 4,924 conflicts, against 0.05 s; of 117 dumped
-    models of 7 suite jobs these two are the only ones past 1,000 conflicts, the median 6). Not every such model is
-    solved faster without presolve, so the limit is set high: seed-4 job 26's 1,940-conflict model takes 0.19 s
-    presolved and 1.4 s without (1,000 as the limit: the job 4.7 -> 5.9 s), seed-4 job 13's 4,548-conflict one 0.33
-    s and 0.51 s, its 6,648-conflict one 0.56 s and 0.05 s. The first pass's split as the second's hint was tried:
-    2.0 s instead of 0.51 on the 4,548-conflict model. A conflict count stops the first pass at the same point on
-    any machine. A solve with no plan to beat is left to its limits: the mixed search's first solve only needs a
-    plan (seed-1 job 43's: 6,728 conflicts to its 1.0 deterministic seconds, 0.68 s; guarded, 5,050 conflicts and
-    then 1.85 s without presolve)."""
+    """CP-SAT on a built model: (the solver that answered, its status, the best objective bound either pass proved, the
+    deterministic seconds both passes used). One presolve pass: on the partition models of 9 mixed suite jobs and
+    the shipped examples (249 models) the same status, objective and split, in 10-15% less solver time (most of a
+    solve that proves no split beats the cap is presolve). With ``guard`` (solve_partition: one worker, and a plan
+    to beat), a solve that runs past PRESOLVED_CONFLICTS conflicts without its answer is solved again without
+    presolve (its split kept where the second pass finds none as good): on a few models the presolved search raises
+    the objective bound one conflict at a time, where the model as built is solved at once (seed-2 suite job 46, a
+    34-variable model: 10 s to its wall cap, 18,000 conflicts, against 0.13 s; seed-1 job 42: 0.77 s, 4,924
+    conflicts, against 0.05 s; of 117 dumped models of 7 suite jobs these two are the only ones past 1,000
+    conflicts, the median 6). Not every such model is solved faster without presolve, so the limit is set high:
+    seed-4 job 26's 1,940-conflict model takes 0.19 s presolved and 1.4 s without (1,000 as the limit: the job 4.7
+    -> 5.9 s), seed-4 job 13's 4,548-conflict one 0.33 s and 0.51 s, its 6,648-conflict one 0.56 s and 0.05 s. The
+    first pass's split as the second's hint was tried: 2.0 s instead of 0.51 on the 4,548-conflict model. A conflict
+    count stops the first pass at the same point on any machine. A solve with no plan to beat is left to its limits:
+    the mixed search's first solve only needs a plan (seed-1 job 43's: 6,728 conflicts to its 1.0 deterministic
+    seconds, 0.68 s; guarded, 5,050 conflicts and then 1.85 s without presolve)."""
     cp_model = cp_sat()
     solver = new_solver(time_limit_s, workers, seed, work_limit)
     solver.parameters.max_presolve_iterations = 1
     if guard:
         solver.parameters.max_number_of_conflicts = PRESOLVED_CONFLICTS
     status = solver.Solve(built.model)
+    used = solver.ResponseProto().deterministic_time
     if not guard or status in (cp_model.OPTIMAL, cp_model.INFEASIBLE) or solver.NumConflicts() < PRESOLVED_CONFLICTS:
-        return solver, status, float("-inf")
+        return solver, status, float("-inf"), used
     bound = solver.BestObjectiveBound()
     left_s = time_limit_s - solver.WallTime()
-    left_work = None if work_limit is None else work_limit - solver.ResponseProto().deterministic_time
+    left_work = None if work_limit is None else work_limit - used
     if left_s <= 0 or (left_work is not None and left_work <= 0):
-        return solver, status, bound
+        return solver, status, bound, used
     second = new_solver(left_s, workers, seed, left_work)
     second.parameters.cp_model_presolve = False
     again = second.Solve(built.model)
+    used += second.ResponseProto().deterministic_time
     if again not in (cp_model.OPTIMAL, cp_model.FEASIBLE, cp_model.INFEASIBLE) or (
         again == cp_model.FEASIBLE and status == cp_model.FEASIBLE and solver.ObjectiveValue() < second.ObjectiveValue()
     ):
-        return solver, status, bound  # (the first pass's split, if any, stands)
-    return second, again, bound
+        return solver, status, bound, used  # (the first pass's split, if any, stands)
+    return second, again, bound, used
 
 
 def build_partition_model(
@@ -550,12 +555,12 @@ def solve_partition(
         built.dump(folder / f"partition-{os.getpid()}-{next(_dumped):05d}.pbtxt")
     cp_model = cp_sat()
     guard = workers == 1 and objective_cap_s is not None
-    solver, status, bound = _solve(built, time_limit_s, workers, seed, work_limit, guard)
+    solver, status, bound, used = _solve(built, time_limit_s, workers, seed, work_limit, guard)
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         st = "infeasible" if status == cp_model.INFEASIBLE else "unknown"
-        return PartitionResult(None, st, float("inf"), float("inf") if st == "infeasible" else 0.0)
+        return PartitionResult(None, st, float("inf"), float("inf") if st == "infeasible" else 0.0, used)
     unit, v = built.scale.unit, built.vpp
     best = solver.Value(built.objective)
     bound = max(bound, solver.BestObjectiveBound()) / built.weight
     status_name = "optimal" if status == cp_model.OPTIMAL else "feasible"
-    return PartitionResult(built.plans(solver), status_name, best / unit / v, bound / unit / v)
+    return PartitionResult(built.plans(solver), status_name, best / unit / v, bound / unit / v, used)
