@@ -119,36 +119,28 @@ DIVE = 0.05
 # from 8.5 and 5.8 s to 4.3 and 1.9 s; where the replica plans are far from the best, the longer look costs up to
 # 1.2 s (seed-3 job 10: 1.0 -> 2.2 s, its look's plan 44% above the best).
 REPLICA_LOOK = 5000
-# Work units of the mixed search's steps, for lockstep's epochs, each about 0.1 ms: the closer they follow time, the
-# less the two shares wait for each other. Counts, not seconds: the same on any machine. A node out of line, a bound
-# worked out for a node put in line (a TP-choice node's, a family box's), a TP-choice node's memory terms, its family
-# built, an open family's bound (per ZeRO stage), a candidate's refined bound (plus one per 8 chunks and stages:
-# _PipelineSearch.refined_work) and a CP-SAT solve. Measured by kind of step on six slow suite jobs (seed-7 jobs 10,
-# 16, 23, 37; seed-1 jobs 40, 43; 85,000 steps in one process): a TP-choice node's bound took 0.08 ms, a family box's
-# 0.24, a family built 1.0 ms; with one unit each the TP-choice steps ran at 0.05 ms a unit and the family-building
-# ones at 0.56, with these 0.07-0.11 for every kind of step. A solve counts WORK["solve"] (its model built and
-# presolved) plus SOLVE_UNITS per CP-SAT deterministic second it used (with one worker: the same on any machine and
-# in every run). Over 168 solves of the same jobs a least-squares fit of their wall seconds gave 0.038 s + 1.24 s per
+# Work units of the mixed search's steps, for lockstep's epochs, each about 60-120 microseconds on the slow suite
+# jobs (measured by kind of step on jobs 4, 13, 19 and 46): a node out of line, a bound worked out for a node put in
+# line, and on top of that a TP-choice node's memory terms and an open family's bound (per ZeRO stage), a
+# candidate's refined bound (plus one per 8 chunks and stages: _PipelineSearch.refined_work) and a CP-SAT solve. The
+# closer they follow time, the less the two shares wait for each other. Counts, not seconds: the same on any machine.
+# A solve counts WORK["solve"] (its model built and presolved) plus SOLVE_UNITS per CP-SAT deterministic second it
+# used (with one worker: the same on any machine and in every run). Over 168 solves of six slow suite jobs (seed-7
+# jobs 10, 16, 23, 37; seed-1 jobs 40, 43) a least-squares fit of their wall seconds gave 0.038 s + 1.24 s per
 # deterministic second, the stage and layer count adding nothing (4.7 microseconds per stage and layer). Counted as
 # 100 units plus one per stage and layer before, the solves of seed-7 job 23 came to 12.4 s of units for 1.5 s of
 # solving and those of seed-1 job 40 to 2.2 s for 5.8 s: the share with the longer solves fell behind the other's
-# count and the other waited for it (seed-7 job 37: 2.0 of its 5.7 s; 0.6 with the solves counted by their time).
+# count and the other waited for it (seed-7 job 37: 2.0 of its 5.7 s; 0.2-0.6 with the solves counted by their
+# time). The other steps' units were fitted by kind too (a family box's bound 2.4 units, a TP-choice node's 0.5, a
+# family built 8: 0.07-0.11 ms a unit for every kind, 0.05-0.56 before), but the jobs ran slower with them (seed-7
+# jobs 16 and 37 7.56 -> 7.79 and 4.53 -> 4.87 s, seed-1 job 43 4.84 -> 4.94 s): the epochs came closer together
+# where the family bounds are many. Of that fit only the TP-choice node's memory terms stayed (1 unit, 4 before: that
+# step, out of line and back in, took 0.22 ms).
 # A share out of work is given every other one of the best GIFT nodes of the other's line (_PipelineSearch.give).
 GIFT = 256
 # A root's bound (prepare) counts too where a share's explore works it out (the first share: its roots are bounded
 # after the replica look, while the second share's were bounded in the child meanwhile: _PipelineSearch.explore).
-WORK = {
-    "pop": 1,
-    "node": 0.5,  # a TP-choice node's bound (put in line)
-    "bound": 2.4,  # a family's box bound (put in line)
-    "memory": 1,
-    "family": 8,  # a TP-choice node's family built and bounded (its ZeRO terms, its open bound)
-    "open": 1,
-    "refined": 2,
-    "rows": 256,
-    "solve": 400,
-    "root": 2,
-}
+WORK = {"pop": 1, "bound": 1, "memory": 1, "open": 1, "refined": 2, "rows": 256, "solve": 400, "root": 2}
 SOLVE_UNITS = 12_000  # work units per CP-SAT deterministic second (a unit: about 0.1 ms)
 
 
@@ -1306,7 +1298,7 @@ class _PipelineSearch:
             self.solve(c, sms, self.kth_time(), bound, limit=share, until=until)
 
     def push(self, bound: float, node, nbox) -> None:
-        self.work += WORK["bound"] if isinstance(node, _Family) else WORK["node"]
+        self.work += WORK["bound"]
         if bound < self.cut() and (not isinstance(node, _Family) or _has_depth(node, *nbox)):
             heapq.heappush(self.heap, (bound, next(self.tie), node, nbox))
         elif self.counting:  # cut by its bound (or, interleaved, no depth in it takes its vpp): its candidates settled
@@ -1439,7 +1431,7 @@ class _PipelineSearch:
                 push(max(lb, fam.bound(ctx, self.cut())), dataclasses.replace(fam, memory=True), None)
                 return
             for flb, family, fbox in fam.families(ctx, self.cut()):
-                self.work += WORK["family"] if isinstance(family, _Family) else 0
+                self.work += WORK["open"] if isinstance(family, _Family) else 0
                 push(max(lb, flb), family, fbox)  # (the node's bound holds for every family under it)
             return
         if isinstance(fam, HeteroCandidate):  # a candidate back with its refined bound: solve it
