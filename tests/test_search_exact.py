@@ -260,13 +260,9 @@ def test_frameworks_without_partial_recompute_checkpoint_every_layer():
     assert free.plans[0].time <= best.time * (1 + 1e-9)
 
 
-def test_a_solve_past_its_conflict_limit_goes_on_without_presolve_to_the_same_optimum(monkeypatch):
-    """A presolved solve with a plan to beat, stopped by PRESOLVED_CONFLICTS, is solved again without presolve
-    (partition._solve): with the limit at 0, every candidate of a memory-bound job (recompute counts to place) that
-    needs a conflict takes the second pass, and gets the same status, objective and bound within PRECISION as the
-    plain solve; without a cap (no plan to beat) none does."""
-    import planner.search.partition as partition
-
+def _memory_bound_stage_models() -> tuple[list[StageModel], float]:
+    """The stage model of every candidate of a memory-bound job (recompute counts to place), and its GPUs' capacity:
+    models whose guarded solves (partition._solve) need conflicts."""
     j = job(
         model={**SMALL_GPT, "num_layers": 6}, gpu={**TIGHT_GPU, "memory_gib": 6.0}, gbs=4, seq=8192, attention="eager"
     )
@@ -274,25 +270,41 @@ def test_a_solve_past_its_conflict_limit_goes_on_without_presolve_to_the_same_op
     capacity = j.cluster[0].gpu.memory_gib * (1 - SearchOptions().memory_margin)
     opts = SearchOptions(zero_stages=(0, 1, 3), max_micro_batch=2).for_job(j)
     cands, _, _ = enumerate_candidates(j, costs, opts)
-    solvers = []
+    return [StageModel(j, dims_for(j, c), costs) for c in cands], capacity
+
+
+def _solvers_made(monkeypatch, partition) -> list:
+    """Every CP-SAT solver partition.new_solver makes from here on, in order."""
+    made = []
     real_new_solver = partition.new_solver
 
-    def counted(*args, **kwargs):
-        solvers.append(args)
-        return real_new_solver(*args, **kwargs)
+    def kept(*args, **kwargs):
+        made.append(real_new_solver(*args, **kwargs))
+        return made[-1]
 
+    monkeypatch.setattr(partition, "new_solver", kept)
+    return made
+
+
+def test_a_solve_past_its_conflict_limit_goes_on_without_presolve_to_the_same_optimum(monkeypatch):
+    """A presolved solve with a plan to beat, stopped by PRESOLVED_CONFLICTS, is solved again without presolve
+    (partition._solve): with the limit at 0, every candidate of a memory-bound job (recompute counts to place) that
+    needs a conflict takes the second pass, and gets the same status, objective and bound within PRECISION as the
+    plain solve; without a cap (no plan to beat) none does."""
+    import planner.search.partition as partition
+
+    sms, capacity = _memory_bound_stage_models()
+    solvers = _solvers_made(monkeypatch, partition)
     plain, limited, uncapped = [], [], []
     calls = {}
     for out, limit, cap in ((plain, partition.PRESOLVED_CONFLICTS, 3600.0), (limited, 0, 3600.0), (uncapped, 0, None)):
         monkeypatch.setattr(partition, "PRESOLVED_CONFLICTS", limit)
-        monkeypatch.setattr(partition, "new_solver", counted)
         solvers.clear()
-        for c in cands:
-            sm = StageModel(j, dims_for(j, c), costs)
+        for sm in sms:
             out.append(solve_partition(sm, capacity, partial_recompute=True, time_limit_s=30, objective_cap_s=cap))
         calls[cap, limit] = len(solvers)
-    assert calls[3600.0, 0] > len(cands)  # (the second pass ran)
-    assert calls[None, 0] == len(cands)
+    assert calls[3600.0, 0] > len(sms)  # (the second pass ran)
+    assert calls[None, 0] == len(sms)
     assert len(plain) == len(limited) > 0
     for a, b in zip(plain, limited):
         assert a.status == b.status
@@ -308,25 +320,11 @@ def test_a_solve_reports_the_deterministic_time_of_both_its_passes_the_same_in_e
     answering one's alone); with one worker it is the same when solved again."""
     import planner.search.partition as partition
 
-    j = job(
-        model={**SMALL_GPT, "num_layers": 6}, gpu={**TIGHT_GPU, "memory_gib": 6.0}, gbs=4, seq=8192, attention="eager"
-    )
-    costs = AnalyticCosts(j.cluster[0], j.training.precision)
-    capacity = j.cluster[0].gpu.memory_gib * (1 - SearchOptions().memory_margin)
-    opts = SearchOptions(zero_stages=(0, 1, 3), max_micro_batch=2).for_job(j)
-    cands, _, _ = enumerate_candidates(j, costs, opts)
-    made = []
-    real_new_solver = partition.new_solver
-
-    def kept(*args, **kwargs):
-        made.append(real_new_solver(*args, **kwargs))
-        return made[-1]
-
+    sms, capacity = _memory_bound_stage_models()
+    made = _solvers_made(monkeypatch, partition)
     monkeypatch.setattr(partition, "PRESOLVED_CONFLICTS", 0)
-    monkeypatch.setattr(partition, "new_solver", kept)
     two_pass = 0
-    for c in cands:
-        sm = StageModel(j, dims_for(j, c), costs)
+    for sm in sms:
         runs = []
         for _ in range(2):
             made.clear()

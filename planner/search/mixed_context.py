@@ -490,16 +490,20 @@ def _zero_tails(ctx: MixedContext, sm: StageModel, L: int) -> ZeroTails:
     def within(profile) -> tuple[float, ...]:
         return tuple(np.minimum.accumulate(np.asarray(profile.at[1:], dtype=float)).tolist())
 
+    def least_reach(profiles) -> tuple[float, ...]:
+        """Per layer count, the least reach of the stages' profiles."""
+        return tuple(map(min, *(p.reach[1:] for p in profiles)))
+
     def ends(vpp: float) -> tuple:
         first = within(ctx.tail_profile(sm, 0, vpp, start=0))
         return first, tuple(within(ctx.tail_profile(sm, 2, vpp, start=s)) for s in range(lead + 1))
 
     def moe_only(vpp: float) -> tuple[float, ...]:
-        return tuple(map(min, *(ctx.tail_profile(sm, s, vpp, start=lead).reach[1:] for s in (1, 2))))
+        return least_reach(ctx.tail_profile(sm, s, vpp, start=lead) for s in (1, 2))
 
     return ZeroTails(
         min(ctx.recompute_pays(sm, s) for s in range(3)),
-        (tuple(map(min, *(p.reach[1:] for p in paid))), tuple(map(min, *(p.reach[1:] for p in every)))),
+        (least_reach(paid), least_reach(every)),
         (ends(1), ends(math.inf)),
         None if moe_lead(ctx.job.model.all_moe_from, L) is None else (moe_only(1), moe_only(math.inf)),
     )
