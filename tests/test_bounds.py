@@ -218,15 +218,33 @@ def mixed_job(model=GPT6, second="a100-40gb", seq: int = 8192, gbs: int = 4):
 def families(ctx, node):
     """Every ordered family under a _TpChoiceNode, with the bounds on the way: (bounds so far, ordered family, box).
     A _TpChoiceNode's bounds are both: the one it is put in line at, and the one with its groups' memory."""
-    L = ctx.job.model.num_layers
     for flb, child, box in node.families(ctx):
         if isinstance(child, mixed_pipelines._TpChoiceNode):
             with_memory = child.bound(ctx)
             for bounds, fam, fbox in families(ctx, child):
                 yield (flb, with_memory) + bounds, fam, fbox
             continue
-        for ordered, obox in child.expand(ctx, *box):
-            yield (flb, ordered.bound(L, *obox)), ordered, obox
+        for bounds, ordered, obox in open_tree(ctx, child, box):
+            yield (flb, *bounds), ordered, obox
+
+
+def open_tree(ctx, fam, box):
+    """Every ordered family under an open one as the search reaches it (one open family per ZeRO stage, then one
+    per leading group while more than OPEN_ALL groups are left to order, then every order of the rest), with the
+    bounds on the way: (bounds, ordered family, box)."""
+    L = ctx.job.model.num_layers
+    if len(fam.zeros) > 1:
+        children = fam.by_zero()
+    elif len(fam.lasts) > mixed_pipelines.OPEN_ALL:
+        children = fam.open_prefixes()
+    else:
+        for ordered, obox in fam.expand(ctx, *box):
+            yield (ordered.bound(L, *obox),), ordered, obox
+        return
+    for child in children:
+        here = child.bound(L, *box)
+        for bounds, ordered, obox in open_tree(ctx, child, box):
+            yield (here, *bounds), ordered, obox
 
 
 def candidates_with_bounds(ctx) -> list:
@@ -295,6 +313,53 @@ def test_mixed_pipeline_bounds_hold_for_every_plan(model):
     sample = rng.sample(found, min(60, len(found)))
     assert sample
     assert_bounds_hold(ctx, sample)
+
+
+def four_group_job(model=MOE6):
+    """One two-GPU node of each of four GPU types (the search opens their pipeline order one leading group at a
+    time): SMALL_GPU, a GPU short of memory (TIGHT_GPU at 5 GiB) and two catalog GPUs."""
+    gpus = (SMALL_GPU, {**TIGHT_GPU, "memory_gib": 5.0}, "h100-sxm", "l4")
+    return parse_job(
+        {
+            "model": model,
+            "cluster": [{"gpu": gpu, "nodes": 1, "gpus_per_node": 2} for gpu in gpus],
+            "training": {"seq_length": 4096, "global_batch_size": 4, "attention": "eager"},
+        }
+    )
+
+
+@pytest.mark.parametrize("model", [GPT6, MOE6], ids=["dense", "moe"])
+def test_bounds_of_an_order_opened_one_group_at_a_time_hold_for_every_plan(model):
+    """Four groups: an open family's order opens one leading group at a time (_Family.open_prefixes). The bound
+    of each leading group (its embedding, memory room with every other group after it, and with MOE6's dense
+    first layer every later group at its MoE layers' seconds) is at most the best plan of every candidate under
+    it, and it bites: above its open parent's somewhere."""
+    ctx = search_context(four_group_job(model))
+    found = candidates_with_bounds(ctx)
+    assert {len(c.groups) for _, _, c in found} >= {4}
+    rng = random.Random(11)
+    four = [x for x in found if len(x[2].groups) == 4]
+    sample = rng.sample(four, min(30, len(four))) + rng.sample(found, 10)
+    assert_bounds_hold(ctx, sample)
+    raised = 0
+    for grp, _ in mixed_pipelines._roots(ctx):
+        for _, fam, box in walk_open(ctx, grp):
+            if len(fam.used) == 4 and len(fam.zeros) == 1:
+                parent = fam.bound(ctx.job.model.num_layers, *box)
+                raised += any(k.bound(ctx.job.model.num_layers, *box) > parent * 1.001 for k in fam.open_prefixes())
+    assert raised
+
+
+def walk_open(ctx, node):
+    """Every open family under a _TpChoiceNode (and its ZeRO stages' families): (bound, family, box)."""
+    for flb, child, box in node.families(ctx):
+        if isinstance(child, mixed_pipelines._TpChoiceNode):
+            yield from walk_open(ctx, child)
+            continue
+        yield flb, child, box
+        if len(child.zeros) > 1:
+            for z in child.by_zero():
+                yield flb, z, box
 
 
 def test_a_frameworks_tree_reaches_every_candidate_it_runs_and_no_other():

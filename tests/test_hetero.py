@@ -178,6 +178,30 @@ def test_hetero_search_matches_brute_force():
     assert result.plans[0].time == pytest.approx(expected, rel=RESOLUTION)
 
 
+def test_a_four_group_moe_search_matches_brute_force():
+    """Four one-GPU groups of different speed and memory, an MoE model with a dense first layer: the search opens
+    the group order one leading group at a time (_Family.open_prefixes, whose bounds price every later group at
+    its MoE layers' seconds), and its best time is still the brute-force minimum over every order; the optimum
+    runs on all four groups."""
+    from strategies import SMALL_MOE
+
+    gpus = [
+        {**SMALL_GPU, "name": name, "memory_gib": gib, "peak_tflops_bf16": tflops}
+        for name, gib, tflops in (("a", 6.0, 312), ("b", 6.5, 200), ("c", 6.0, 400), ("d", 7.0, 150))
+    ]
+    j = parse_job(
+        {
+            "model": SMALL_MOE,
+            "cluster": [{"gpu": gpu, "nodes": 1, "gpus_per_node": 1} for gpu in gpus],
+            "training": {"seq_length": 4096, "global_batch_size": 4, "attention": "eager"},
+        }
+    )
+    result = search_hetero(j, top=1, time_limit_s=60, options=OPTS, single_type=False, replicas=False)
+    assert result.plans and result.complete and result.plans[0].status == "optimal"
+    assert result.plans[0].time == pytest.approx(brute_force_best(j, OPTS), rel=RESOLUTION)
+    assert len(set(result.plans[0].estimate.dims.stage_groups)) == 4
+
+
 def test_search_keeps_plans_that_leave_a_slow_group_unused():
     """A 2-layer model on 6 H100 and 8 L4: the best plan uses the H100s alone, its stage faster than one layer on
     an L4. A bound that counted a layer on every group (used or not) once pruned it (15.1 s found, 11.6 s best)."""

@@ -51,6 +51,9 @@ class Ends(NamedTuple):
     first_top: float
     last_top: float
     ordered: bool = True  # the embedding is on the first group's first stage, the logits on the last group's last
+    # unordered: the groups known to lead the pipeline order, in that order (the first one's first stage holds
+    # the embedding; first_positions)
+    leading: tuple[int, ...] = ()
 
     @classmethod
     def of(cls, a, ends, first: int, last: int) -> Ends:
@@ -67,6 +70,16 @@ class Ends(NamedTuple):
         """The terms at their least over the groups (per-layer seconds ``a``, (embedding, logits) seconds ``ends``):
         the group order still open."""
         return cls.least([cls.row(x, end) for x, end in zip(a, ends)])
+
+    @classmethod
+    def partial(cls, a, ends, leading: tuple[int, ...], lasts) -> Ends:
+        """The terms of the group orders that start with the groups ``leading`` (in that order) and end on one of
+        the groups ``lasts``: the embedding terms of the first, the logits terms at their least over ``lasts``
+        (unordered: each a lower bound, as any_order's)."""
+        emb, _, emb_per_a, _, first_top, _ = cls.row(a[leading[0]], ends[leading[0]])
+        rows = [cls.row(a[g], ends[g]) for g in lasts]
+        logits, logits_per_a, last_top = (min(r[i] for r in rows) for i in (1, 3, 5))
+        return cls(emb, logits, emb_per_a, logits_per_a, first_top, last_top, ordered=False, leading=leading)
 
     @staticmethod
     def row(a: float, end: tuple[float, float]) -> tuple[float, ...]:
@@ -209,6 +222,8 @@ def box_bound_reach(
             work += k_lo * (v * (x - fast) + y)
     if moe_positions:
         top = max(top, moe_only_top(mix, lo, ys, v))
+    elif ends.leading and mix is not None and mix.moe and mix.lead is not None and whole and not any(relaxed):
+        top = max(top, moe_only_top(mix, lo, ys, v, first_positions(lo, hi, ends.leading), mix.lead))
     T = max(top, (L + ends.emb_per_a + ends.logits_per_a + over) / inv, floor)
     cap = L // v if max_stages is None else min(max_stages, L // v)
     if stages > cap:  # the box's candidates have fewer stages than its groups allow together
@@ -339,30 +354,52 @@ def moe_only_rates(a, lo, ends: Ends, mix: KindMix) -> tuple[tuple[float, ...], 
     return tuple(out), Ends.at(ends.emb, ends.logits, out[0], out[-1])
 
 
-def dense_capable(lo, hi, moe_from: int) -> tuple[tuple[int, int], ...]:
-    """Per group of a box in pipeline order, (fewest, most) of its stages that sit before position ``moe_from``
-    (ModelSpec.all_moe_from: a stage from there on holds MoE layers only, moe_only_top): group g's first stage
-    sits at a position between lo_0 + ... + lo_{g-1} and hi_0 + ... + hi_{g-1}."""
+def first_positions(lo, hi, leading: tuple[int, ...] | None = None) -> tuple[tuple[int, int], ...]:
+    """Per group of a box, the (least, most) position of its first stage. In pipeline order (``leading`` None)
+    group g's first stage sits between lo_0 + ... + lo_{g-1} and hi_0 + ... + hi_{g-1}; where only the groups
+    ``leading`` are known to lead the order (in that order), theirs so, and any other group's after all of them,
+    at most after every other group."""
     out, before_lo, before_hi = [], 0, 0
-    for k_lo, k_hi in zip(lo, hi):
-        out.append((max(0, min(k_lo, moe_from - before_hi)), max(0, min(k_hi, moe_from - before_lo))))
-        before_lo += k_lo
-        before_hi += k_hi
+    if leading is None:
+        for k_lo, k_hi in zip(lo, hi):
+            out.append((before_lo, before_hi))
+            before_lo += k_lo
+            before_hi += k_hi
+        return tuple(out)
+    at = {}
+    for g in leading:
+        at[g] = (before_lo, before_hi)
+        before_lo += lo[g]
+        before_hi += hi[g]
+    total = sum(hi)
+    return tuple(at.get(g, (before_lo, total - k_hi)) for g, k_hi in enumerate(hi))
+
+
+def dense_capable(lo, hi, moe_from: int, positions=None) -> tuple[tuple[int, int], ...]:
+    """Per group of a box, (fewest, most) of its stages that sit before position ``moe_from``
+    (ModelSpec.all_moe_from: a stage from there on holds MoE layers only, moe_only_top): group g's first stage
+    sits at a position between ``positions[g]`` (first_positions; default: in pipeline order)."""
+    out = []
+    for k_lo, k_hi, (least, most) in zip(lo, hi, positions or first_positions(lo, hi)):
+        out.append((max(0, min(k_lo, moe_from - most)), max(0, min(k_hi, moe_from - least))))
     return tuple(out)
 
 
-def split_rows(lo, hi, moe_from: int | None, ordered: bool = True):
+def split_rows(lo, hi, moe_from: int | None, ordered: bool = True, leading: tuple[int, ...] = ()):
     """(rows, lo, hi) of a box with each group's stages that may sit before position ``moe_from``
     (ModelSpec.all_moe_from) apart from those past it, which hold MoE layers only: ``rows`` names each row's
     (group, MoE only). A candidate with k_g stages from position p has c = min(k_g, max(0, moe_from - p)) before,
     within the first row's counts, and k_g - c past, within the second's: in pipeline order (``ordered``) the
-    counts of dense_capable, else between 0 and min(hi_g, moe_from) for every group (any group may come first).
+    counts of dense_capable, with the groups ``leading`` known to lead the order dense_capable at their
+    first_positions, else between 0 and min(hi_g, moe_from) for every group (any group may come first).
     None where there is no such position (moe_from None or < 1) or, in pipeline order, the box's last stage may
     sit before it (sum lo <= moe_from: moe_split's logits stage is then not known to be past it)."""
     if moe_from is None or moe_from < 1 or (ordered and sum(lo) <= moe_from):
         return None
     if ordered:
         before = dense_capable(lo, hi, moe_from)
+    elif leading:
+        before = dense_capable(lo, hi, moe_from, first_positions(lo, hi, leading))
     else:
         before = tuple((0, min(k_hi, moe_from)) for k_hi in hi)
     out = []  # (row, lo, hi)
@@ -382,7 +419,7 @@ def moe_split(a, lo, hi, ys, ends: Ends, mix: KindMix):
     position 0) and the logits go to the last (the last group's last stage, past them); unordered ends stay as
     they are (the whole-chunk and schedule steps that read the rows take no end terms from them). None where
     split_rows is."""
-    split = split_rows(lo, hi, mix.lead, ends.ordered)
+    split = split_rows(lo, hi, mix.lead, ends.ordered, ends.leading)
     if split is None:
         return None
     rows, lo, hi = split
@@ -390,6 +427,8 @@ def moe_split(a, lo, hi, ys, ends: Ends, mix: KindMix):
     ys = tuple(ys[g] for g, _ in rows)
     if ends.ordered:
         ends = Ends.at(ends.emb, ends.logits, a[0], a[-1])
+    elif ends.leading:  # (its groups' rows are numbered anew)
+        ends = ends._replace(leading=())
     return a, lo, hi, ys, ends, rows
 
 
@@ -411,15 +450,21 @@ def row_reaches(reaches, moe_reaches, rows) -> tuple:
     return tuple(moe[g] if only and moe[g] is not None else reaches[g] for g, only in rows)
 
 
-def moe_only_top(mix: KindMix, lo, ys, v: int) -> float:
+def moe_only_top(mix: KindMix, lo, ys, v: int, positions=None, moe_from: int | None = None) -> float:
     """The least time of a stage that holds only MoE layers, where a box's stages in pipeline order surely have one:
     a stage's layers come after one layer of each stage before it (planner/cost/stage.split_kinds: consecutive
     layers), so a stage at position s >= mix.moe_from holds only MoE layers, at least v of them (one per chunk).
-    Group g's lo_g-th stage sits at position >= lo_0 + ... + lo_g - 1; 0 where no group has one there."""
+    Group g's lo_g-th stage sits at position >= lo_0 + ... + lo_g - 1, or ``positions[g]``'s least + lo_g - 1
+    (first_positions) with ``moe_from`` for mix.moe_from; 0 where no group has one there."""
     top = before = 0.0
-    for y_moe, k_lo, y in zip(mix.moe, lo, ys):
-        before += k_lo
-        if k_lo and before - 1 >= mix.moe_from:
+    if positions is None:
+        for y_moe, k_lo, y in zip(mix.moe, lo, ys):
+            before += k_lo
+            if k_lo and before - 1 >= mix.moe_from:
+                top = max(top, v * y_moe + y)
+        return top
+    for y_moe, k_lo, y, (least, _) in zip(mix.moe, lo, ys, positions):
+        if k_lo and least + k_lo - 1 >= moe_from:
             top = max(top, v * y_moe + y)
     return top
 
@@ -578,8 +623,9 @@ def _capped_schedule_floor(sched: tuple, caps) -> float:
 def whole_chunk_bottleneck(a, hi, ends: Ends, L: int, send, v: int, start: float, relaxed=()) -> float:
     """Smallest bottleneck T >= ``start`` (a valid bound on it) at which hi_g stages per group hold the L layers in
     whole chunks of v: a stage of group g with constant seconds c (its sends, and with ordered ``ends`` the
-    embedding on the first group's first stage and the logits on the last group's last; else no end terms, which
-    only adds room) holds at most floor((T - c) / (v a_g)) chunks, and a box's candidates have no more stages than
+    embedding on the first group's first stage and the logits on the last group's last; unordered, the embedding
+    on one stage of the group known to come first (Ends.leading, where no group is relaxed) and no other end term,
+    which only adds room) holds at most floor((T - c) / (v a_g)) chunks, and a box's candidates have no more stages than
     hi (so no more room at T). box_bound's continuous bottleneck lets every stage hold a fraction of a chunk; with
     a few layers per stage that is worth several percent. The held chunks step up at c + q v a_g: the search walks
     those steps from ``start``. A ``relaxed`` group (see box_bound; its ends unordered) holds its continuous share
@@ -599,6 +645,10 @@ def whole_chunk_bottleneck(a, hi, ends: Ends, L: int, send, v: int, start: float
         free, fixed = (), list(zip(a, hi, ys))
     if not ends.ordered:
         stages = [(k, y, v * x) for x, k, y in fixed]
+        if ends.leading and not free and not picks:  # the first group's first stage holds the embedding
+            x, k, y = fixed[ends.leading[0]]
+            stages[ends.leading[0]] = (k - 1, y, v * x)
+            stages.append((1, y + ends.emb, v * x))
     elif sum(k for _, k, _ in fixed) == 1:
         stages = [(1, ends.emb + ends.logits, v * fixed[0][0])]
     else:

@@ -13,7 +13,8 @@ the experts per GPU; with vpp: the interleaved schedule's bubble, in-flight micr
 Candidates are reached through a best-first search over bounds: a _TpChoiceNode (dp, cp, ep, micro-batch, recompute,
 vpp)
 fixes the TP choice of one node group at a time down to _Family objects (per-group TP; group order and ZeRO stage
-still open), which open into one family per group order and ZeRO stage, whose boxes of stage counts are halved down
+still open), which open into one family per ZeRO stage, then (more than OPEN_ALL groups left to order) one per
+leading group, then one per group order, whose boxes of stage counts are halved down
 to single candidates; every level's bound holds for all it stands for. A candidate's refined bound
 (mixed_pipeline_bounds.refined_bound: its stages' memory, sends, ZeRO traffic and DP tail) puts it back in line, so
 CP-SAT solves candidates in the order of those bounds. The search stops when no remaining bound beats the K-th best
@@ -73,6 +74,7 @@ from planner.search.mixed_pipeline_bounds import (
     box_bound,
     box_bound_reach,
     choice_capped_rate,
+    first_positions,
     kind_memory_floor,
     memory_floor,
     merged_levels,
@@ -141,6 +143,9 @@ GIFT = 256
 # A root's bound (prepare) counts too where a share's explore works it out (the first share: its roots are bounded
 # after the replica look, while the second share's were bounded in the child meanwhile: _PipelineSearch.explore).
 WORK = {"pop": 1, "bound": 1, "memory": 1, "open": 1, "refined": 2, "rows": 256, "solve": 400, "root": 2}
+# an open family with more groups than this left to order opens the next group of its order first (open_prefixes),
+# one with this many or fewer every order at once (expand)
+OPEN_ALL = 3
 SOLVE_UNITS = 12_000  # work units per CP-SAT deterministic second (a unit: about 0.1 ms)
 
 
@@ -310,7 +315,7 @@ def _node_size(ctx: MixedContext, node, box) -> int:
         return 1
     lo, hi = box
     n = _box_size(lo, hi, ctx.job.model.num_layers // node.vpp)
-    return n if node.ordered else n * math.factorial(len(node.used)) * len(node.zeros)
+    return n if node.ordered else n * math.factorial(len(node.lasts)) * len(node.zeros)
 
 
 def _uniform_ok(ctx: MixedContext, used) -> bool:
@@ -687,6 +692,9 @@ class _Family:
     kinds: tuple[tuple[float, float], ...] | None = None
     kind_counts: tuple[int, int] = (0, 0)
     moe_from: int | None = None  # ModelSpec.all_moe_from of such a model
+    # an open family of one ZeRO stage: the used groups (indices into used) that lead its pipeline order, in that
+    # order (open_prefixes: the order opens one group at a time); the others follow in any order
+    prefix: tuple[int, ...] = ()
 
     def __getstate__(self) -> dict:
         """Pickled for the other share (_pickle_nodes): the fields only; the cached terms are worked out again
@@ -707,8 +715,35 @@ class _Family:
         return None if self.moe_from is None else moe_lead(self.moe_from, sum(self.kind_counts))
 
     @functools.cached_property
+    def lasts(self) -> tuple[int, ...]:
+        """The used groups (indices into used) that may come last in pipeline order: all but an open family's
+        prefix (an ordered family's last)."""
+        if self.ordered:
+            return (len(self.used) - 1,)
+        return tuple(i for i in range(len(self.used)) if i not in self.prefix)
+
+    @functools.cached_property
     def bound_ends(self) -> Ends:
-        return Ends.of(self.a, self.ends, 0, len(self.a) - 1) if self.ordered else Ends.any_order(self.a, self.ends)
+        return self._ends(self.a, self.ends)
+
+    def _ends(self, a, ends) -> Ends:
+        """The end terms of the used groups' per-layer seconds ``a`` and (embedding, logits) seconds ``ends``: in
+        pipeline order, or with the order open each at its least over the groups that may come first and last."""
+        if self.ordered:
+            return Ends.of(a, ends, 0, len(a) - 1)
+        if self.prefix:
+            return Ends.partial(a, ends, self.prefix, self.lasts)
+        return Ends.any_order(a, ends)
+
+    def open_afters(self, lo) -> list[int]:
+        """The least stages after each used group's stages in every order an open family stands for: its prefix
+        groups have the later prefix groups' and every other group's lo after them, the others none."""
+        afters = [0] * len(self.used)
+        after = sum(lo[i] for i in self.lasts)
+        for i in reversed(self.prefix):
+            afters[i] = after
+            after += lo[i]
+        return afters
 
     def _lined(self, zt: tuple[ZeroTerms, ...]) -> tuple[tuple[float, ...], tuple[tuple[float, float], ...]]:
         """(per-layer seconds, (embedding, logits) seconds) of the used groups with zt's ZeRO-2/3 traffic lines
@@ -835,10 +870,24 @@ class _Family:
     def _zero_bound(self, zt, terms, L: int, lo, hi, target: float) -> float:
         """_open_bound's bound at one ZeRO stage (zt, and its open_terms ``terms``): its memory and DP tail terms
         only where the bound without them is below ``target``."""
-        if sum(z.room(0, k_hi, self.vpp) for z, k_hi in zip(zt, hi)) < L:
+        afters = self.open_afters(lo)
+        if sum(z.room(after, k_hi, self.vpp) for z, after, k_hi in zip(zt, afters, hi)) < L:
             return float("inf")
         a, ends, mix = (self.a, self.bound_ends, self.open_terms[0]) if sum(lo) < 2 else terms
-        return self._zero_stage_bound(zt, [0] * len(zt), a, ends, mix, L, lo, hi, target)
+        if self.prefix and mix is not None and mix.moe and self.lead is not None:
+            a, ends = self._past_lead(zt, a, ends, mix, lo)
+        return self._zero_stage_bound(zt, afters, a, ends, mix, L, lo, hi, target)
+
+    def _past_lead(self, zt, a, ends: Ends, mix: KindMix, lo) -> tuple[tuple[float, ...], Ends]:
+        """An open family's per-layer seconds ``a`` (with zt's lines) with each group whose stages all sit past the
+        model's leading dense layers at its MoE layer's seconds (mixed_pipeline_bounds.moe_only_rates' rule, at
+        the least position of the group's first stage in the orders the prefix leads: a prefix group's after the
+        prefix groups before it, any other group's after every prefix group), and the end terms at them."""
+        positions = first_positions(lo, lo, self.prefix)  # (the least positions)
+        out = tuple(max(x, y) if at >= self.lead else x for x, y, (at, _) in zip(a, mix.moe, positions))
+        if out == a:
+            return a, ends
+        return out, self._ends(out, self._lined(zt)[1])
 
     def by_zero(self) -> list[_Family]:
         """The open family once per ZeRO stage (its order still open), each bounded by _open_bound like this one:
@@ -859,7 +908,7 @@ class _Family:
         lined = []
         for zt in self.zts:
             a, ends = self._lined(zt)
-            lined.append((a, Ends.any_order(a, ends), self.kind_mix(zt, ordered=False)))
+            lined.append((a, self._ends(a, ends), self.kind_mix(zt, ordered=False)))
         return self.kind_mix(ordered=False), lined
 
     @functools.cached_property
@@ -874,10 +923,11 @@ class _Family:
         """The DP tail floor of a box of two or more stages: _tail; the tails of the pipeline's first stage (it
         holds the embedding, and with at least sum(lo) - 1 stages after it, few layers) and of its last (the
         logits; past the leading dense layers, MoE layers only), on the first and last group in pipeline order, or
-        on any group while the order is open (ZeroTerms.end_tails); and the least largest tail at which at most hi
-        stages per group hold the layers (mixed_pipeline_bounds.tail_bottleneck). Memoized: the ends by the box's
-        least depth, the rest by hi (a halved box keeps its parent's in one half)."""
-        split = split_rows(lo, hi, self.lead, self.ordered) if self.kinds is not None else None
+        on the groups that may come first and last while the order is open (ZeroTerms.end_tails); and the least
+        largest tail at which at most hi stages per group hold the layers (mixed_pipeline_bounds.tail_bottleneck;
+        an open family's prefix places its groups: split_rows). Memoized: the ends by the box's least depth and
+        first group, the rest by hi (a halved box keeps its parent's in one half)."""
+        split = split_rows(lo, hi, self.lead, self.ordered, self.prefix) if self.kinds is not None else None
         key = ("tail", id(zt), hi if split is None else split)
         hit = self._box_memo.get(key)
         if hit is None:
@@ -888,14 +938,12 @@ class _Family:
                 split_reaches = row_reaches(reaches, self._moe_reaches(zt), rows)
                 bottleneck = max(bottleneck, tail_bottleneck(split_reaches, his, L, levels, self.vpp))
             hit = self._box_memo[key] = max(self._tail(zt), bottleneck)
-        key = ("ends", id(zt), sum(lo))
+        key = ("ends", id(zt), sum(lo), self.prefix[:1])
         ends = self._box_memo.get(key)
         if ends is None:
             each = [z.end_tails(sum(lo) - 1, self.vpp) for z in zt]
-            if self.ordered:
-                ends = max(each[0][0], each[-1][1])
-            else:
-                ends = max(min(f for f, _ in each), min(x for _, x in each))
+            firsts = (0,) if self.ordered else self.prefix[:1] or range(len(zt))
+            ends = max(min(each[i][0] for i in firsts), min(each[i][1] for i in self.lasts))
             self._box_memo[key] = ends
         return max(hit, ends)
 
@@ -933,12 +981,25 @@ class _Family:
         (_zero_stage_bound) of a box by its hi (and the stages after each group)."""
         return {}
 
+    def open_prefixes(self) -> list[_Family]:
+        """The open family (of one ZeRO stage) once per group that may come next in pipeline order after its
+        prefix, each bounded by _open_bound for the orders that start so: its first group carries the embedding
+        and has every other group's stages after it (its memory room and DP tails at that depth). Its boxes and
+        the terms that do not depend on the order are shared with this family (the same zts, _box_memo)."""
+        out = []
+        for g in self.lasts:
+            child = dataclasses.replace(self, prefix=(*self.prefix, g))
+            child.__dict__.update(_box_memo=self._box_memo)  # (a cached property)
+            out.append(child)
+        return out
+
     def expand(self, ctx: MixedContext, lo, hi) -> list[tuple[_Family, tuple]]:
-        """Every pipeline order of the used groups and every ZeRO stage, each with its box (the groups' counts
-        follow them)."""
+        """Every pipeline order of the used groups that starts with the prefix, at every ZeRO stage, each with its
+        box (the groups' counts follow them)."""
         out = []
         terms = dict(zip(self.zeros, self.zts))  # each ZeRO stage's terms of the used groups
-        for perm in itertools.permutations(range(len(self.used))):
+        for rest in itertools.permutations(self.lasts):
+            perm = (*self.prefix, *rest)
 
             def pick(xs, perm=perm):
                 return tuple(xs[i] for i in perm)
@@ -1451,6 +1512,11 @@ class _PipelineSearch:
                 for by_zero in fam.by_zero():
                     self.work += WORK["open"]
                     push(max(lb, by_zero.bound(L, lo, hi, self.cut())), by_zero, box)
+                return
+            if len(fam.lasts) > OPEN_ALL:  # the order one group at a time: a cut prefix opens no order
+                for child in fam.open_prefixes():
+                    self.work += WORK["open"]
+                    push(max(lb, child.bound(L, lo, hi, self.cut())), child, box)
                 return
             for ordered, box in fam.expand(ctx, lo, hi):
                 push(ordered.bound(L, *box, self.cut()), ordered, box)
