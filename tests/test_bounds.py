@@ -229,14 +229,14 @@ def families(ctx, node):
 
 
 def open_tree(ctx, fam, box):
-    """Every ordered family under an open one as the search reaches it (one open family per ZeRO stage, then one
-    per leading group while more than OPEN_ALL groups are left to order, then every order of the rest), with the
+    """Every ordered family under an open one as the search reaches it (one open family per ZeRO stage; with more
+    than OPEN_ALL groups one per first group, then one per last group; then every order of the rest), with the
     bounds on the way: (bounds, ordered family, box)."""
     L = ctx.job.model.num_layers
     if len(fam.zeros) > 1:
         children = fam.by_zero()
-    elif len(fam.lasts) > mixed_pipelines.OPEN_ALL:
-        children = fam.open_prefixes()
+    elif fam.opens_ends:
+        children = fam.open_ends()
     else:
         for ordered, obox in fam.expand(ctx, *box):
             yield (ordered.bound(L, *obox),), ordered, obox
@@ -329,11 +329,12 @@ def four_group_job(model=MOE6):
 
 
 @pytest.mark.parametrize("model", [GPT6, MOE6], ids=["dense", "moe"])
-def test_bounds_of_an_order_opened_one_group_at_a_time_hold_for_every_plan(model):
-    """Four groups: an open family's order opens one leading group at a time (_Family.open_prefixes). The bound
-    of each leading group (its embedding, memory room with every other group after it, and with MOE6's dense
-    first layer every later group at its MoE layers' seconds) is at most the best plan of every candidate under
-    it, and it bites: above its open parent's somewhere."""
+def test_bounds_of_an_order_opened_at_its_ends_hold_for_every_plan(model):
+    """Four groups: an open family's order opens its first group, then its last (_Family.open_ends). The bound of
+    each first group (its embedding, memory room with every other group after it, and with MOE6's dense first
+    layer every later group at its MoE layers' seconds) and of each last group after it (its logits, after every
+    other group) is at most the best plan of every candidate under it, and each bites: above its open parent's
+    somewhere."""
     ctx = search_context(four_group_job(model))
     found = candidates_with_bounds(ctx)
     assert {len(c.groups) for _, _, c in found} >= {4}
@@ -341,13 +342,17 @@ def test_bounds_of_an_order_opened_one_group_at_a_time_hold_for_every_plan(model
     four = [x for x in found if len(x[2].groups) == 4]
     sample = rng.sample(four, min(30, len(four))) + rng.sample(found, 10)
     assert_bounds_hold(ctx, sample)
-    raised = 0
+    L = ctx.job.model.num_layers
+    raised = [0, 0]  # by a first group, by a last group after it
     for grp, _ in mixed_pipelines._roots(ctx):
         for _, fam, box in walk_open(ctx, grp):
             if len(fam.used) == 4 and len(fam.zeros) == 1:
-                parent = fam.bound(ctx.job.model.num_layers, *box)
-                raised += any(k.bound(ctx.job.model.num_layers, *box) > parent * 1.001 for k in fam.open_prefixes())
-    assert raised
+                parent = fam.bound(L, *box)
+                for first in fam.open_ends():
+                    here = first.bound(L, *box)
+                    raised[0] += here > parent * 1.001
+                    raised[1] += any(last.bound(L, *box) > here * 1.001 for last in first.open_ends())
+    assert all(raised), raised
 
 
 def walk_open(ctx, node):

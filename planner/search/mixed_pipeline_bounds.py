@@ -52,8 +52,14 @@ class Ends(NamedTuple):
     last_top: float
     ordered: bool = True  # the embedding is on the first group's first stage, the logits on the last group's last
     # unordered: the groups known to lead the pipeline order, in that order (the first one's first stage holds
-    # the embedding; first_positions)
+    # the embedding), and the group known to come last (its last stage holds the logits); first_positions
     leading: tuple[int, ...] = ()
+    last: int | None = None
+
+    @property
+    def placed(self) -> bool:
+        """Unordered ends that know where some groups sit (leading or last)."""
+        return bool(self.leading) or self.last is not None
 
     @classmethod
     def of(cls, a, ends, first: int, last: int) -> Ends:
@@ -72,14 +78,14 @@ class Ends(NamedTuple):
         return cls.least([cls.row(x, end) for x, end in zip(a, ends)])
 
     @classmethod
-    def partial(cls, a, ends, leading: tuple[int, ...], lasts) -> Ends:
+    def partial(cls, a, ends, leading: tuple[int, ...], lasts, last: int | None = None) -> Ends:
         """The terms of the group orders that start with the groups ``leading`` (in that order) and end on one of
-        the groups ``lasts``: the embedding terms of the first, the logits terms at their least over ``lasts``
-        (unordered: each a lower bound, as any_order's)."""
+        the groups ``lasts`` (``last``: the one known): the embedding terms of the first, the logits terms at their
+        least over ``lasts`` (unordered: each a lower bound, as any_order's)."""
         emb, _, emb_per_a, _, first_top, _ = cls.row(a[leading[0]], ends[leading[0]])
         rows = [cls.row(a[g], ends[g]) for g in lasts]
         logits, logits_per_a, last_top = (min(r[i] for r in rows) for i in (1, 3, 5))
-        return cls(emb, logits, emb_per_a, logits_per_a, first_top, last_top, ordered=False, leading=leading)
+        return cls(emb, logits, emb_per_a, logits_per_a, first_top, last_top, ordered=False, leading=leading, last=last)
 
     @staticmethod
     def row(a: float, end: tuple[float, float]) -> tuple[float, ...]:
@@ -222,8 +228,8 @@ def box_bound_reach(
             work += k_lo * (v * (x - fast) + y)
     if moe_positions:
         top = max(top, moe_only_top(mix, lo, ys, v))
-    elif ends.leading and mix is not None and mix.moe and mix.lead is not None and whole and not any(relaxed):
-        top = max(top, moe_only_top(mix, lo, ys, v, first_positions(lo, hi, ends.leading), mix.lead))
+    elif ends.placed and mix is not None and mix.moe and mix.lead is not None and whole and not any(relaxed):
+        top = max(top, moe_only_top(mix, lo, ys, v, first_positions(lo, hi, ends.leading, ends.last), mix.lead))
     T = max(top, (L + ends.emb_per_a + ends.logits_per_a + over) / inv, floor)
     cap = L // v if max_stages is None else min(max_stages, L // v)
     if stages > cap:  # the box's candidates have fewer stages than its groups allow together
@@ -354,11 +360,14 @@ def moe_only_rates(a, lo, ends: Ends, mix: KindMix) -> tuple[tuple[float, ...], 
     return tuple(out), Ends.at(ends.emb, ends.logits, out[0], out[-1])
 
 
-def first_positions(lo, hi, leading: tuple[int, ...] | None = None) -> tuple[tuple[int, int], ...]:
+def first_positions(
+    lo, hi, leading: tuple[int, ...] | None = None, last: int | None = None
+) -> tuple[tuple[int, int], ...]:
     """Per group of a box, the (least, most) position of its first stage. In pipeline order (``leading`` None)
     group g's first stage sits between lo_0 + ... + lo_{g-1} and hi_0 + ... + hi_{g-1}; where only the groups
-    ``leading`` are known to lead the order (in that order), theirs so, and any other group's after all of them,
-    at most after every other group."""
+    ``leading`` are known to lead the order (in that order) and the group ``last`` to end it, theirs so (the last
+    after every other group), and any other group's after the leading ones, at most after every other group but
+    the last."""
     out, before_lo, before_hi = [], 0, 0
     if leading is None:
         for k_lo, k_hi in zip(lo, hi):
@@ -372,6 +381,9 @@ def first_positions(lo, hi, leading: tuple[int, ...] | None = None) -> tuple[tup
         before_lo += lo[g]
         before_hi += hi[g]
     total = sum(hi)
+    if last is not None:
+        at[last] = (sum(lo) - lo[last], total - hi[last])
+        total -= hi[last]
     return tuple(at.get(g, (before_lo, total - k_hi)) for g, k_hi in enumerate(hi))
 
 
@@ -385,21 +397,22 @@ def dense_capable(lo, hi, moe_from: int, positions=None) -> tuple[tuple[int, int
     return tuple(out)
 
 
-def split_rows(lo, hi, moe_from: int | None, ordered: bool = True, leading: tuple[int, ...] = ()):
+def split_rows(lo, hi, moe_from: int | None, ordered: bool = True, leading: tuple[int, ...] = (), last=None):
     """(rows, lo, hi) of a box with each group's stages that may sit before position ``moe_from``
     (ModelSpec.all_moe_from) apart from those past it, which hold MoE layers only: ``rows`` names each row's
     (group, MoE only). A candidate with k_g stages from position p has c = min(k_g, max(0, moe_from - p)) before,
     within the first row's counts, and k_g - c past, within the second's: in pipeline order (``ordered``) the
-    counts of dense_capable, with the groups ``leading`` known to lead the order dense_capable at their
-    first_positions, else between 0 and min(hi_g, moe_from) for every group (any group may come first).
+    counts of dense_capable, with the groups ``leading`` known to lead the order (``last`` to end it)
+    dense_capable at their first_positions, else between 0 and min(hi_g, moe_from) for every group (any group
+    may come first).
     None where there is no such position (moe_from None or < 1) or, in pipeline order, the box's last stage may
     sit before it (sum lo <= moe_from: moe_split's logits stage is then not known to be past it)."""
     if moe_from is None or moe_from < 1 or (ordered and sum(lo) <= moe_from):
         return None
     if ordered:
         before = dense_capable(lo, hi, moe_from)
-    elif leading:
-        before = dense_capable(lo, hi, moe_from, first_positions(lo, hi, leading))
+    elif leading or last is not None:
+        before = dense_capable(lo, hi, moe_from, first_positions(lo, hi, leading, last))
     else:
         before = tuple((0, min(k_hi, moe_from)) for k_hi in hi)
     out = []  # (row, lo, hi)
@@ -416,19 +429,26 @@ def moe_split(a, lo, hi, ys, ends: Ends, mix: KindMix):
     """box_bound's rows of a box, split_rows apart (at mix.lead): (a, lo, hi, sends, ends, rows), a row before the
     leading dense layers' end at its group's per-layer seconds a_g, one past it at max(a_g, y_g) (y_g its MoE
     layer's seconds). In pipeline order the embedding stays on the first row (the first group's first stage,
-    position 0) and the logits go to the last (the last group's last stage, past them); unordered ends stay as
-    they are (the whole-chunk and schedule steps that read the rows take no end terms from them). None where
-    split_rows is."""
-    split = split_rows(lo, hi, mix.lead, ends.ordered, ends.leading)
+    position 0) and the logits go to the last (the last group's last stage, past them). Unordered ends that
+    know the first group (Ends.leading) keep the embedding on its row before that end (position 0 is before
+    it), and those that know the last group (Ends.last) the logits on its row past it where the box's last stage
+    surely sits past it (sum lo - 1 >= mix.lead); other end terms are not placed on rows (the whole-chunk and
+    schedule steps that read the rows take no end terms from them). None where split_rows is."""
+    split = split_rows(lo, hi, mix.lead, ends.ordered, ends.leading, ends.last)
     if split is None:
         return None
+    past = sum(lo) - 1 >= mix.lead
     rows, lo, hi = split
     a = tuple(max(a[g], mix.moe[g]) if only else a[g] for g, only in rows)
     ys = tuple(ys[g] for g, _ in rows)
     if ends.ordered:
         ends = Ends.at(ends.emb, ends.logits, a[0], a[-1])
-    elif ends.leading:  # (its groups' rows are numbered anew)
-        ends = ends._replace(leading=())
+    elif ends.placed:  # (the rows are numbered anew)
+        first = (ends.leading[0], False) if ends.leading else None
+        last = (ends.last, True) if ends.last is not None and past else None
+        ends = ends._replace(
+            leading=(rows.index(first),) if first in rows else (), last=rows.index(last) if last in rows else None
+        )
     return a, lo, hi, ys, ends, rows
 
 
@@ -623,16 +643,17 @@ def _capped_schedule_floor(sched: tuple, caps) -> float:
 def whole_chunk_bottleneck(a, hi, ends: Ends, L: int, send, v: int, start: float, relaxed=()) -> float:
     """Smallest bottleneck T >= ``start`` (a valid bound on it) at which hi_g stages per group hold the L layers in
     whole chunks of v: a stage of group g with constant seconds c (its sends, and with ordered ``ends`` the
-    embedding on the first group's first stage and the logits on the last group's last; unordered, the embedding
-    on one stage of the group known to come first (Ends.leading, where no group is relaxed) and no other end term,
-    which only adds room) holds at most floor((T - c) / (v a_g)) chunks, and a box's candidates have no more stages than
-    hi (so no more room at T). box_bound's continuous bottleneck lets every stage hold a fraction of a chunk; with
-    a few layers per stage that is worth several percent. The held chunks step up at c + q v a_g: the search walks
-    those steps from ``start``. A ``relaxed`` group (see box_bound; its ends unordered) holds its continuous share
-    k (T - c) / (v a_g), so between two steps the held chunks grow linearly: solved there. A relaxed group given as
-    its choices instead (a tuple of (stages, seconds per layer, sends) per TP choice, the group's TP still open)
-    holds what its best choice holds in whole chunks: it runs at one of them (or none), whose at most k stages hold
-    at most k floor((T - c) / (v a)) chunks, which is at most the continuous share of its best throughput."""
+    embedding on the first group's first stage and the logits on the last group's last; unordered, the embedding on
+    one stage of the group known to come first (Ends.leading) and the logits on one of the group known to come last
+    (Ends.last), where no group is relaxed; no other end term, which only adds room) holds at most floor((T - c) /
+    (v a_g)) chunks, and a box's candidates have no more stages than hi (so no more room at T). box_bound's
+    continuous bottleneck lets every stage hold a fraction of a chunk; with a few layers per stage that is worth
+    several percent. The held chunks step up at c + q v a_g: the search walks those steps from ``start``. A
+    ``relaxed`` group (see box_bound; its ends unordered) holds its continuous share k (T - c) / (v a_g), so between
+    two steps the held chunks grow linearly: solved there. A relaxed group given as its choices instead (a tuple of
+    (stages, seconds per layer, sends) per TP choice, the group's TP still open) holds what its best choice holds in
+    whole chunks: it runs at one of them (or none), whose at most k stages hold at most k floor((T - c) / (v a))
+    chunks, which is at most the continuous share of its best throughput."""
     ys = send or (0.0,) * len(a)
     picks = []  # per relaxed group given as its choices: (stages, constant s, s per chunk) per choice
     if any(relaxed):
@@ -645,10 +666,12 @@ def whole_chunk_bottleneck(a, hi, ends: Ends, L: int, send, v: int, start: float
         free, fixed = (), list(zip(a, hi, ys))
     if not ends.ordered:
         stages = [(k, y, v * x) for x, k, y in fixed]
-        if ends.leading and not free and not picks:  # the first group's first stage holds the embedding
-            x, k, y = fixed[ends.leading[0]]
-            stages[ends.leading[0]] = (k - 1, y, v * x)
-            stages.append((1, y + ends.emb, v * x))
+        if not free and not picks:  # the first group's first stage holds the embedding, the last's last the logits
+            for g, extra in ((ends.leading[0] if ends.leading else None, ends.emb), (ends.last, ends.logits)):
+                if g is not None:
+                    k, y, u = stages[g]
+                    stages[g] = (k - 1, y, u)
+                    stages.append((1, y + extra, u))
     elif sum(k for _, k, _ in fixed) == 1:
         stages = [(1, ends.emb + ends.logits, v * fixed[0][0])]
     else:

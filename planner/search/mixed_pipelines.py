@@ -143,8 +143,8 @@ GIFT = 256
 # A root's bound (prepare) counts too where a share's explore works it out (the first share: its roots are bounded
 # after the replica look, while the second share's were bounded in the child meanwhile: _PipelineSearch.explore).
 WORK = {"pop": 1, "bound": 1, "memory": 1, "open": 1, "refined": 2, "rows": 256, "solve": 400, "root": 2}
-# an open family with more groups than this left to order opens the next group of its order first (open_prefixes),
-# one with this many or fewer every order at once (expand)
+# an open family of more groups than this opens its first group, then its last, before the orders between them
+# (open_ends), one of this many or fewer every order at once (expand)
 OPEN_ALL = 3
 SOLVE_UNITS = 12_000  # work units per CP-SAT deterministic second (a unit: about 0.1 ms)
 
@@ -315,7 +315,7 @@ def _node_size(ctx: MixedContext, node, box) -> int:
         return 1
     lo, hi = box
     n = _box_size(lo, hi, ctx.job.model.num_layers // node.vpp)
-    return n if node.ordered else n * math.factorial(len(node.lasts)) * len(node.zeros)
+    return n if node.ordered else n * math.factorial(len(node.free)) * len(node.zeros)
 
 
 def _uniform_ok(ctx: MixedContext, used) -> bool:
@@ -693,8 +693,10 @@ class _Family:
     kind_counts: tuple[int, int] = (0, 0)
     moe_from: int | None = None  # ModelSpec.all_moe_from of such a model
     # an open family of one ZeRO stage: the used groups (indices into used) that lead its pipeline order, in that
-    # order (open_prefixes: the order opens one group at a time); the others follow in any order
+    # order, and the one that ends it (open_ends: the order opens its first group, then its last); the others sit
+    # between them in any order
     prefix: tuple[int, ...] = ()
+    last: int | None = None
 
     def __getstate__(self) -> dict:
         """Pickled for the other share (_pickle_nodes): the fields only; the cached terms are worked out again
@@ -717,10 +719,17 @@ class _Family:
     @functools.cached_property
     def lasts(self) -> tuple[int, ...]:
         """The used groups (indices into used) that may come last in pipeline order: all but an open family's
-        prefix (an ordered family's last)."""
+        prefix, or its last where known (an ordered family's last)."""
         if self.ordered:
             return (len(self.used) - 1,)
+        if self.last is not None:
+            return (self.last,)
         return tuple(i for i in range(len(self.used)) if i not in self.prefix)
+
+    @functools.cached_property
+    def free(self) -> tuple[int, ...]:
+        """The used groups whose place in an open family's order is open: neither in its prefix nor its last."""
+        return tuple(i for i in range(len(self.used)) if i not in self.prefix and i != self.last)
 
     @functools.cached_property
     def bound_ends(self) -> Ends:
@@ -732,14 +741,18 @@ class _Family:
         if self.ordered:
             return Ends.of(a, ends, 0, len(a) - 1)
         if self.prefix:
-            return Ends.partial(a, ends, self.prefix, self.lasts)
+            return Ends.partial(a, ends, self.prefix, self.lasts, self.last)
         return Ends.any_order(a, ends)
 
     def open_afters(self, lo) -> list[int]:
         """The least stages after each used group's stages in every order an open family stands for: its prefix
-        groups have the later prefix groups' and every other group's lo after them, the others none."""
+        groups have the later prefix groups' and every other group's lo after them, a group between the prefix
+        and a known last the last's lo, the others none."""
         afters = [0] * len(self.used)
-        after = sum(lo[i] for i in self.lasts)
+        if self.last is not None:
+            for i in self.free:
+                afters[i] = lo[self.last]
+        after = sum(lo[i] for i in range(len(self.used)) if i not in self.prefix)
         for i in reversed(self.prefix):
             afters[i] = after
             after += lo[i]
@@ -814,11 +827,12 @@ class _Family:
         if plain >= target:
             return plain
         sends = pipeline_sends(lo, v)
-        key = ("memory", id(zt), tuple(afters), hi, sends)
+        last = self.lasts[0] if len(self.lasts) == 1 else None  # (the group holding the logits, where known)
+        key = ("memory", id(zt), tuple(afters), hi, sends, last)
         floor = self._box_memo.get(key)
         if floor is None:
-            logits = self.ends[-1][1] if self.ordered else 0.0  # (an open family's last group is not known)
-            floor = self._box_memo[key] = _memory_floor(zt, afters, hi, v, self.send if sends else None, logits)
+            logits = 0.0 if last is None else self.ends[last][1]
+            floor = self._box_memo[key] = _memory_floor(zt, afters, hi, v, self.send if sends else None, logits, last)
         if floor == float("inf"):
             return floor
         if floor < reach:  # (below its reach the floor changes nothing)
@@ -883,7 +897,7 @@ class _Family:
         model's leading dense layers at its MoE layer's seconds (mixed_pipeline_bounds.moe_only_rates' rule, at
         the least position of the group's first stage in the orders the prefix leads: a prefix group's after the
         prefix groups before it, any other group's after every prefix group), and the end terms at them."""
-        positions = first_positions(lo, lo, self.prefix)  # (the least positions)
+        positions = first_positions(lo, lo, self.prefix, self.last)  # (the least positions)
         out = tuple(max(x, y) if at >= self.lead else x for x, y, (at, _) in zip(a, mix.moe, positions))
         if out == a:
             return a, ends
@@ -904,11 +918,15 @@ class _Family:
     @functools.cached_property
     def open_terms(self) -> tuple[KindMix | None, list[tuple]]:
         """What _open_bound reads that does not depend on the box: the KindMix of one stage, and per ZeRO stage
-        (zts) the per-layer seconds, ends at their least over the groups and KindMix of two or more."""
+        (zts) the per-layer seconds, ends at their least over the groups that may come first and last and KindMix
+        of two or more (its ends so too, at its dense layers' seconds)."""
         lined = []
         for zt in self.zts:
             a, ends = self._lined(zt)
-            lined.append((a, self._ends(a, ends), self.kind_mix(zt, ordered=False)))
+            mix = self.kind_mix(zt, ordered=False)
+            if mix is not None and self.prefix:
+                mix = mix._replace(ends=self._ends(mix.dense, ends))
+            lined.append((a, self._ends(a, ends), mix))
         return self.kind_mix(ordered=False), lined
 
     @functools.cached_property
@@ -927,7 +945,7 @@ class _Family:
         largest tail at which at most hi stages per group hold the layers (mixed_pipeline_bounds.tail_bottleneck;
         an open family's prefix places its groups: split_rows). Memoized: the ends by the box's least depth and
         first group, the rest by hi (a halved box keeps its parent's in one half)."""
-        split = split_rows(lo, hi, self.lead, self.ordered, self.prefix) if self.kinds is not None else None
+        split = split_rows(lo, hi, self.lead, self.ordered, self.prefix, self.last) if self.kinds is not None else None
         key = ("tail", id(zt), hi if split is None else split)
         hit = self._box_memo.get(key)
         if hit is None:
@@ -938,7 +956,7 @@ class _Family:
                 split_reaches = row_reaches(reaches, self._moe_reaches(zt), rows)
                 bottleneck = max(bottleneck, tail_bottleneck(split_reaches, his, L, levels, self.vpp))
             hit = self._box_memo[key] = max(self._tail(zt), bottleneck)
-        key = ("ends", id(zt), sum(lo), self.prefix[:1])
+        key = ("ends", id(zt), sum(lo), self.prefix[:1], self.last)
         ends = self._box_memo.get(key)
         if ends is None:
             each = [z.end_tails(sum(lo) - 1, self.vpp) for z in zt]
@@ -981,25 +999,32 @@ class _Family:
         (_zero_stage_bound) of a box by its hi (and the stages after each group)."""
         return {}
 
-    def open_prefixes(self) -> list[_Family]:
-        """The open family (of one ZeRO stage) once per group that may come next in pipeline order after its
-        prefix, each bounded by _open_bound for the orders that start so: its first group carries the embedding
-        and has every other group's stages after it (its memory room and DP tails at that depth). Its boxes and
-        the terms that do not depend on the order are shared with this family (the same zts, _box_memo)."""
+    @property
+    def opens_ends(self) -> bool:
+        """An open family of one ZeRO stage and more than OPEN_ALL groups whose first or last group is not known
+        yet: it opens that end (open_ends) before its orders (expand)."""
+        return len(self.used) > OPEN_ALL and (not self.prefix or self.last is None)
+
+    def open_ends(self) -> list[_Family]:
+        """The open family (of one ZeRO stage) once per group that may come first in pipeline order, or where its
+        first is known, once per group that may come last, each bounded by _open_bound for the orders that start
+        (end) so: its first group carries the embedding and has every other group's stages after it (its memory
+        room and DP tails at that depth), its last the logits, after every other group. Its boxes and the terms
+        that do not depend on the order are shared with this family (the same zts, _box_memo)."""
         out = []
-        for g in self.lasts:
-            child = dataclasses.replace(self, prefix=(*self.prefix, g))
+        for g in self.free:
+            child = dataclasses.replace(self, prefix=(g,)) if not self.prefix else dataclasses.replace(self, last=g)
             child.__dict__.update(_box_memo=self._box_memo)  # (a cached property)
             out.append(child)
         return out
 
     def expand(self, ctx: MixedContext, lo, hi) -> list[tuple[_Family, tuple]]:
-        """Every pipeline order of the used groups that starts with the prefix, at every ZeRO stage, each with its
-        box (the groups' counts follow them)."""
+        """Every pipeline order of the used groups that starts with the prefix (and ends on the last, where known),
+        at every ZeRO stage, each with its box (the groups' counts follow them)."""
         out = []
         terms = dict(zip(self.zeros, self.zts))  # each ZeRO stage's terms of the used groups
-        for rest in itertools.permutations(self.lasts):
-            perm = (*self.prefix, *rest)
+        for rest in itertools.permutations(self.free):
+            perm = (*self.prefix, *rest, *(() if self.last is None else (self.last,)))
 
             def pick(xs, perm=perm):
                 return tuple(xs[i] for i in perm)
@@ -1063,21 +1088,24 @@ def _kinds(ctx: MixedContext, used, node: _TpChoiceNode) -> dict:
     return {"kinds": tuple(kinds), "kind_counts": counts, "moe_from": ctx.job.model.all_moe_from}
 
 
-def _memory_floor(zt: tuple[ZeroTerms, ...], afters, his, v: int, sends=None, logits: float = 0.0) -> float:
+def _memory_floor(
+    zt: tuple[ZeroTerms, ...], afters, his, v: int, sends=None, logits: float = 0.0, last: int | None = None
+) -> float:
     """mixed_pipeline_bounds.memory_floor over the used groups' stages: group j with at most his[j] stages, the
     last with at least afters[j] stages after it and each one before it one more (ZeroTerms.stage_runs: each run
     of stages at its in-flight count, memory_terms); 0 (no floor) where a group has no depth-3 model. The heavy
     layers are the MoE layers of an MoE model, else all; a model with dense and MoE layers also counts both
     (mixed_pipeline_bounds.kind_memory_floor over ZeroTerms.kind_times: the dense layers' activations need room
     too), each stage's layers there taking at least what its stage surely adds besides them: ``sends`` (each
-    group's stages', two or more stages) and ``logits`` (the last group's last stage, an ordered family's)."""
+    group's stages', two or more stages) and ``logits`` (the pipeline's last stage, on group ``last``: an ordered
+    family's last group, or an open family's where known; afters[last] is then 0)."""
     if not zt or any(z.sm is None for z in zt):
         return 0.0
     runs = []  # (terms, stages, after of the run's last stage, seconds each of its stages adds)
     for j, (z, after, k) in enumerate(zip(zt, afters, his)):
         c = sends[j] if sends is not None else 0.0
         for n, first in z.stage_runs(after, k, v):
-            if logits and j == len(zt) - 1 and first == after:  # the pipeline's last stage
+            if logits and j == last and first == after:  # the pipeline's last stage
                 runs.append((z, 1, first, c + logits))
                 n -= 1
             if n:
@@ -1513,8 +1541,8 @@ class _PipelineSearch:
                     self.work += WORK["open"]
                     push(max(lb, by_zero.bound(L, lo, hi, self.cut())), by_zero, box)
                 return
-            if len(fam.lasts) > OPEN_ALL:  # the order one group at a time: a cut prefix opens no order
-                for child in fam.open_prefixes():
+            if fam.opens_ends:  # its first group, then its last: an end whose bound is cut opens no order
+                for child in fam.open_ends():
                     self.work += WORK["open"]
                     push(max(lb, child.bound(L, lo, hi, self.cut())), child, box)
                 return
