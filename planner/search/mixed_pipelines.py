@@ -856,10 +856,11 @@ class _Family:
         return new_lo, new_hi
 
     def _open_bound(self, L: int, lo, hi, target: float = float("inf")) -> float:
-        """The bound of an open family, valid for every group order and ZeRO stage: per ZeRO stage, the ordered
-        bound with each end term at its least over the groups (Ends.any_order) and each group's memory room as if
-        no stage followed it (the most it can hold: ZeroTerms.room only falls with stages after it); the least
-        over the ZeRO stages (_zero_bound)."""
+        """The bound of an open family, valid for every group order it stands for and every ZeRO stage: per ZeRO
+        stage, the ordered bound with each end term at its least over the groups that may come first and last
+        (Ends.any_order, Ends.partial) and each group's memory room with the fewest stages after it those orders
+        allow (open_afters; the most it can hold: ZeroTerms.room only falls with stages after it); the least over
+        the ZeRO stages (_zero_bound)."""
         v = self.vpp
         plain_mix, lined = self.open_terms
         if not self.zts:
@@ -883,7 +884,17 @@ class _Family:
 
     def _zero_bound(self, zt, terms, L: int, lo, hi, target: float) -> float:
         """_open_bound's bound at one ZeRO stage (zt, and its open_terms ``terms``): its memory and DP tail terms
-        only where the bound without them is below ``target``."""
+        only where the bound without them is below ``target``. Memoized with the target it was worked out for
+        (by_zero's families share the memo: each ZeRO stage's bound is worked out once where it was in full, below
+        its target, or where it reaches the new one)."""
+        key = ("zero bound", id(zt), lo, hi, self.prefix, self.last)
+        hit = self._box_memo.get(key)
+        if hit is not None and (hit[0] < hit[1] or hit[0] >= target):
+            return hit[0]
+        value = self._box_memo[key] = self._zero_bound_of(zt, terms, L, lo, hi, target), target
+        return value[0]
+
+    def _zero_bound_of(self, zt, terms, L: int, lo, hi, target: float) -> float:
         afters = self.open_afters(lo)
         if sum(z.room(after, k_hi, self.vpp) for z, after, k_hi in zip(zt, afters, hi)) < L:
             return float("inf")
