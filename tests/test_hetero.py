@@ -180,9 +180,9 @@ def test_hetero_search_matches_brute_force():
 
 def test_a_four_group_moe_search_matches_brute_force():
     """Four one-GPU groups of different speed and memory, an MoE model with a dense first layer: the search opens
-    the group order one leading group at a time (_Family.open_prefixes, whose bounds price every later group at
-    its MoE layers' seconds), and its best time is still the brute-force minimum over every order; the optimum
-    runs on all four groups."""
+    the group order at its first group, then its last (_Family.open_ends, whose bounds price every later group at
+    its MoE layers' seconds and the logits on the last), and its best time is still the brute-force minimum over
+    every order; the optimum runs on all four groups."""
     from strategies import SMALL_MOE
 
     gpus = [

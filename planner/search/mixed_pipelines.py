@@ -13,8 +13,8 @@ the experts per GPU; with vpp: the interleaved schedule's bubble, in-flight micr
 Candidates are reached through a best-first search over bounds: a _TpChoiceNode (dp, cp, ep, micro-batch, recompute,
 vpp)
 fixes the TP choice of one node group at a time down to _Family objects (per-group TP; group order and ZeRO stage
-still open), which open into one family per ZeRO stage, then (more than OPEN_ALL groups left to order) one per
-leading group, then one per group order, whose boxes of stage counts are halved down
+still open), which open into one family per ZeRO stage, then (more than OPEN_ALL groups) one per first group and
+one per last group, then one per group order, whose boxes of stage counts are halved down
 to single candidates; every level's bound holds for all it stands for. A candidate's refined bound
 (mixed_pipeline_bounds.refined_bound: its stages' memory, sends, ZeRO traffic and DP tail) puts it back in line, so
 CP-SAT solves candidates in the order of those bounds. The search stops when no remaining bound beats the K-th best
