@@ -565,6 +565,46 @@ def test_split_rows_hold_every_candidate_of_a_box():
     assert checked > 1000
 
 
+def test_first_positions_and_split_rows_hold_every_order_with_known_ends():
+    """first_positions, split_rows and _Family.open_afters where only the first group (``leading``) and the last
+    are known, by enumeration: for every order of four groups that starts and ends so and every stage-count choice
+    of small boxes, each group's first stage sits within its (least, most) positions, its stages before and past
+    position moe_from within its rows' counts, and at least open_afters stages follow its last stage."""
+    from planner.search.mixed_pipeline_bounds import first_positions, split_rows
+
+    n, checked = 4, 0
+    for first, last in [(0, None), (2, None), (1, 3), (3, 0)]:
+        seconds = {"a": (1.0,) * n, "ends": ((0.0, 0.0),) * n, "send": (0.0,) * n}  # (open_afters reads none)
+        fam = mixed_pipelines._Family(
+            dp=1, cp=1, mbs=1, zeros=(1,), base="none", used=((0, 1),) * n, mb=1, **seconds,
+            ordered=False, prefix=(first,), last=last,
+        )  # fmt: skip
+        orders = [p for p in itertools.permutations(range(n)) if p[0] == first and (last is None or p[-1] == last)]
+        for lo in itertools.product((1, 2), repeat=n):
+            for hi in [tuple(k + d for k, d in zip(lo, extra)) for extra in itertools.product((0, 2), repeat=n)]:
+                positions = first_positions(lo, hi, (first,), last)
+                afters = fam.open_afters(lo)
+                split = split_rows(lo, hi, 2, False, (first,), last)
+                rows, rlo, rhi = split
+                for ks in itertools.product(*[range(a, b + 1) for a, b in zip(lo, hi)]):
+                    for order in orders:
+                        start, counts = 0, {}
+                        for g in order:
+                            least, most = positions[g]
+                            assert least <= start <= most, (lo, hi, ks, order, g)
+                            assert sum(ks) - start - ks[g] >= afters[g], (lo, ks, order, g)
+                            before = min(ks[g], max(0, 2 - start))
+                            counts[(g, False)], counts[(g, True)] = before, ks[g] - before
+                            start += ks[g]
+                        for key, count in counts.items():
+                            if key in rows:
+                                assert rlo[rows.index(key)] <= count <= rhi[rows.index(key)], (lo, hi, ks, order, key)
+                            else:
+                                assert count == 0, (lo, hi, ks, order, key)
+                        checked += 1
+    assert checked > 10_000
+
+
 def test_a_box_prices_its_stages_past_the_dense_layers_at_moe_layers():
     """An ordered family's box takes its groups' stages past MOE6's one dense layer at the MoE layer's seconds and
     their DP tails at an MoE-only stage's (split_rows): some boxes of several candidates are raised by it (seen
