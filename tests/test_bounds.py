@@ -233,11 +233,8 @@ def open_tree(ctx, fam, box):
     than OPEN_ALL groups one per first group, then one per last group; then every order of the rest), with the
     bounds on the way: (bounds, ordered family, box)."""
     L = ctx.job.model.num_layers
-    if len(fam.zeros) > 1:
-        children = fam.by_zero()
-    elif fam.opens_ends:
-        children = fam.open_ends()
-    else:
+    children = fam.opened()
+    if not children:
         for ordered, obox in fam.expand(ctx, *box):
             yield (ordered.bound(L, *obox),), ordered, obox
         return

@@ -78,14 +78,15 @@ class Ends(NamedTuple):
         return cls.least([cls.row(x, end) for x, end in zip(a, ends)])
 
     @classmethod
-    def partial(cls, a, ends, leading: tuple[int, ...], lasts, last: int | None = None) -> Ends:
-        """The terms of the group orders that start with the groups ``leading`` (in that order) and end on one of
-        the groups ``lasts`` (``last``: the one known): the embedding terms of the first, the logits terms at their
-        least over ``lasts`` (unordered: each a lower bound, as any_order's)."""
-        emb, _, emb_per_a, _, first_top, _ = cls.row(a[leading[0]], ends[leading[0]])
-        rows = [cls.row(a[g], ends[g]) for g in lasts]
-        logits, logits_per_a, last_top = (min(r[i] for r in rows) for i in (1, 3, 5))
-        return cls(emb, logits, emb_per_a, logits_per_a, first_top, last_top, ordered=False, leading=leading, last=last)
+    def partial(cls, a, ends, firsts, lasts, leading: tuple[int, ...] = (), last: int | None = None) -> Ends:
+        """The terms of the group orders that start on one of the groups ``firsts`` and end on one of ``lasts``:
+        the embedding terms at their least over ``firsts``, the logits terms over ``lasts`` (unordered: each a lower
+        bound; any_order where both are every group), with the groups known to lead the order and to end it."""
+        rows = [cls.row(x, end) for x, end in zip(a, ends)]
+        first, end = cls.least([rows[g] for g in firsts]), cls.least([rows[g] for g in lasts])
+        return first._replace(
+            logits=end.logits, logits_per_a=end.logits_per_a, last_top=end.last_top, leading=leading, last=last
+        )
 
     @staticmethod
     def row(a: float, end: tuple[float, float]) -> tuple[float, ...]:
@@ -210,7 +211,10 @@ def box_bound_reach(
     # a box in pipeline order knows which of its stages sit past the model's leading dense layers
     moe_positions = mix is not None and mix.moe and whole and ends.ordered and not any(relaxed)
     if moe_positions:
-        a, ends = moe_only_rates(a, lo, ends, mix)
+        positions = first_positions(lo, lo)
+        rates = moe_only_rates(a, mix, positions, mix.moe_from)
+        if rates is not a:  # (the ordered ends at the new seconds)
+            a, ends = rates, Ends.at(ends.emb, ends.logits, rates[0], rates[-1])
     sends = send is not None and pipeline_sends(lo, v)
     ys = send if sends else (0.0,) * len(a)  # each group's sends (none for fewer than two stages)
     stages = sum(hi)
@@ -227,9 +231,9 @@ def box_bound_reach(
             top = max(top, v * x + y)  # a stage of this group surely holds a layer (a chunk of v layers)
             work += k_lo * (v * (x - fast) + y)
     if moe_positions:
-        top = max(top, moe_only_top(mix, lo, ys, v))
+        top = max(top, moe_only_top(mix, lo, ys, v, positions, mix.moe_from))
     elif ends.placed and mix is not None and mix.moe and mix.lead is not None and whole and not any(relaxed):
-        top = max(top, moe_only_top(mix, lo, ys, v, first_positions(lo, hi, ends.leading, ends.last), mix.lead))
+        top = max(top, moe_only_top(mix, lo, ys, v, first_positions(lo, lo, ends.leading, ends.last), mix.lead))
     T = max(top, (L + ends.emb_per_a + ends.logits_per_a + over) / inv, floor)
     cap = L // v if max_stages is None else min(max_stages, L // v)
     if stages > cap:  # the box's candidates have fewer stages than its groups allow together
@@ -346,35 +350,26 @@ def _rate_hull(choices: tuple[tuple[int, float], ...]) -> tuple[tuple[float, int
     return tuple(((x2 - x1) / (y2 - y1), x2 - x1) for (x1, y1), (x2, y2) in zip(hull, hull[1:]))
 
 
-def moe_only_rates(a, lo, ends: Ends, mix: KindMix) -> tuple[tuple[float, ...], Ends]:
-    """A box's per-layer seconds with each group whose stages all sit past the model's leading dense layers taken
-    at its MoE layer's seconds: group g's first stage is at position k_0 + ... + k_{g-1} >= lo_0 + ... + lo_{g-1},
-    and a stage at position s >= mix.moe_from holds MoE layers only (moe_only_top). The ordered ends (embedding on
-    the first group, logits on the last) are worked out again at the new seconds."""
-    before, out = 0, []
-    for x, y, k_lo in zip(a, mix.moe, lo):
-        out.append(max(x, y) if before >= mix.moe_from else x)
-        before += k_lo
-    if all(x == y for x, y in zip(a, out)):
-        return a, ends
-    return tuple(out), Ends.at(ends.emb, ends.logits, out[0], out[-1])
+def moe_only_rates(a, mix: KindMix, positions, moe_from: int) -> tuple[float, ...]:
+    """A box's per-layer seconds ``a`` with each group whose stages all sit past the model's leading dense layers
+    taken at its MoE layer's seconds (mix.moe): group g's first stage sits at position >= the least of
+    ``positions[g]`` (first_positions), and a stage at position s >= ``moe_from`` holds MoE layers only
+    (moe_only_top). ``a`` itself where no group's seconds change (the caller's end terms then stand)."""
+    out = tuple(max(x, y) if least >= moe_from else x for x, y, (least, _) in zip(a, mix.moe, positions))
+    return a if out == a else out
 
 
 def first_positions(
     lo, hi, leading: tuple[int, ...] | None = None, last: int | None = None
 ) -> tuple[tuple[int, int], ...]:
-    """Per group of a box, the (least, most) position of its first stage. In pipeline order (``leading`` None)
-    group g's first stage sits between lo_0 + ... + lo_{g-1} and hi_0 + ... + hi_{g-1}; where only the groups
-    ``leading`` are known to lead the order (in that order) and the group ``last`` to end it, theirs so (the last
-    after every other group), and any other group's after the leading ones, at most after every other group but
+    """Per group of a box, the (least, most) position of its first stage: group g, led by the groups before it
+    in ``leading`` (default: every group, in pipeline order), sits between their lo's sum and their hi's; where
+    only the groups ``leading`` are known to lead the order (in that order) and the group ``last`` to end it, the
+    last after every other group, and any other group after the leading ones, at most after every other group but
     the last."""
-    out, before_lo, before_hi = [], 0, 0
     if leading is None:
-        for k_lo, k_hi in zip(lo, hi):
-            out.append((before_lo, before_hi))
-            before_lo += k_lo
-            before_hi += k_hi
-        return tuple(out)
+        leading = range(len(lo))
+    before_lo = before_hi = 0
     at = {}
     for g in leading:
         at[g] = (before_lo, before_hi)
@@ -470,19 +465,13 @@ def row_reaches(reaches, moe_reaches, rows) -> tuple:
     return tuple(moe[g] if only and moe[g] is not None else reaches[g] for g, only in rows)
 
 
-def moe_only_top(mix: KindMix, lo, ys, v: int, positions=None, moe_from: int | None = None) -> float:
+def moe_only_top(mix: KindMix, lo, ys, v: int, positions, moe_from: int) -> float:
     """The least time of a stage that holds only MoE layers, where a box's stages in pipeline order surely have one:
     a stage's layers come after one layer of each stage before it (planner/cost/stage.split_kinds: consecutive
-    layers), so a stage at position s >= mix.moe_from holds only MoE layers, at least v of them (one per chunk).
-    Group g's lo_g-th stage sits at position >= lo_0 + ... + lo_g - 1, or ``positions[g]``'s least + lo_g - 1
-    (first_positions) with ``moe_from`` for mix.moe_from; 0 where no group has one there."""
-    top = before = 0.0
-    if positions is None:
-        for y_moe, k_lo, y in zip(mix.moe, lo, ys):
-            before += k_lo
-            if k_lo and before - 1 >= mix.moe_from:
-                top = max(top, v * y_moe + y)
-        return top
+    layers), so a stage at position s >= ``moe_from`` holds only MoE layers, at least v of them (one per chunk).
+    Group g's lo_g-th stage sits at position >= the least of ``positions[g]`` (first_positions) + lo_g - 1; 0
+    where no group has one there."""
+    top = 0.0
     for y_moe, k_lo, y, (least, _) in zip(mix.moe, lo, ys, positions):
         if k_lo and least + k_lo - 1 >= moe_from:
             top = max(top, v * y_moe + y)
@@ -666,7 +655,7 @@ def whole_chunk_bottleneck(a, hi, ends: Ends, L: int, send, v: int, start: float
         free, fixed = (), list(zip(a, hi, ys))
     if not ends.ordered:
         stages = [(k, y, v * x) for x, k, y in fixed]
-        if not free and not picks:  # the first group's first stage holds the embedding, the last's last the logits
+        if ends.placed and not free and not picks:  # the first group's first stage: the embedding; the last's: logits
             for g, extra in ((ends.leading[0] if ends.leading else None, ends.emb), (ends.last, ends.logits)):
                 if g is not None:
                     k, y, u = stages[g]

@@ -78,6 +78,7 @@ from planner.search.mixed_pipeline_bounds import (
     kind_memory_floor,
     memory_floor,
     merged_levels,
+    moe_only_rates,
     pipeline_sends,
     refined_bound,
     row_reaches,
@@ -717,6 +718,14 @@ class _Family:
         return None if self.moe_from is None else moe_lead(self.moe_from, sum(self.kind_counts))
 
     @functools.cached_property
+    def firsts(self) -> tuple[int, ...]:
+        """The used groups (indices into used) that may come first in pipeline order: an open family's first
+        prefix group where it has one, else all (an ordered family's first)."""
+        if self.ordered:
+            return (0,)
+        return self.prefix[:1] or tuple(range(len(self.used)))
+
+    @functools.cached_property
     def lasts(self) -> tuple[int, ...]:
         """The used groups (indices into used) that may come last in pipeline order: all but an open family's
         prefix, or its last where known (an ordered family's last)."""
@@ -740,9 +749,7 @@ class _Family:
         pipeline order, or with the order open each at its least over the groups that may come first and last."""
         if self.ordered:
             return Ends.of(a, ends, 0, len(a) - 1)
-        if self.prefix:
-            return Ends.partial(a, ends, self.prefix, self.lasts, self.last)
-        return Ends.any_order(a, ends)
+        return Ends.partial(a, ends, self.firsts, self.lasts, self.prefix, self.last)
 
     def open_afters(self, lo) -> list[int]:
         """The least stages after each used group's stages in every order an open family stands for: its prefix
@@ -905,14 +912,11 @@ class _Family:
 
     def _past_lead(self, zt, a, ends: Ends, mix: KindMix, lo) -> tuple[tuple[float, ...], Ends]:
         """An open family's per-layer seconds ``a`` (with zt's lines) with each group whose stages all sit past the
-        model's leading dense layers at its MoE layer's seconds (mixed_pipeline_bounds.moe_only_rates' rule, at
-        the least position of the group's first stage in the orders the prefix leads: a prefix group's after the
-        prefix groups before it, any other group's after every prefix group), and the end terms at them."""
-        positions = first_positions(lo, lo, self.prefix, self.last)  # (the least positions)
-        out = tuple(max(x, y) if at >= self.lead else x for x, y, (at, _) in zip(a, mix.moe, positions))
-        if out == a:
-            return a, ends
-        return out, self._ends(out, self._lined(zt)[1])
+        model's leading dense layers at its MoE layer's seconds (mixed_pipeline_bounds.moe_only_rates, at the
+        least position of the group's first stage in the orders the family stands for: first_positions), and the
+        end terms at them."""
+        rates = moe_only_rates(a, mix, first_positions(lo, lo, self.prefix, self.last), self.lead)
+        return (a, ends) if rates is a else (rates, self._ends(rates, self._lined(zt)[1]))
 
     def by_zero(self) -> list[_Family]:
         """The open family once per ZeRO stage (its order still open), each bounded by _open_bound like this one:
@@ -971,8 +975,7 @@ class _Family:
         ends = self._box_memo.get(key)
         if ends is None:
             each = [z.end_tails(sum(lo) - 1, self.vpp) for z in zt]
-            firsts = (0,) if self.ordered else self.prefix[:1] or range(len(zt))
-            ends = max(min(each[i][0] for i in firsts), min(each[i][1] for i in self.lasts))
+            ends = max(min(each[i][0] for i in self.firsts), min(each[i][1] for i in self.lasts))
             self._box_memo[key] = ends
         return max(hit, ends)
 
@@ -1010,11 +1013,15 @@ class _Family:
         (_zero_stage_bound) of a box by its hi (and the stages after each group)."""
         return {}
 
-    @property
-    def opens_ends(self) -> bool:
-        """An open family of one ZeRO stage and more than OPEN_ALL groups whose first or last group is not known
-        yet: it opens that end (open_ends) before its orders (expand)."""
-        return len(self.used) > OPEN_ALL and (not self.prefix or self.last is None)
+    def opened(self) -> list[_Family]:
+        """The open families an open family opens into before its orders (expand), each bounded like it (empty
+        where it opens its orders): one per ZeRO stage (by_zero); with one, and more than OPEN_ALL groups, one per
+        first group and then one per last group (open_ends)."""
+        if len(self.zeros) > 1:
+            return self.by_zero()
+        if len(self.used) > OPEN_ALL and (not self.prefix or self.last is None):
+            return self.open_ends()
+        return []
 
     def open_ends(self) -> list[_Family]:
         """The open family (of one ZeRO stage) once per group that may come first in pipeline order, or where its
@@ -1547,15 +1554,11 @@ class _PipelineSearch:
             return
         lo, hi = box
         if not fam.ordered:
-            if len(fam.zeros) > 1:  # one open family per ZeRO stage first: a stage whose bound is cut opens no order
-                for by_zero in fam.by_zero():
-                    self.work += WORK["open"]
-                    push(max(lb, by_zero.bound(L, lo, hi, self.cut())), by_zero, box)
-                return
-            if fam.opens_ends:  # its first group, then its last: an end whose bound is cut opens no order
-                for child in fam.open_ends():
-                    self.work += WORK["open"]
-                    push(max(lb, child.bound(L, lo, hi, self.cut())), child, box)
+            opened = fam.opened()  # (a ZeRO stage, a first or a last group whose bound is cut opens no order)
+            for child in opened:
+                self.work += WORK["open"]
+                push(max(lb, child.bound(L, lo, hi, self.cut())), child, box)
+            if opened:
                 return
             for ordered, box in fam.expand(ctx, lo, hi):
                 push(ordered.bound(L, *box, self.cut()), ordered, box)
