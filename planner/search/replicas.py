@@ -467,9 +467,12 @@ def _pipeline_floor(ctx, cand: ReplicaCandidate) -> float:
     at = {}  # micro-batches -> per replica entry (T, rest)
     for m in sorted({1, pp}):
         per = _probe_models(ctx, cand, [m] * len(cand.counts), stages=(0,))  # the terms read the first stage's
-        at[m] = [quick.lower_bound_terms(sms[0], ctx.capacity(g)) for (g, _), sms in zip(cand.counts, per)]
-    if any(T == float("inf") for T, _ in at[1]):
-        return float("inf")
+        at[m] = [None] * len(per)
+        # the smallest GPUs first: where a replica's layers do not fit (most shapes of a tight job), they end it
+        for i in sorted(range(len(per)), key=lambda i: ctx.capacity(cand.counts[i][0])):
+            at[m][i] = quick.lower_bound_terms(per[i][0], ctx.capacity(cand.counts[i][0]))
+            if m == 1 and at[m][i][0] == float("inf"):
+                return float("inf")
     entries = [(d, one, full) for (_, d), one, full in zip(cand.counts, at[1], at[pp])]
 
     def runs(x: float) -> float:
