@@ -80,14 +80,21 @@ def brute_force(job, shape, zero, counts, base, ep=1):
     return best
 
 
+@pytest.mark.parametrize("quick_work", [None, 0.0])
 @pytest.mark.parametrize(("gbs", "zero", "memory_gib"), [(8, 1, None), (5, 1, None), (5, 3, 5.5), (7, 3, 5.5)])
-def test_the_exact_split_of_a_pipelined_replica_shape_is_the_brute_force_optimum(monkeypatch, gbs, zero, memory_gib):
+def test_the_exact_split_of_a_pipelined_replica_shape_is_the_brute_force_optimum(
+    monkeypatch, gbs, zero, memory_gib, quick_work
+):
     """On the small GPU as it is and on one so tight that ZeRO-3 fits only by recomputing: the choices whose
     replicas keep fewer micro-batches in flight (their own stage models, their own memory) share one built model
     of the stage times (replica_partition._split_model, built once per time unit), and the plan is the brute-force
-    optimum."""
+    optimum, with each fixed choice solved first without presolve (the default) and with presolve only
+    (FIXED_QUICK_WORK 0)."""
     import planner.cost.estimate as E
     import planner.search.replica_partition as RP
+
+    if quick_work is not None:
+        monkeypatch.setattr(RP, "FIXED_QUICK_WORK", quick_work)
 
     job = replica_job(gbs)
     if memory_gib is not None:
@@ -156,6 +163,52 @@ def test_a_choice_on_a_shared_split_model_keeps_its_own_memory(monkeypatch):
     models = {}
     shared = [RP.solve_split(per, caps, ms, counts, 5, models=models, **kw)[0] for ms, per in (first, second)]
     assert shared == alone and len(builds) == 1
+
+
+@pytest.mark.parametrize(
+    ("ms", "cap", "status", "time_s"),
+    [((82, 81, 12, 6), 1.310676, "optimal", 1.310562), ((83, 81, 12, 4), 1.310431, "infeasible", None)],
+)
+def test_a_choice_close_to_its_cap_is_settled_with_presolve(monkeypatch, ms, cap, status, time_s):
+    """Seed-1 job 31 of the bench suite (qwen3-235b on four GPU types), its pipelined replica shape of 33 stages
+    whose best plan is the job's: two of its micro-batch choices, within 0.01% of their caps. The quick solve
+    without presolve (replica_partition._solve_choice) does not settle them; the solve with presolve that follows
+    does, with the same status, time and split as a solve with presolve only."""
+    import planner.search.replica_partition as RP
+    from planner.search.replicas import _probe_models
+
+    job = suite_job(
+        "qwen3-235b-a22b", [("h200", 231, 8), ("gb200", 30, 72), ("b200", 550, 8), ("h800", 195, 8)], 16384, 1024
+    )
+    opts = SearchOptions().for_job(job)
+    ctx = MixedContext(job, opts, None, cost_source(job), group_order(job.cluster))
+    counts = ((1, 4), (2, 8), (0, 3), (3, 2))
+    cand = ReplicaCandidate(4, 4, 33, 1, 1, "none", counts, 0.0)
+    per, caps = _probe_models(ctx, cand, ms), [ctx.capacity(g) for g, _ in counts]
+    kw = {
+        "partial_recompute": opts.partial_recompute,
+        "even_layers": opts.even_layers,
+        "uniform_recompute": opts.uniform_recompute,
+        "cap_s": cap,
+        "time_limit_s": 600.0,
+        "workers": 1,
+    }
+    presolved = []
+    real = RP._solve_time_then_ties
+
+    def spied(solver, *args):
+        presolved.append(solver.parameters.cp_model_presolve)
+        return real(solver, *args)
+
+    monkeypatch.setattr(RP, "_solve_time_then_ties", spied)
+    split, got, bound = RP.solve_split(per, caps, ms, counts, 1024, **kw)
+    assert presolved == [False, True]  # the quick solve left it open
+    assert got == status
+    if time_s is not None:
+        assert bound == pytest.approx(time_s, rel=1e-5) and split is not None
+    monkeypatch.setattr(RP, "FIXED_QUICK_WORK", 0.0)
+    assert RP.solve_split(per, caps, ms, counts, 1024, **kw) == (split, got, bound)
+    assert presolved == [False, True, True]
 
 
 @pytest.mark.parametrize("workers", [1, 4])

@@ -42,6 +42,10 @@ MAX_CHOICES = 4096  # micro-batch choices one shape may enumerate (more: the sha
 # Partial choices the enumeration may visit (most are dropped because the last group's count does not divide): a
 # shape with three or more groups and thousands of micro-batches has millions; past this the shape stays open.
 MAX_VISITS = 64 * MAX_CHOICES
+# A fixed choice's first solve, without presolve, stops at this much of CP-SAT's deterministic time (_solve_choice):
+# the far-from-the-cap choices it is for take 0.000-0.007 (seed-5 job 10); the close ones it leaves to presolve
+# took 0.06-0.24 without it (seed-1 job 31)
+FIXED_QUICK_WORK = 0.02
 STEADY_SOLVE_S = 1.0  # the variable-count model's cap (CP-SAT's deterministic time) before the choices one by one
 
 
@@ -320,12 +324,8 @@ def solve_split(
     tiebreak = sum((p - i) * (L + 1) * shared.layers[i] for i in range(p))
     tiebreak += sum((p - i) * pv.recomputed[i] for pv in pvs for i in range(p))
 
-    solver = new_solver(time_limit_s, workers, work_limit=work_limit)
-    # With every count fixed the model is linear and small: CP-SAT's presolve is most of its time (an infeasible
-    # choice, the common case below the cut, is proved in about 1 ms without it and 10 ms with it, suite job 30),
-    # while the model with the counts as variables needs it (0.03 s with it, 0.46 s without)
-    solver.parameters.cp_model_presolve = any(lo != hi for lo, hi in ranges)
-    status, bound = _solve_time_then_ties(solver, m, z, tiebreak)
+    variable = any(lo != hi for lo, hi in ranges)
+    status, bound, solver = _solve_choice(m, z, tiebreak, variable, time_limit_s, workers, work_limit)
     if status == cp_model.INFEASIBLE:
         return None, "infeasible", float("inf")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -339,7 +339,38 @@ def solve_split(
     return split, ("optimal" if status == cp_model.OPTIMAL else "feasible"), bound
 
 
-def _solve_time_then_ties(solver, model, time, tiebreak) -> tuple[int, float]:
+def _solve_choice(model, z, tiebreak, variable: bool, time_limit_s: float, workers: int, work_limit: float | None):
+    """(status, proven lower bound, solver holding the solution) of a choice's model (_solve_time_then_ties).
+    The model with the counts as variables (``variable``) needs CP-SAT's presolve (0.03 s with it, 0.46 s
+    without). With every count fixed the model is linear, and whether presolve pays depends on how close the cap is
+    to the choice's optimum: far from it (an infeasible choice, the common case below the cut) the model is proved
+    in about 1 ms without presolve and 10 ms with it (suite job 30; seed-5 job 10's pp=60 choices: 17 against 55
+    ms); close to it, without presolve CP-SAT searches where presolve proves it at once (seed-1 job 31's 33-stage,
+    four-group choices, within 0.1% of the best plan: 0.2-1.1 s against 0.2-0.3 s; seed-5 job 10's 129 choices of
+    a replica pass at its best plan's time, 37 s without presolve, 15.5 s this way). So a fixed choice is first
+    solved without presolve for at most FIXED_QUICK_WORK of CP-SAT's deterministic time (machine-independent,
+    so the outcome is the same on any machine), and only if that does not settle it, again with presolve (0: every
+    fixed choice with presolve only)."""
+    cp_model = cp_sat()
+    if not variable and FIXED_QUICK_WORK > 0:
+        quick_limit = FIXED_QUICK_WORK if work_limit is None else min(work_limit, FIXED_QUICK_WORK)
+        solver = new_solver(time_limit_s, workers, work_limit=quick_limit)
+        solver.parameters.cp_model_presolve = False
+        # (an optimum's tie-break step gets the caller's limit, not what the quick one left)
+        tie_work = float("inf") if work_limit is None else work_limit
+        status, bound = _solve_time_then_ties(solver, model, z, tiebreak, tie_work)
+        if status in (cp_model.OPTIMAL, cp_model.INFEASIBLE) or (work_limit is not None and work_limit <= quick_limit):
+            return status, bound, solver
+        used = solver.response_proto.deterministic_time
+        time_limit_s = max(0.01, time_limit_s - solver.wall_time)
+        work_limit = None if work_limit is None else max(0.01, work_limit - used)
+    solver = new_solver(time_limit_s, workers, work_limit=work_limit)
+    solver.parameters.cp_model_presolve = True
+    status, bound = _solve_time_then_ties(solver, model, z, tiebreak)
+    return status, bound, solver
+
+
+def _solve_time_then_ties(solver, model, time, tiebreak, tie_work: float | None = None) -> tuple[int, float]:
     """Solve ``model`` for the least ``time``, then, where that is proven, for the least ``tiebreak`` among the
     solutions at that time (``model`` gains the constraint time == least and the first solution as its hint): one
     optimum for any worker count or search order. (status, proven lower bound of ``time``); the solver holds the
@@ -348,7 +379,8 @@ def _solve_time_then_ties(solver, model, time, tiebreak) -> tuple[int, float]:
     time above the tie-break (partition._set_objective's): suite job 31 of scripts/bench_hetero.py (seed 1), a split
     of 33 stages on 4 GPU types, 1.5 s instead of 2.9 s to the same optimum, and its whole search proven where it
     was not. (On the single-pipeline models of partition.py it is the other way round: the weighted tie-break
-    steers the search, and time alone took one gpt-530b solve of examples/bench 0.16 s instead of 0.10 s.)"""
+    steers the search, and time alone took one gpt-530b solve of examples/bench 0.16 s instead of 0.10 s.)
+    ``tie_work``: the tie-break step's deterministic limit instead of what the first step left of the solver's."""
     cp_model = cp_sat()
     status = solver.solve(model)
     if status != cp_model.OPTIMAL:
@@ -363,7 +395,8 @@ def _solve_time_then_ties(solver, model, time, tiebreak) -> tuple[int, float]:
     params = solver.parameters
     params.max_time_in_seconds = max(0.01, params.max_time_in_seconds - solver.wall_time)
     used = solver.response_proto.deterministic_time
-    params.max_deterministic_time = max(0.01, params.max_deterministic_time - used)  # (default: no limit, inf)
+    left = params.max_deterministic_time - used if tie_work is None else tie_work
+    params.max_deterministic_time = max(0.01, left)  # (default: no limit, inf)
     if solver.solve(model) not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         params.fix_variables_to_their_hinted_value = True  # out of time before the hint was read: take it as it is
         solver.solve(model)
