@@ -244,21 +244,42 @@ class MixedContext:
         return self.job.cluster[g].gpu.memory_gib * (1 - self.opts.memory_margin)
 
 
-class ZeroTails(NamedTuple):
-    """The DP tail terms of ZeroTerms (_zero_tails), each as (paid, every): with recompute paid for in the
-    schedule's sum (valid up to ``pays_up_to`` model chunks per stage) and with every layer recomputed."""
+class TailWay(NamedTuple):
+    """The DP tail terms of ZeroTerms one way (_zero_tails): with recompute paid for in the schedule's sum, or with
+    every layer recomputed."""
 
-    pays_up_to: float
     reach: tuple  # per layer count n = 1..L, the least tail of a stage holding n or more layers
     ends: tuple | None  # (first stage's, last stage's by its first layer) tails holding 1..n layers
     moe_reach: tuple | None  # reach of a stage past the leading dense layers (None: the model has none)
 
+
+_NO_WAY = TailWay((), None, None)
+
+
+@dataclass
+class ZeroTails:
+    """The DP tail terms of ZeroTerms: each way (TailWay) worked out when first read, since a family reads only the
+    one its vpp takes (paid for up to ``pays_up_to`` model chunks per stage, else every layer recomputed): on
+    seed-7 suite job 37, 1,124 groups' tails at 1.6 ms each, about half of it the way no family read."""
+
+    pays_up_to: float
+    make_way: Callable[[int], TailWay] | None = field(default=None, repr=False, compare=False)
+    ways: dict = field(default_factory=dict, repr=False, compare=False)
+
     def way(self, vpp: int) -> int:
-        """Which of each pair holds at ``vpp``: 0 (paid) up to pays_up_to, else 1 (every)."""
+        """Which way holds at ``vpp``: 0 (paid) up to pays_up_to, else 1 (every)."""
         return 0 if vpp <= self.pays_up_to else 1
 
+    def at(self, vpp: int) -> TailWay:
+        """The terms of the way that holds at ``vpp``."""
+        w = self.way(vpp)
+        hit = self.ways.get(w)
+        if hit is None:
+            hit = self.ways[w] = _NO_WAY if self.make_way is None else self.make_way(w)
+        return hit
 
-_NO_TAILS = ZeroTails(float("inf"), ((), ()), None, None)
+
+_NO_TAILS = ZeroTails(float("inf"))
 
 
 @dataclass
@@ -320,14 +341,12 @@ class ZeroTerms:
         """Per layer count n = 1..L (index n - 1), the least DP tail a stage of this group holding n or more layers
         has (TailProfile.reach, the least over the first, a middle and the last stage), as tail: with recompute
         paid for in the schedule's sum up to the vpp where that holds, else with every layer recomputed."""
-        t = self._tails
-        return t.reach[t.way(vpp)]
+        return self._tails.at(vpp).reach
 
     def moe_reach(self, vpp: int = 1) -> tuple[float, ...] | None:
         """``reach`` of a stage that holds MoE layers only (a middle or last stage past the model's leading dense
         layers: ModelSpec.all_moe_from), None for a model without leading dense layers (``reach`` is that)."""
-        t = self._tails
-        return None if t.moe_reach is None else t.moe_reach[t.way(vpp)]
+        return self._tails.at(vpp).moe_reach
 
     def end_tails(self, after_first: int, vpp: int = 1) -> tuple[float, float]:
         """(first, last): the least DP tail of this group's stage at the start of a pipeline with at least
@@ -335,10 +354,10 @@ class ZeroTerms:
         layers: fewer layers hide less of its communication behind their backward) and of its stage at the end of
         such a pipeline (the logits'; at most room(0, 1) layers, from layer after_first on), as ``reach`` takes
         them."""
-        t = self._tails
-        if t.ends is None:
+        ends = self._tails.at(vpp).ends
+        if ends is None:
             return 0.0, 0.0
-        first, last = t.ends[t.way(vpp)]
+        first, last = ends
 
         def held(within, after: int) -> float:
             return within[int(min(max(1.0, self.room(after, 1, vpp)), len(within))) - 1]
@@ -475,16 +494,20 @@ def _zero_lines(ctx: MixedContext, sm: StageModel) -> tuple[float, float, float,
 
 def _zero_tails(ctx: MixedContext, sm: StageModel, L: int) -> ZeroTails:
     """ZeroTerms' ZeroTails: the largest vpp at which recompute is paid for in the schedule's sum; and each way
-    (paid, every layer recomputed) per layer count n = 1..L, the least tail any of the first, a middle and the last
-    stage (at any depth >= 2) has holding n or more layers; per n the least tail of the first stage (it also holds
-    the embedding) holding 1 to n layers, and the same of the last stage (the logits) by the first layer it may
-    hold, 0 up to the leading dense layers (window_start: a last stage past them holds MoE layers only); and the
-    reaches of a middle or last stage past those layers (None without them)."""
+    (paid, every layer recomputed; _tail_way, when first read) per layer count n = 1..L, the least tail any of the
+    first, a middle and the last stage (at any depth >= 2) has holding n or more layers; per n the least tail of the
+    first stage (it also holds the embedding) holding 1 to n layers, and the same of the last stage (the logits) by
+    the first layer it may hold, 0 up to the leading dense layers (window_start: a last stage past them holds MoE
+    layers only); and the reaches of a middle or last stage past those layers (None without them)."""
+    pays = min(ctx.recompute_pays(sm, s) for s in range(3))
+    return ZeroTails(pays, functools.partial(_tail_way, ctx, sm, L))
+
+
+def _tail_way(ctx: MixedContext, sm: StageModel, L: int, way: int) -> TailWay:
+    """_zero_tails' terms one way: 0 with recompute paid for, 1 with every layer recomputed."""
     import numpy as np
 
-    # the first stage, a middle and the last one of a 3-stage model: the latter two start at layer 1 or later
-    paid = [ctx.tail_profile(sm, s, 1, start=min(s, 1)) for s in range(3)]
-    every = [ctx.tail_profile(sm, s, math.inf, start=min(s, 1)) for s in range(3)]
+    vpp = 1 if way == 0 else math.inf
     lead = window_start(ctx.job.model, L)  # (past it every start reads the same layer mixes)
 
     def within(profile) -> tuple[float, ...]:
@@ -494,19 +517,14 @@ def _zero_tails(ctx: MixedContext, sm: StageModel, L: int) -> ZeroTails:
         """Per layer count, the least reach of the stages' profiles."""
         return tuple(map(min, *(p.reach[1:] for p in profiles)))
 
-    def ends(vpp: float) -> tuple:
-        first = within(ctx.tail_profile(sm, 0, vpp, start=0))
-        return first, tuple(within(ctx.tail_profile(sm, 2, vpp, start=s)) for s in range(lead + 1))
-
-    def moe_only(vpp: float) -> tuple[float, ...]:
-        return least_reach(ctx.tail_profile(sm, s, vpp, start=lead) for s in (1, 2))
-
-    return ZeroTails(
-        min(ctx.recompute_pays(sm, s) for s in range(3)),
-        (least_reach(paid), least_reach(every)),
-        (ends(1), ends(math.inf)),
-        None if moe_lead(ctx.job.model.all_moe_from, L) is None else (moe_only(1), moe_only(math.inf)),
-    )
+    # the first stage, a middle and the last one of a 3-stage model: the latter two start at layer 1 or later
+    reach = least_reach([ctx.tail_profile(sm, s, vpp, start=min(s, 1)) for s in range(3)])
+    first = within(ctx.tail_profile(sm, 0, vpp, start=0))
+    ends = first, tuple(within(ctx.tail_profile(sm, 2, vpp, start=s)) for s in range(lead + 1))
+    moe = None
+    if moe_lead(ctx.job.model.all_moe_from, L) is not None:
+        moe = least_reach(ctx.tail_profile(sm, s, vpp, start=lead) for s in (1, 2))
+    return TailWay(reach, ends, moe)
 
 
 def tp_options(ctx: MixedContext, g: int, cp: int) -> list[int]:
