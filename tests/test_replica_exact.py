@@ -444,6 +444,47 @@ def test_a_pipelined_replica_plan_is_proven_by_the_exact_pass():
     assert getattr(best.candidate, "pp", 1) > 1 and hasattr(best.candidate, "counts")
 
 
+def test_the_exact_pass_shared_with_another_side_finds_what_one_side_does(monkeypatch):
+    """search_replicas' exact pass with every other pipelined shape solved on another side (replicas.ExactShare:
+    in the CLI the other process, with its own context and caches; here a fresh context) finds the same plans, with
+    the same proofs and open bounds, as the pass on one side; and what the other side proved is absorbed, so a
+    later pass solves nothing again. The 4-type suite job of the test above: two pipelined shapes to solve."""
+    import time
+
+    from planner.search import replicas
+
+    job = suite_job("qwen3-4b", [("mi355x", 21, 8), ("h100-sxm", 21, 8), ("gb300", 1, 72), ("h20", 6, 8)], 32768, 512)
+
+    def context():
+        return MixedContext(job, SearchOptions(), None, cost_source(job), group_order(job.cluster))
+
+    class OtherSide:
+        def __init__(self):
+            self.given = []
+
+        def start(self, items, *args):
+            self.given.append([cand for _, cand, _, _ in items])
+            self.args = (items, *args)
+
+        def finish(self):
+            return replicas.exact_shapes(context(), *self.args)
+
+    def answer(rs):
+        return [(c.key, e.iteration_time_s, exact) for c, e, exact in rs.found], rs.low, rs.unexplored
+
+    one = replicas.search_replicas(context(), float("inf"), time.monotonic() + 600, 1)
+    other, ctx = OtherSide(), context()
+    shared = replicas.search_replicas(ctx, float("inf"), time.monotonic() + 600, 1, share=other)
+    assert len(other.given) == 1 and other.given[0]
+    assert answer(shared) == answer(one)
+    assert any(exact and getattr(c, "pp", 1) > 1 for c, _, exact in shared.found)
+    solves = []
+    real = replicas._exact_shape
+    monkeypatch.setattr(replicas, "_exact_shape", lambda *a: solves.append(a[1]) or real(*a))
+    again = replicas.search_replicas(ctx, float("inf"), time.monotonic() + 600, 1)
+    assert answer(again) == answer(one) and solves == []
+
+
 def test_a_proven_shape_is_not_solved_again_below_a_lower_cut(monkeypatch):
     """replicas._exact_once keeps what the exact pass proved about a shape: asked again with the same or a lower
     cut (a later pass of the replica search), it answers from memory, with the plan the exact split gives below

@@ -88,7 +88,7 @@ from planner.search.mixed_pipeline_bounds import (
 )
 from planner.search.partition import cp_sat, solve_partition
 from planner.search.quick import RESOLUTION
-from planner.search.replicas import search_replicas
+from planner.search.replicas import exact_shapes, search_replicas
 from planner.search.result import (
     STOP_REASONS,
     Plan,
@@ -1641,6 +1641,39 @@ def _single_type_baselines(
     return best_single_type(ctx.job, ctx.opts, workers, limit, progress, beat, ctx.costs, part)
 
 
+def _exact_part(share: _PipelineSearch, items, shadow, top: int, best: float, deadline: float, workers: int):
+    """replicas.exact_shapes on the other share's side (its process and context): its part of the replica shapes."""
+    return exact_shapes(share.ctx, items, shadow, top, best, deadline, workers)
+
+
+class _OtherSide:
+    """The other share's side between the explores (Lockstep.start_call, one call at a time): the single-type
+    baselines of its part of the groups, then, where the replica search proper has two or more pipelined shapes to
+    solve exactly, every other one of them (replicas.ExactShare; the baselines' answer is taken first)."""
+
+    def __init__(self, lockstep: Lockstep) -> None:
+        self.lockstep = lockstep
+        self.waiting = False
+        self.single = None
+
+    def start_single(self, *args) -> None:
+        self.lockstep.start_call(_single_type_baselines, *args)
+        self.waiting = True
+
+    def single_answer(self):
+        """The single-type baselines' answer (waiting for it where it is still out)."""
+        if self.waiting:
+            self.single, self.waiting = self.lockstep.finish_call(), False
+        return self.single
+
+    def start(self, *args) -> None:
+        self.single_answer()
+        self.lockstep.start_call(_exact_part, *args)
+
+    def finish(self) -> tuple[list, float, dict]:
+        return self.lockstep.finish_call()
+
+
 def search_hetero(
     job: Job,
     *,
@@ -1686,8 +1719,8 @@ def search_hetero(
     )  # main: this process's share; after each explore it holds the other's plans too
     processes = processes_available() if processes is None else processes
 
-    def replica_pass(incumbent: float, stop: float, exact_pass: bool = True, look: int | None = None):
-        rs = search_replicas(ctx, incumbent, stop, workers, progress, best, top, exact_pass, look)
+    def replica_pass(incumbent: float, stop: float, exact_pass: bool = True, look: int | None = None, share=None):
+        rs = search_replicas(ctx, incumbent, stop, workers, progress, best, top, exact_pass, look, share)
         for cand, est, exact in rs.found:
             keep_top(best, Plan(cand, est, "optimal" if exact else "feasible"), top)
         return rs
@@ -1699,6 +1732,7 @@ def search_hetero(
         return main.best
 
     with Lockstep([main, other], processes) as lockstep:  # (the other share's roots are bounded in the child meanwhile)
+        other_side = _OtherSide(lockstep)
         if with_replicas:
             # its shape enumeration (of the shapes it can reach only) may take up to the mixed pipelines'
             # deadline; the look itself at most REPLICA_LOOK steps after it
@@ -1711,16 +1745,17 @@ def search_hetero(
             single_beat = best[0].time if best else None
             beat = single_beat * (1 + RESOLUTION) if best else float("inf")
             limit = max(0.5, start + time_limit_s - time.monotonic())
-            lockstep.start_call(_single_type_baselines, workers, limit, beat, (0, 2))
+            other_side.start_single(workers, limit, beat, (0, 2))
         rs = None
         if with_replicas:
             stop = min(start + time_limit_s * share, time.monotonic() + 0.25 * time_limit_s * share)
-            rs = replica_pass(main.kth_time(), stop)
+            # (every other pipelined shape of its exact pass solved on the other side)
+            rs = replica_pass(main.kth_time(), stop, share=other_side)
         if single_type:
             # every other group here (after the replica shapes), the others on the other side
             limit = max(0.5, start + time_limit_s - time.monotonic())
             here = _single_type_baselines(main, workers, limit, beat, (1, 2), progress)
-            single, group = better_single_type(job, lockstep.finish_call(), here)
+            single, group = better_single_type(job, other_side.single_answer(), here)
             # it is a mixed layout too (every stage on that group): a plan of the job, unless mixed layouts cannot
             # express it (then the report names the faster group), and a cut for the rest of the mixed search
             adopted = None if single is None else as_mixed_plan(job, group, single, opts)

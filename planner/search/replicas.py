@@ -27,6 +27,7 @@ import itertools
 import math
 import time
 from dataclasses import dataclass
+from typing import Protocol
 
 from planner.cost import flops as F
 from planner.cost.estimate import estimate_replicas, evaluate_stages, replica_stage_models
@@ -653,6 +654,61 @@ class ReplicaSearch:
         return [(bound, reason, "replica_shapes") for bound, reason in parts if bound < kth]
 
 
+class ExactShare(Protocol):
+    """The other side of search_replicas' exact pass (in the other process, planner/search/lockstep.py): start
+    solves a part of its pipelined shapes there (mixed_pipelines._exact_part), finish waits for exact_shapes'
+    answer there, with the memo of what it proved (exact_memo)."""
+
+    def start(self, items: list, shadow: list, top: int, best: float, deadline: float, workers: int) -> None: ...
+
+    def finish(self) -> tuple[list, float, dict]: ...
+
+
+def exact_shapes(ctx, items, shadow, top: int, best: float, deadline: float, workers: int):
+    """The exact pass of search_replicas over ``items`` (bound, candidate, work, heuristic plan), best bound first,
+    while ``deadline`` lasts: each pipelined shape whose bound is below the K-th best (``best``, then the K-th of
+    ``shadow``, the caller's top list, with each exact plan found) solved exactly (_exact_once). (done: (index in
+    items, plan, whether it is the shape's optimum) per shape with a plan, the least bound left open, the memo of
+    what it proved: exact_memo)."""
+    shadow = list(shadow)
+    done, low = [], float("inf")
+    for i, (zbound, cand, work, est) in enumerate(items):
+        remaining = deadline - time.monotonic()
+        if zbound >= best * (1 - RESOLUTION):
+            break  # this shape and all after it are closed by their bounds
+        if remaining <= 0:
+            low = min(low, zbound)
+            break
+        better, proven, open_s = _exact_once(ctx, cand, est, remaining, workers, best, work)
+        if not proven:
+            low = min(low, max(zbound, open_s))
+        if better is None:
+            continue
+        done.append((i, better, proven))
+        keep_top(shadow, Plan(cand, better, "feasible"), top)
+        if len(shadow) >= top:
+            best = min(best, shadow[top - 1].time)
+    return done, low, exact_memo(ctx, [cand for _, cand, _, _ in items])
+
+
+def exact_memo(ctx, cands) -> dict:
+    """What the exact pass proved about ``cands``' shapes (MixedContext.caches: replica_exact, replica_choices), for
+    the other process to absorb (absorb_exact): a later pass there then reads it instead of solving again."""
+    caches = ctx.caches
+    keys = [c.key for c in cands]
+    return {
+        "exact": {k: caches.replica_exact[k] for k in keys if k in caches.replica_exact},
+        "choices": {k: caches.replica_choices[k] for k in keys if k in caches.replica_choices},
+    }
+
+
+def absorb_exact(ctx, memo: dict) -> None:
+    """The other process's exact_memo, into this one's caches (what it proved holds here too)."""
+    ctx.caches.replica_exact.update(memo["exact"])
+    for key, settled in memo["choices"].items():
+        ctx.caches.replica_choices.setdefault(key, {}).update(settled)
+
+
 def global_floor(ctx) -> float:
     """Iteration seconds no plan on the cluster can beat: the model's FLOPs (attention halved by the causal mask)
     over every GPU of every group at the better of its GEMM and attention rates (planner.search.homogeneous
@@ -677,6 +733,7 @@ def search_replicas(
     top: int = 1,
     exact_pass: bool = True,
     look: int | None = None,
+    share: ExactShare | None = None,
 ) -> ReplicaSearch:
     """Replica plans faster than ``incumbent_s``, best-first until the bound reaches the K-th best time known or
     the deadline passes, and the smallest bounds of the replica shapes that could beat ``incumbent_s``: no replica
@@ -687,7 +744,8 @@ def search_replicas(
     out. ``look``: a first look of at most this many steps (a shape opened into its ZeRO stages, a candidate's
     throughput or pipeline floor worked out, or a candidate evaluated), each candidate from its greedy splits only
     (_heuristic_shape's greedy_only): a count of work, not seconds, so that what it finds is the same on any
-    machine (the deadline aside)."""
+    machine (the deadline aside). ``share``: the other process's side (ExactShare), which solves every other
+    pipelined shape of the exact pass where two or more are to be solved (exact_shapes on each side)."""
     found_shapes, cut_short = shapes(ctx, deadline, incumbent_s, look)  # (a look pops at most ``look`` of them)
     found_shapes.sort(key=lambda x: (x[0], x[1]))
     t = ctx.job.training
@@ -753,28 +811,31 @@ def search_replicas(
         if est is not None:
             found.append((cand, est, exact))
             best = min(best, offer(cand, est))
-    # The exact pass: pipelined shapes that could still beat the best plan, best bound first, while the time lasts.
+    # The exact pass: pipelined shapes that could still beat the best plan, best bound first, while the time lasts;
+    # where ``share`` is given and two or more of them could, every other one on the other side (ExactShare)
     pending.sort(key=lambda x: x[:2])
     if not exact_pass and pending:
         low = min(low, pending[0][0])
         pending = []
-    for zbound, _, cand, work, est, at in pending:
-        remaining = deadline - time.monotonic()
-        if zbound >= best * (1 - RESOLUTION):
-            break  # this shape and all after it are closed by their bounds
-        if remaining <= 0:
-            low = min(low, zbound)
-            break
-        better, proven, open_s = _exact_once(ctx, cand, est, remaining, workers, best, work)
-        if not proven:
-            low = min(low, max(zbound, open_s))
-        if better is None:
-            continue
+    items = [(zbound, cand, work, est) for zbound, _, cand, work, est, _ in pending]
+    live = sum(1 for zbound, *_ in items if zbound < best * (1 - RESOLUTION))
+    split = share is not None and live >= 2
+    if split:
+        share.start(items[1::2], shadow, top, best, deadline, workers)
+    done, open_low, _ = exact_shapes(ctx, items[0::2] if split else items, shadow, top, best, deadline, workers)
+    done = [(2 * i if split else i, better, proven) for i, better, proven in done]
+    if split:
+        there, open_there, memo = share.finish()
+        absorb_exact(ctx, memo)
+        done += [(2 * i + 1, better, proven) for i, better, proven in there]
+        open_low = min(open_low, open_there)
+    low = min(low, open_low)
+    for i, better, proven in sorted(done, key=lambda x: x[0]):
+        cand, at = pending[i][2], pending[i][5]
         if at is not None:
             found[at] = (cand, better, proven)  # the shape's plan: the exact one where it is better
         else:
             found.append((cand, better, proven))
-        best = min(best, offer(cand, better))
     if progress is not None:
         progress(len(found_shapes), len(found_shapes), what)
     return ReplicaSearch(found, low, unexplored)
