@@ -164,8 +164,9 @@ def test_the_exact_pass_proves_the_replica_shapes():
 
 def test_mixed_progress_moves():
     """search_hetero reports progress in each phase: a first look at the replica shapes, mixed-pipeline candidates
-    settled (up to all of them), replica shapes, then each single-type search of this process (every other group of
-    group_order from the second: the other process searches the rest), every phase's counts never going back."""
+    settled (up to all of them), replica shapes, then each single-type search of this process (every group of
+    group_order, on every other of its candidates from the second: the other process searches the rest), every
+    phase's counts never going back."""
     from test_hetero import OPTS, small_job
 
     from planner.search.mixed_pipelines import MIXED_PROGRESS, search_hetero
@@ -180,7 +181,7 @@ def test_mixed_progress_moves():
     )
     phases = list(dict.fromkeys(w for w, _, _ in calls))
     assert phases[:3] == ["replica shapes, first look", MIXED_PROGRESS, "replica shapes"]
-    assert phases[3:] == ["candidates, group 0 (small-gpu) alone"]
+    assert phases[3:] == ["candidates, group 1 (a100-40gb) alone", "candidates, group 0 (small-gpu) alone"]
     for what in phases:
         seen = [(d, t) for w, d, t in calls if w == what]
         assert all(a <= b for (a, _), (b, _) in zip(seen, seen[1:])), what

@@ -92,6 +92,26 @@ def test_a_baseline_capped_by_a_time_finds_the_plan_below_it_or_none():
     assert search(sub, top=1, time_limit_s=60, beat=best.time).plans == []
 
 
+def test_the_baselines_in_two_parts_keep_the_plan_of_one_search_over_every_candidate():
+    """Two processes each search every other candidate of each group (best_single_type's ``part``, the homogeneous
+    search's): the better of their answers (better_single_type) is the plan and group of one search over all the
+    candidates, below a cap and without one; each part alone searches only its candidates."""
+    from planner.search.homogeneous import search
+    from planner.search.single_type import better_single_type
+
+    job = _job()
+    whole = best_single_type(job, SearchOptions(), 1, 60)
+    for beat in (float("inf"), whole[0].time * 1.001):
+        parts = [best_single_type(job, SearchOptions(), 1, 60, beat=beat, part=(i, 2)) for i in (0, 1)]
+        plan, group = better_single_type(job, *parts)
+        assert group == whole[1] and plan.time == whole[0].time and plan.estimate.dims == whole[0].estimate.dims
+    sub = job.model_copy(update={"cluster": (job.cluster[whole[1]],), "layout": None})
+    full = search(sub, top=1, time_limit_s=60)
+    halves = [search(sub, top=1, time_limit_s=60, part=(i, 2)) for i in (0, 1)]
+    assert sum(h.candidates for h in halves) == full.candidates
+    assert min(h.plans[0].time for h in halves if h.plans) == full.plans[0].time
+
+
 def test_better_single_type_takes_the_faster_answer_and_on_a_tie_the_group_first_in_order():
     """The two processes' parts of the single-type baselines are merged as one search over every group would
     answer: the faster plan, and on a tie the group first in group_order (a later group must beat it)."""

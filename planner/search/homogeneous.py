@@ -51,12 +51,14 @@ def search(
     progress: Callable[[int, int], None] | None = None,
     beat: float = float("inf"),
     costs: AnalyticCosts | None = None,
+    part: tuple[int, int] = (0, 1),
 ) -> SearchResult:
     """The top plans of a one-group job. ``beat``: only plans faster than it are of interest (the mixed search's
     best plan, which a single-type baseline need not re-find): candidates whose bound reaches it are pruned, and no
     plan in the result means none is faster. ``costs``: the group's cost provider where a search of the same model
     and training on these GPUs already has one (the mixed search's, for a single-type baseline), so the per-layer
-    costs it priced are not priced again; by default the job's own."""
+    costs it priced are not priced again; by default the job's own. ``part`` (i, n): only every n-th candidate in
+    bound order from the i-th (two processes each search a part; the better of their plans is the search's)."""
     check_searchable(job)
     opts = (options or SearchOptions()).for_job(job)
     start = time.monotonic()
@@ -64,6 +66,7 @@ def search(
     costs = costs or cost_source(job)(0)
     # Enumeration may take at most half the budget, so that a short limit still leaves time to find plans.
     cands, pruned, enumerated = enumerate_candidates(job, costs, opts, start + time_limit_s / 2, cap=beat)
+    cands = cands[part[0] :: part[1]]
     capacity = job.cluster[0].gpu.memory_gib * (1 - opts.memory_margin)
     best: list[Plan] = []
     solved = 0

@@ -1635,8 +1635,8 @@ def _shares(roots) -> list[list[tuple]]:
 def _single_type_baselines(
     share: _PipelineSearch, workers: int, limit: float, beat: float, part: tuple[int, int], progress=None
 ):
-    """best_single_type for the share's job below ``beat`` on the ``part`` of the groups, with the share's cost
-    caches: on the other share's side (lockstep.Lockstep.start_call, without progress) or this one's."""
+    """best_single_type for the share's job below ``beat`` on the ``part`` of each group's candidates, with its cost
+    caches (the share's): on the other share's side (lockstep.Lockstep.start_call, without progress) or this one's."""
     ctx = share.ctx
     return best_single_type(ctx.job, ctx.opts, workers, limit, progress, beat, ctx.costs, part)
 
@@ -1648,8 +1648,9 @@ def _exact_part(share: _PipelineSearch, items, shadow, top: int, best: float, de
 
 class _OtherSide:
     """The other share's side between the explores (Lockstep.start_call, one call at a time): the single-type
-    baselines of its part of the groups, then, where the replica search proper has two or more pipelined shapes to
-    solve exactly, every other one of them (replicas.ExactShare; the baselines' answer is taken first)."""
+    baselines of its part of each group's candidates, then, where the replica search proper has two or more
+    pipelined shapes to solve exactly, every other one of them (replicas.ExactShare; the baselines' answer is taken
+    first)."""
 
     def __init__(self, lockstep: Lockstep) -> None:
         self.lockstep = lockstep
@@ -1696,8 +1697,8 @@ def search_hetero(
     ``progress(done, total, what)`` is called as each phase moves, ``what`` naming what it counts: mixed-pipeline
     replica shapes evaluated in a first, short look, then candidates solved or ruled out by a bound
     (MIXED_PROGRESS; a box cut by its bound settles every candidate in it), then replica shapes evaluated or ruled
-    out, then each single-type search of this process (every other group); then, where the mixed pipelines or
-    replica shapes are still open, their counts again as the time left goes on with them."""
+    out, then each single-type search of this process (every other candidate of each group); then, where the mixed
+    pipelines or replica shapes are still open, their counts again as the time left goes on with them."""
     opts = (options or SearchOptions()).for_job(job)
     start = time.monotonic()
     # shares of the time limit: mixed pipelines, then replicas on different types, then the single-type searches;
@@ -1752,7 +1753,7 @@ def search_hetero(
             # (every other pipelined shape of its exact pass solved on the other side)
             rs = replica_pass(main.kth_time(), stop, share=other_side)
         if single_type:
-            # every other group here (after the replica shapes), the others on the other side
+            # every other candidate of each group here (after the replica shapes), the others on the other side
             limit = max(0.5, start + time_limit_s - time.monotonic())
             here = _single_type_baselines(main, workers, limit, beat, (1, 2), progress)
             single, group = better_single_type(job, other_side.single_answer(), here)

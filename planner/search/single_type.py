@@ -35,12 +35,13 @@ def best_single_type(
     (None, None) if none fits or none is faster. Each group's search is capped by ``beat`` and by the best
     single-type plan found before it. ``progress(done, total, what)``: each search's candidates. ``costs``: the
     mixed job's cost source, whose per-group providers (and the per-layer costs memoized on them) the searches
-    share: a group alone is priced as the same GPUs, model and training. ``part`` (i, n): only every n-th group
-    from the i-th (two processes each take a part: better_single_type picks the better of their answers)."""
+    share: a group alone is priced as the same GPUs, model and training. ``part`` (i, n): of every group's
+    candidates only every n-th in bound order from the i-th (two processes each take a part of each group, so
+    neither waits for the other's one slow group: better_single_type picks the better of their answers)."""
     from planner.search.homogeneous import search
 
     out: tuple[Plan | None, int | None] = (None, None)
-    groups = group_order(job.cluster)[part[0] :: part[1]]
+    groups = group_order(job.cluster)
     for i, g in enumerate(groups):
         sub = job.model_copy(update={"cluster": (job.cluster[g],), "layout": None})
         share = time_limit_s / (len(groups) - i)
@@ -50,7 +51,15 @@ def best_single_type(
         cap = beat if out[0] is None else min(beat, out[0].time)
         provider = None if costs is None else costs(g)
         res = search(
-            sub, top=1, time_limit_s=share, workers=workers, options=opts, progress=each, beat=cap, costs=provider
+            sub,
+            top=1,
+            time_limit_s=share,
+            workers=workers,
+            options=opts,
+            progress=each,
+            beat=cap,
+            costs=provider,
+            part=part,
         )
         time_limit_s -= time.monotonic() - t0
         if res.plans and (out[0] is None or res.plans[0].time < out[0].time):
@@ -59,10 +68,17 @@ def best_single_type(
 
 
 def better_single_type(job: Job, *answers: tuple[Plan | None, int | None]) -> tuple[Plan | None, int | None]:
-    """The better of best_single_type's answers on parts of the groups: the faster plan, on a tie the group first
-    in group_order (the one a search over all groups keeps: a later group must beat the plan before it)."""
+    """The better of best_single_type's answers on parts of the candidates: the faster plan, on a tie the group
+    first in group_order (the one a search over all groups keeps: a later group must beat the plan before it); of
+    one group's plans the first in plan order (Plan.order_key: the faster, then the candidate order), as a search
+    over all its candidates keeps (keep_top)."""
     rank = {g: i for i, g in enumerate(group_order(job.cluster))}
-    found = [(plan.time, rank[g], plan, g) for plan, g in answers if plan is not None]
+    by_group: dict[int, list[Plan]] = {}
+    for plan, g in answers:
+        if plan is not None:
+            by_group.setdefault(g, []).append(plan)
+    firsts = {g: plans[0] if len(plans) == 1 else min(plans, key=Plan.order_key) for g, plans in by_group.items()}
+    found = [(plan.time, rank[g], plan, g) for g, plan in firsts.items()]
     if not found:
         return None, None
     _, _, plan, g = min(found, key=lambda x: x[:2])
