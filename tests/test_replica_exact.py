@@ -451,7 +451,7 @@ def test_the_exact_pass_shared_with_another_side_finds_what_one_side_does(monkey
     later pass solves nothing again. The 4-type suite job of the test above: two pipelined shapes to solve."""
     import time
 
-    from planner.search import replicas
+    from planner.search import mixed_pipelines, replicas
 
     job = suite_job("qwen3-4b", [("mi355x", 21, 8), ("h100-sxm", 21, 8), ("gb300", 1, 72), ("h20", 6, 8)], 32768, 512)
 
@@ -466,8 +466,8 @@ def test_the_exact_pass_shared_with_another_side_finds_what_one_side_does(monkey
             self.given.append([cand for _, cand, _, _ in items])
             self.args = (items, *args)
 
-        def finish(self):
-            return replicas.exact_shapes(context(), *self.args)
+        def finish(self):  # (what the other process runs: its share's own context)
+            return mixed_pipelines._exact_part(SimpleNamespace(ctx=context()), *self.args)
 
     def answer(rs):
         return [(c.key, e.iteration_time_s, exact) for c, e, exact in rs.found], rs.low, rs.unexplored

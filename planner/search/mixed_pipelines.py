@@ -88,7 +88,7 @@ from planner.search.mixed_pipeline_bounds import (
 )
 from planner.search.partition import cp_sat, solve_partition
 from planner.search.quick import RESOLUTION
-from planner.search.replicas import exact_shapes, search_replicas
+from planner.search.replicas import exact_memo, exact_shapes, search_replicas
 from planner.search.result import (
     STOP_REASONS,
     Plan,
@@ -1642,8 +1642,10 @@ def _single_type_baselines(
 
 
 def _exact_part(share: _PipelineSearch, items, shadow, top: int, best: float, deadline: float, workers: int):
-    """replicas.exact_shapes on the other share's side (its process and context): its part of the replica shapes."""
-    return exact_shapes(share.ctx, items, shadow, top, best, deadline, workers)
+    """replicas.exact_shapes on the other share's side (its process and context): its part of the replica shapes,
+    with the memo of what it proved there (replicas.exact_memo) for this side to absorb."""
+    done, low = exact_shapes(share.ctx, items, shadow, top, best, deadline, workers)
+    return done, low, exact_memo(share.ctx, [cand for _, cand, _, _ in items])
 
 
 class _OtherSide:

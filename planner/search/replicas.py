@@ -657,24 +657,29 @@ class ReplicaSearch:
 class ExactShare(Protocol):
     """The other side of search_replicas' exact pass (in the other process, planner/search/lockstep.py): start
     solves a part of its pipelined shapes there (mixed_pipelines._exact_part), finish waits for exact_shapes'
-    answer there, with the memo of what it proved (exact_memo)."""
+    answer there and the memo of what it proved (exact_memo)."""
 
     def start(self, items: list, shadow: list, top: int, best: float, deadline: float, workers: int) -> None: ...
 
     def finish(self) -> tuple[list, float, dict]: ...
 
 
+def _below(bound: float, best: float) -> bool:
+    """Whether a pipelined shape of this bound could still beat ``best`` by more than RESOLUTION (the exact pass
+    solves it); shapes in bound order from the first that cannot are closed by their bounds."""
+    return bound < best * (1 - RESOLUTION)
+
+
 def exact_shapes(ctx, items, shadow, top: int, best: float, deadline: float, workers: int):
     """The exact pass of search_replicas over ``items`` (bound, candidate, work, heuristic plan), best bound first,
     while ``deadline`` lasts: each pipelined shape whose bound is below the K-th best (``best``, then the K-th of
     ``shadow``, the caller's top list, with each exact plan found) solved exactly (_exact_once). (done: (index in
-    items, plan, whether it is the shape's optimum) per shape with a plan, the least bound left open, the memo of
-    what it proved: exact_memo)."""
+    items, plan, whether it is the shape's optimum) per shape with a plan, the least bound left open)."""
     shadow = list(shadow)
     done, low = [], float("inf")
     for i, (zbound, cand, work, est) in enumerate(items):
         remaining = deadline - time.monotonic()
-        if zbound >= best * (1 - RESOLUTION):
+        if not _below(zbound, best):
             break  # this shape and all after it are closed by their bounds
         if remaining <= 0:
             low = min(low, zbound)
@@ -688,7 +693,7 @@ def exact_shapes(ctx, items, shadow, top: int, best: float, deadline: float, wor
         keep_top(shadow, Plan(cand, better, "feasible"), top)
         if len(shadow) >= top:
             best = min(best, shadow[top - 1].time)
-    return done, low, exact_memo(ctx, [cand for _, cand, _, _ in items])
+    return done, low
 
 
 def exact_memo(ctx, cands) -> dict:
@@ -818,11 +823,10 @@ def search_replicas(
         low = min(low, pending[0][0])
         pending = []
     items = [(zbound, cand, work, est) for zbound, _, cand, work, est, _ in pending]
-    live = sum(1 for zbound, *_ in items if zbound < best * (1 - RESOLUTION))
-    split = share is not None and live >= 2
+    split = share is not None and sum(1 for zbound, *_ in items if _below(zbound, best)) >= 2
     if split:
         share.start(items[1::2], shadow, top, best, deadline, workers)
-    done, open_low, _ = exact_shapes(ctx, items[0::2] if split else items, shadow, top, best, deadline, workers)
+    done, open_low = exact_shapes(ctx, items[0::2] if split else items, shadow, top, best, deadline, workers)
     done = [(2 * i if split else i, better, proven) for i, better, proven in done]
     if split:
         there, open_there, memo = share.finish()
