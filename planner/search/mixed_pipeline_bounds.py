@@ -208,8 +208,10 @@ def box_bound_reach(
     every step the same: the whole-chunk walks return the first bottleneck at or above where they start at which
     the stages hold the layers), and below the largest send where the sends were dropped (a floor above it would
     keep them)."""
-    # a box in pipeline order knows which of its stages sit past the model's leading dense layers
-    moe_positions = mix is not None and mix.moe and whole and ends.ordered and not any(relaxed)
+    # a box of real stage counts in pipeline order knows which of its stages sit past the model's leading dense
+    # layers; one whose order is open only where its ends place some groups (Ends.placed)
+    placed = mix is not None and mix.moe and whole and not any(relaxed)
+    moe_positions = placed and ends.ordered
     if moe_positions:
         positions = first_positions(lo, lo)
         rates = moe_only_rates(a, mix, positions, mix.moe_from)
@@ -232,7 +234,7 @@ def box_bound_reach(
             work += k_lo * (v * (x - fast) + y)
     if moe_positions:
         top = max(top, moe_only_top(mix, lo, ys, v, positions, mix.moe_from))
-    elif ends.placed and mix is not None and mix.moe and mix.lead is not None and whole and not any(relaxed):
+    elif placed and ends.placed and mix.lead is not None:
         top = max(top, moe_only_top(mix, lo, ys, v, first_positions(lo, lo, ends.leading, ends.last), mix.lead))
     T = max(top, (L + ends.emb_per_a + ends.logits_per_a + over) / inv, floor)
     cap = L // v if max_stages is None else min(max_stages, L // v)
