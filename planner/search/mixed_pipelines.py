@@ -731,9 +731,7 @@ class _Family:
         prefix, or its last where known (an ordered family's last)."""
         if self.ordered:
             return (len(self.used) - 1,)
-        if self.last is not None:
-            return (self.last,)
-        return tuple(i for i in range(len(self.used)) if i not in self.prefix)
+        return (self.last,) if self.last is not None else self.free
 
     @functools.cached_property
     def free(self) -> tuple[int, ...]:
