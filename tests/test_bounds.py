@@ -6,6 +6,7 @@ force (every layer split and recompute count, evaluated by the estimator) on sma
   - mixed pipelines: the bound of every _TpChoiceNode and _Family box on the way to a candidate, and the candidate's
     refined bound (mixed_pipeline_bounds.refined_bound, also probed at a target)."""
 
+import bisect
 import dataclasses
 import itertools
 import math
@@ -2064,3 +2065,34 @@ def test_the_box_tail_of_the_first_and_last_stages_holds_for_every_plan(monkeypa
     assert raised and all(x[2] == y[2] for x, y in zip(found, bare))
     assert all(c.pp >= 2 and sum(k for _, _, k in c.groups) <= L for _, _, c in raised)
     assert_bounds_hold(search_context(j), random.Random(7).sample(raised, min(40, len(raised))))
+
+
+def test_box_schedule_with_tail_walks_a_box_far_below_its_target_where_the_walk_can_reach_it():
+    """A box whose schedule and least tail apart stay more than TAIL_REACH below the target is still walked where
+    the walk's first level (the caps at the least tail, in full) reaches the target, so the tails cut it (seed-5
+    suite job 10, DP tails far above its schedule, needs it). Where that first level is
+    below the target, the two apart come back without a walk."""
+    from planner.search import mixed_pipeline_bounds as B
+
+    rng = random.Random(23)
+    cut_far = 0
+    for trial in range(200):
+        box = _random_box(rng, trial)
+        L, v = box["L"], box["v"]
+        reaches = tuple(tuple(itertools.accumulate(rng.uniform(0.0, 2.0) for _ in range(L))) for _ in box["a"])
+        least_tail = min(r[v - 1] for r in reaches)
+        sched = _box_schedule_args(box, 0.0)
+        tails = B.BoxTails(reaches, B.merged_levels(reaches), least_tail)
+        apart = B.box_schedule_time(*sched) + tails.least
+        if apart == float("inf"):
+            continue
+        first = bisect.bisect_left(tails.levels, tails.least)
+        caps = tuple(bisect.bisect_right(r, tails.levels[first]) // v for r in reaches)
+        at_first = B.box_schedule_time(*sched, caps=caps)
+        for target in (apart / (1 - B.TAIL_REACH) * 1.01, apart * 1.5):
+            got = B.box_schedule_with_tail(sched, lambda tails=tails: tails, target)
+            if at_first + tails.levels[first] < target:
+                assert got == apart  # (the walk's least lies below the target: not walked)
+            elif got >= target:
+                cut_far += 1
+    assert cut_far >= 5

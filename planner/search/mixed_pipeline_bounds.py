@@ -544,8 +544,10 @@ def box_schedule_with_tail(sched: tuple, get_tails: Callable[[], BoxTails], targ
     halved, best first, until the least is one level's own value, or reaches ``target`` (the box is cut), or
     TAIL_FLOORS floors or TAIL_FULL full schedules have been worked out (then that least stands). Levels at which
     the schedule without caps plus tau reaches the target are left out; so is the walk where the schedule and the
-    least tail apart already reach the target, or stay more than TAIL_REACH below it (or there is none yet), or
-    the caps at the least tail do not bind (then none do).
+    least tail apart already reach the target (or there is none yet), or the caps at the least tail do not bind
+    (then none do), or the two apart stay more than TAIL_REACH below the target and so does the first level's own
+    value (the least over every level is at most it; walking the others too took seed-5 suite job 10, whose DP
+    tails are far above its schedule, from a 13.9% to a 5.1% gap in 60 s, and job 13 from 76,402 steps to 57,741).
     ``get_tails`` gives the tails (BoxTails) where the schedule alone is below the target."""
     v = sched[7]  # (box_schedule_time's arguments: the chunk size)
     free = box_schedule_time(*sched)
@@ -569,11 +571,13 @@ def box_schedule_with_tail(sched: tuple, get_tails: Callable[[], BoxTails], targ
             hit = floors[caps] = _capped_schedule_floor(sched, caps)
         return hit
 
-    if least >= target or least < target * (1 - TAIL_REACH) or first >= last:
+    if least >= target or target == float("inf") or first >= last:
         return least
     at_first = box_schedule_time(*sched, caps=caps_at(first))
     if at_first <= free:
         return least  # the caps at the least tail do not bind: nor do those above it
+    if least < target * (1 - TAIL_REACH) and at_first + levels[first] < target:
+        return least  # far below the target, and the walk's least lies below it too (at most its first level's)
     runs = [(at_first + levels[first], first, first + 1, True)]  # (bound, first level, one past, in full)
     if first + 1 < last:
         heapq.heappush(runs, (floor_at(last - 1) + levels[first + 1], first + 1, last, False))
