@@ -216,12 +216,21 @@ def mixed_job(model=GPT6, second="a100-40gb", seq: int = 8192, gbs: int = 4):
     )
 
 
+class AlwaysTails(mixed_pipelines.TailTrial):
+    """A TailTrial that always works the DP tail term out (_TpChoiceNode._zero_tail_term), as a share whose nodes
+    it cuts does."""
+
+    def pays(self) -> bool:
+        return True
+
+
 def families(ctx, node):
     """Every ordered family under a _TpChoiceNode, with the bounds on the way: (bounds so far, ordered family, box).
-    A _TpChoiceNode's bounds are both: the one it is put in line at, and the one with its groups' memory."""
-    for flb, child, box in node.families(ctx):
+    A _TpChoiceNode's bounds are both: the one it is put in line at (with the DP tail term where its TPs are all
+    fixed: AlwaysTails), and the one with its groups' memory."""
+    for flb, child, box in node.families(ctx, tails=AlwaysTails()):
         if isinstance(child, mixed_pipelines._TpChoiceNode):
-            with_memory = child.bound(ctx)
+            with_memory = child.bound(ctx, tails=AlwaysTails())
             for bounds, fam, fbox in families(ctx, child):
                 yield (flb, with_memory) + bounds, fam, fbox
             continue
@@ -2096,3 +2105,47 @@ def test_box_schedule_with_tail_walks_a_box_far_below_its_target_where_the_walk_
             elif got >= target:
                 cut_far += 1
     assert cut_far >= 5
+
+
+def test_the_dp_tail_term_of_a_node_with_every_tp_fixed_bites():
+    """_TpChoiceNode._zero_tail_term (the ZeRO stages' least traffic and DP tail, held for every plan under the
+    node by the bound tests above, which walk with it) raises the bound of some nodes with every TP fixed, and is
+    0 where a candidate may have one stage."""
+    ctx = search_context(four_group_job(GPT6))
+    raised = ones = 0
+    for grp, _ in mixed_pipelines._roots(ctx):
+        line = [grp]
+        while line:
+            node = line.pop()
+            for _, child, _ in node.families(ctx):
+                if not isinstance(child, mixed_pipelines._TpChoiceNode):
+                    continue
+                if len(child.fixed) < len(ctx.order):
+                    line.append(child)
+                    continue
+                term = child._zero_tail_term(ctx)
+                assert child.bound(ctx, tails=AlwaysTails()) == pytest.approx(child.bound(ctx) + term, rel=1e-12)
+                if child.vpp == 1 and sum(1 for tp in child.fixed if tp) < 2:
+                    assert term == 0.0
+                    ones += 1
+                raised += term > 0
+    assert raised and ones
+
+
+def test_the_tail_trial_stays_on_while_its_term_cuts_and_probes_when_it_does_not():
+    """TailTrial: on while at least TAIL_PAYS of its tries cut; below that, every TAIL_PROBE-th call only, and on
+    again once the probes' cuts bring the share back up."""
+    trial = mixed_pipelines.TailTrial()
+    for _ in range(10):
+        assert trial.pays()
+        trial.tell(True)
+    while trial.cuts >= mixed_pipelines.TAIL_PAYS * trial.tries:  # nothing cuts any more: on until the share drops
+        assert trial.pays()
+        trial.tell(False)
+    probe = mixed_pipelines.TAIL_PROBE
+    on = sum(trial.pays() for _ in range(10 * probe))  # (no cut told: off, but for the probes)
+    assert on == 10
+    while trial.cuts < mixed_pipelines.TAIL_PAYS * trial.tries:  # the probes cut again: back on
+        if trial.pays():
+            trial.tell(True)
+    assert all(trial.pays() for _ in range(probe))
