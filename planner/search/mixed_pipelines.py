@@ -451,19 +451,20 @@ class _TpChoiceNode:
 
     def _zero_tail_at(self, ctx: MixedContext, zero: int, lines: float) -> float:
         """``lines`` plus the least DP tail at which the node's stages hold the layers at this ZeRO stage."""
-        choices = [u for i in range(len(ctx.order)) for u in self._row_choices(ctx, i)]
-        his = [self.kmax_of[g][tp] for g, tp in choices]
+        his = [self.kmax_of[g][tp] for g, tp in self._flat_choices(ctx)]
         reaches = [z.reach(self.vpp) for z in self._zero_terms_of(ctx, zero)]
         return lines + tail_bottleneck(reaches, his, ctx.job.model.num_layers, None, self.vpp)
 
     def _zero_terms_of(self, ctx: MixedContext, zero: int) -> list[ZeroTerms]:
-        """The ZeroTerms of the node's (group, TP) choices at this ZeRO stage."""
-        degrees = (self.dp, self.cp, self.mbs, self.base)
+        """The ZeroTerms of the node's (group, TP) choices (_flat_choices) at this ZeRO stage."""
         return [
-            zero_terms(ctx, g, tp, *degrees, zero, self.ep)
-            for i in range(len(ctx.order))
-            for g, tp in self._row_choices(ctx, i)
+            zero_terms(ctx, g, tp, self.dp, self.cp, self.mbs, self.base, zero, self.ep)
+            for g, tp in self._flat_choices(ctx)
         ]
+
+    def _flat_choices(self, ctx: MixedContext) -> list[tuple[int, int]]:
+        """Every (group, TP) choice of the node's rows (_choices), in row order."""
+        return [u for _, row in self._choices(ctx) for u in row]
 
     def _schedule_bound(self, ctx: MixedContext, target: float, memory: bool) -> float:
         rows = [row for row in self._rows(ctx) if row is not None]

@@ -690,10 +690,15 @@ def exact_shapes(ctx, items, shadow, top: int, best: float, deadline: float, wor
         if better is None:
             continue
         done.append((i, better, proven))
-        keep_top(shadow, Plan(cand, better, "feasible"), top)
-        if len(shadow) >= top:
-            best = min(best, shadow[top - 1].time)
+        best = min(best, _offer(shadow, Plan(cand, better, "feasible"), top, best))
     return done, low
+
+
+def _offer(shadow: list, plan: Plan, top: int, default: float) -> float:
+    """``plan`` into the top list ``shadow`` (keep_top); its K-th best time after, or ``default`` while it holds
+    fewer than K plans: the cut of the replica shapes after it."""
+    keep_top(shadow, plan, top)
+    return shadow[top - 1].time if len(shadow) >= top else default
 
 
 def exact_memo(ctx, cands) -> dict:
@@ -758,10 +763,6 @@ def search_replicas(
     found = []
     shadow = list(top_plans)  # the top list with the replica plans found so far: its K-th time is the cut
 
-    def offer(cand, est) -> float:
-        keep_top(shadow, Plan(cand, est, "feasible"), top)
-        return shadow[top - 1].time if len(shadow) >= top else incumbent_s
-
     best = incumbent_s
     low = float("inf")  # no replica plan beats this: the least bound of a (shape, ZeRO) not proven infeasible
     # shapes the enumeration did not reach have no bound of their own: the floor of every plan stands for them
@@ -815,7 +816,7 @@ def search_replicas(
             pending.append((key, len(pending), cand, work, est, len(found) if est is not None else None))
         if est is not None:
             found.append((cand, est, exact))
-            best = min(best, offer(cand, est))
+            best = min(best, _offer(shadow, Plan(cand, est, "feasible"), top, incumbent_s))
     # The exact pass: pipelined shapes that could still beat the best plan, best bound first, while the time lasts;
     # where ``share`` is given and two or more of them could, every other one on the other side (ExactShare)
     pending.sort(key=lambda x: x[:2])
