@@ -127,6 +127,7 @@ class MixedCaches:
     model_layers: dict = field(default_factory=dict)  # model_layers_bound: the same key
     stage_terms: dict = field(default_factory=dict)  # MixedContext.stage_terms: memory room and layer cap
     tail_profile: dict = field(default_factory=dict)  # MixedContext.tail_profile: a stage's TailProfile
+    tail_lines: dict = field(default_factory=dict)  # MixedContext.tail_lines: its lines, by stage position
     recompute_pays: dict = field(default_factory=dict)  # recompute_pays_up_to, by stage position
     sharded_line: dict = field(default_factory=dict)  # MixedContext.sharded_line: ZeRO-2/3 traffic line
     sharded_kinds: dict = field(default_factory=dict)  # MixedContext.sharded_kinds: its slope per layer kind
@@ -206,9 +207,17 @@ class MixedContext:
         key = (sm.form_cache, s == 0, s == sm.dims.pp - 1, paid, start)
         profile = self.caches.tail_profile.get(key)
         if profile is None:
-            windows = moe_window_arrays(self, start)
-            profile = self.caches.tail_profile[key] = tail_profile(tail_lines(sm, s, paid), windows)
+            lines = self.tail_lines(sm, s, paid)
+            profile = self.caches.tail_profile[key] = tail_profile(lines, moe_window_arrays(self, start))
         return profile
+
+    def tail_lines(self, sm: StageModel, s: int, paid: bool) -> tuple[dict[str, tuple[float, float]], ...]:
+        """tail_lines, memoized by stage position (the profiles of one stage at every first layer read the same)."""
+        key = (sm.form_cache, s == 0, s == sm.dims.pp - 1, paid)
+        hit = self.caches.tail_lines.get(key)
+        if hit is None:
+            hit = self.caches.tail_lines[key] = tail_lines(sm, s, paid)
+        return hit
 
     def recompute_pays(self, sm: StageModel, s: int) -> float:
         """recompute_pays_up_to, memoized by stage position."""
@@ -614,13 +623,26 @@ def _kind_lines(overlap, compute, forward, model, recomputed: bool) -> dict[str,
     return {k: overlap.recomputed_line(compute, forward, k, recomputed) for k in ("dense", "moe") if count[k]}
 
 
-def moe_window_arrays(ctx: MixedContext, start: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    """moe_windows as float arrays (tail_profile), memoized."""
+class WindowArrays(NamedTuple):
+    """moe_windows as tail_profile reads them, arrays of (choice of e) x n for n = 0..num_layers: the MoE layers
+    e of each choice (fewest[n], most[n], and 1 clipped into the window: max(fewest, min(1, most))), the dense
+    layers n - e, and whether e >= 1."""
+
+    moe: np.ndarray
+    dense: np.ndarray
+    any_moe: np.ndarray
+
+
+def moe_window_arrays(ctx: MixedContext, start: int = 0) -> WindowArrays:
+    """The WindowArrays of moe_windows from layer ``start`` on, memoized."""
     hit = ctx.caches.window_arrays.get(start)
     if hit is None:
         import numpy as np
 
-        hit = ctx.caches.window_arrays[start] = tuple(np.asarray(x, dtype=float) for x in moe_windows(ctx, start))
+        fewest, most = (np.asarray(x, dtype=float) for x in moe_windows(ctx, start))
+        e = np.stack((fewest, most, np.maximum(fewest, np.minimum(1.0, most))))
+        n = np.arange(len(fewest), dtype=float)
+        hit = ctx.caches.window_arrays[start] = WindowArrays(e, n - e, e > 0)
     return hit
 
 
@@ -796,7 +818,7 @@ class TailProfile(NamedTuple):
     reach: tuple[float, ...]
 
 
-def tail_profile(lines, windows: tuple[np.ndarray, np.ndarray]) -> TailProfile:
+def tail_profile(lines, windows: WindowArrays) -> TailProfile:
     """The floor of a stage's tail (tail_lines: its exposed DP tail and optimizer step) when it holds n consecutive
     layers, for every n: those hold e MoE layers with fewest[n] <= e <= most[n] (moe_windows) and n - e dense ones,
     and each part is linear in e for e >= 1 (_kind_lines), so its least value over e lies at fewest[n], most[n] or
@@ -805,12 +827,9 @@ def tail_profile(lines, windows: tuple[np.ndarray, np.ndarray]) -> TailProfile:
     choice of e x n: built for every group model the bounds read.)"""
     import numpy as np
 
-    fewest, most = windows
-    e = np.stack((fewest, most, np.maximum(fewest, np.minimum(1.0, most))))  # (choice of e, n)
-    n = np.arange(len(fewest), dtype=float)
     coeffs = np.array([(*kinds.get("dense", (0.0, 0.0)), *kinds.get("moe", (0.0, 0.0))) for kinds in lines])
     c_d, p_d, c_m, p_m = (coeffs[:, i, None, None] for i in range(4))  # (part, 1, 1) each
-    value = np.where(e > 0, c_m, c_d) + (n - e) * p_d + e * p_m
+    value = np.where(windows.any_moe, c_m, c_d) + windows.dense * p_d + windows.moe * p_m  # (part, choice of e, n)
     total = np.maximum(0.0, value.min(axis=1)).sum(axis=0)
     total[0] = np.inf
     reach = np.minimum.accumulate(total[::-1])[::-1]
