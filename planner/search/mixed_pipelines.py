@@ -1568,11 +1568,13 @@ class _PipelineSearch:
         return len(self.heap)
 
     def give(self) -> bytes | None:
-        """Every other node of the best GIFT nodes in line, best bound first, for the other share (candidates back
-        with their refined bounds stay: they hold stage models), or None where fewer than two could go; the
-        candidates under them go with them (``counted``). (Half the whole line cost 0.1-0.5 s to pickle and take in
-        on the slow suite jobs, most of it nodes the cut later settles unopened.)"""
-        best = heapq.nsmallest(GIFT, (e for e in self.heap if not isinstance(e[2], HeteroCandidate)))
+        """Every other node of the best GIFT nodes in line, best bound first, for the other share, or None where
+        fewer than two could go; the candidates under them go with them (``counted``). A candidate back with its
+        refined bound goes without its stage models (built again on taking it in: _stage_models): near its end a
+        search's line may hold little but candidates waiting for their solves (seed-4 suite job 26: 13 of them,
+        about 80 ms each, while the other share had been out of work for 0.7 s). (Half the whole line cost 0.1-0.5
+        s to pickle and take in on the slow suite jobs, most of it nodes the cut later settles unopened.)"""
+        best = heapq.nsmallest(GIFT, self.heap)
         if len(best) < 2:
             return None
         gift = best[1::2]
@@ -1581,11 +1583,14 @@ class _PipelineSearch:
         heapq.heapify(self.heap)
         size = sum(_node_size(self.ctx, node, box) for _, _, node, box in gift) if self.counting else 0
         self.counted -= size
-        return _pickle_nodes(self.ctx, [(lb, node, box) for lb, _, node, box in gift], size)
+        nodes = [(lb, node, (box[0], None) if isinstance(node, HeteroCandidate) else box) for lb, _, node, box in gift]
+        return _pickle_nodes(self.ctx, nodes, size)
 
     def take_gift(self, payload: bytes) -> None:
         nodes, size = _unpickle_nodes(self.ctx, payload)
         for lb, node, box in nodes:
+            if isinstance(node, HeteroCandidate):
+                box = (box[0], _stage_models(self.ctx, node, self.cache))
             heapq.heappush(self.heap, (lb, next(self.tie), node, box))
         self.counted += size
 

@@ -1,0 +1,55 @@
+"""The mixed search's share of lockstep (mixed_pipelines._PipelineSearch): what it gives the other share."""
+
+import dataclasses
+import heapq
+from pathlib import Path
+
+from planner.cost.provider import cost_source
+from planner.load import load_job
+from planner.parallel import group_order
+from planner.search import mixed_pipelines as mp
+from planner.search.mixed_context import MixedContext
+from planner.search.mixed_pipeline_bounds import refined_bound
+from planner.search.space import SearchOptions
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _context(job) -> MixedContext:
+    opts = SearchOptions().for_job(job)
+    return MixedContext(job, opts, opts.framework, cost_source(job), group_order(job.cluster))
+
+
+def test_a_candidate_waiting_for_its_solve_is_given_with_its_stage_models_built_again():
+    """A share's line near its end may hold little but candidates back with their refined bounds: they are given
+    too, without their stage models, which the other share (its own context, as in the other process) builds
+    again; the taker gets the same candidate, family and bound, stage models that bound it the same, and counts
+    it."""
+    job = load_job(ROOT / "examples" / "hetero" / "gpt-32l-2x32.yaml")
+    ctx = _context(job)
+    dealt = mp._shares(mp._roots(ctx))
+    giver = mp._PipelineSearch(ctx, dealt[0], 1, 30, 1, 0)
+    giver.prepare()
+    kth = 1.2  # (above the best plan, 1.06 s: candidates far above the line's best wait in line)
+    while not any(isinstance(e[2], mp.HeteroCandidate) for e in giver.heap):
+        lb, _, node, box = heapq.heappop(giver.heap)
+        giver.step(kth, lb, node, box)
+    waiting = min(e for e in giver.heap if isinstance(e[2], mp.HeteroCandidate))
+    _, _, node, box = next(e for e in giver.heap if not isinstance(e[2], mp.HeteroCandidate))
+    first = (waiting[0] * 0.5, -1, node, box)
+    giver.heap = [first, waiting]  # (every other one of the best goes: the candidate)
+    counted = giver.counted
+
+    taker = mp._PipelineSearch(_context(job), dealt[1], 1, 30, 1, 0)
+    taken_before = taker.counted
+    taker.take_gift(giver.give())
+
+    assert giver.heap == [first]
+    [(lb, _, node, (family, sms))] = taker.heap
+    assert (lb, node) == (waiting[0], waiting[2])
+    # the same family (its ZeroTerms each the taker's own, built again from their key)
+    assert dataclasses.replace(family, zt=()) == dataclasses.replace(waiting[3][0], zt=())
+    theirs = waiting[3][1]
+    assert [sm.dims for sm in sms] == [sm.dims for sm in theirs]
+    assert refined_bound(taker.ctx, family, node, sms, kth) == refined_bound(ctx, family, node, theirs, kth)
+    assert giver.counted == counted - 1 and taker.counted == taken_before + 1
