@@ -53,3 +53,24 @@ def test_a_candidate_waiting_for_its_solve_is_given_with_its_stage_models_built_
     assert [sm.dims for sm in sms] == [sm.dims for sm in theirs]
     assert refined_bound(taker.ctx, family, node, sms, kth) == refined_bound(ctx, family, node, theirs, kth)
     assert giver.counted == counted - 1 and taker.counted == taken_before + 1
+
+
+def test_a_tail_way_counts_once_for_each_share_that_reads_it():
+    """mixed_context.WayMeter counts a tail way (ZeroTails.at) the first time the share now stepping reads it (its
+    ``seen`` set): again for another share, though this process has it worked out already, so that a share's count
+    is the same whether the two share a process or not; each way of a ZeroTails apart."""
+    from planner.search.mixed_context import TailWay, WayMeter, ZeroTails
+
+    built = []
+    tails = ZeroTails(2.0, lambda w: built.append(w) or TailWay((float(w),), None, None))
+    mine, theirs = set(), set()
+    before = WayMeter.firsts
+    WayMeter.seen = mine
+    assert tails.at(1).reach == (0.0,) and tails.at(2).reach == (0.0,)  # (both vpp take way 0)
+    assert WayMeter.firsts == before + 1
+    assert tails.at(4).reach == (1.0,)  # (the other way)
+    assert WayMeter.firsts == before + 2
+    WayMeter.seen = theirs
+    tails.at(1)
+    assert WayMeter.firsts == before + 3 and built == [0, 1]  # (counted, not worked out again)
+    WayMeter.seen = set()

@@ -53,6 +53,7 @@ from planner.parallel import vpp_options as depth_vpp_options
 from planner.search.lockstep import EPOCH, Lockstep, Peer, Snapshot, boundary, processes_available
 from planner.search.mixed_context import (
     MixedContext,
+    WayMeter,
     ZeroTerms,
     cp_options,
     end_costs,
@@ -139,11 +140,17 @@ REPLICA_LOOK = 5000
 # jobs 16 and 37 7.56 -> 7.79 and 4.53 -> 4.87 s, seed-1 job 43 4.84 -> 4.94 s): the epochs came closer together
 # where the family bounds are many. Of that fit only the TP-choice node's memory terms stayed (1 unit, 4 before: that
 # step, out of line and back in, took 0.22 ms).
+# A tail way (mixed_context.ZeroTails.at) a share reads for the first time counts WORK["way"] too (WayMeter): it is
+# worked out then (0.3-0.5 ms), and on seed-1 suite job 37, whose TP-choice nodes read 3,659 of them, those nodes took
+# 0.32-0.36 ms a unit against 0.05-0.07 for the roots the first share bounds meanwhile, which then waited 1.3 s for
+# the other. With 3 units a way, the two shares' waits there came from 2.0-2.3 s to 0.8-0.9 s, its explore from 3.6-4.0
+# s to 3.0-3.3 s; seed-4 job 25 4.9-5.1 -> 4.7-4.9 s; seed-1 job 43 and seed-7 jobs 16, 23 and 37 the same; seed-4
+# job 26 3.5 -> 3.7 s. (6 units: job 37 2.9 s, but seed-7 job 37 4.6 -> 5.1 s.)
 # A share out of work is given every other one of the best GIFT nodes of the other's line (_PipelineSearch.give).
 GIFT = 256
 # A root's bound (prepare) counts too where a share's explore works it out (the first share: its roots are bounded
 # after the replica look, while the second share's were bounded in the child meanwhile: _PipelineSearch.explore).
-WORK = {"pop": 1, "bound": 1, "memory": 1, "open": 1, "refined": 2, "rows": 256, "solve": 400, "root": 2}
+WORK = {"pop": 1, "bound": 1, "memory": 1, "open": 1, "refined": 2, "rows": 256, "solve": 400, "root": 2, "way": 3}
 # an open family of more groups than this opens its first group, then its last, before the orders between them
 # (open_ends), one of this many or fewer every order at once (expand)
 OPEN_ALL = 3
@@ -1418,6 +1425,7 @@ class _PipelineSearch:
         self.cache: dict = {}
         self.other: dict = {}  # the other share's last result()
         self.tails = TailTrial()  # whether its TP-choice nodes count the DP tails
+        self.ways_seen: set = set()  # the tail ways its steps read (WayMeter)
 
     def prepare(self, forked: bool = False) -> None:
         """The roots put in line at their bounds. ``forked``: in the child as soon as it is forked, mostly idle
@@ -1548,9 +1556,10 @@ class _PipelineSearch:
                 self.frontier = min(self.frontier, lb)
                 heapq.heappush(self.heap, (lb, next(self.tie), fam, box))
                 break
-            rows = Meter.rows
+            rows, ways = Meter.rows, WayMeter.firsts
+            WayMeter.seen = self.ways_seen
             self.step(kth, lb, fam, box)
-            self.work += (Meter.rows - rows) // WORK["rows"]
+            self.work += (Meter.rows - rows) // WORK["rows"] + (WayMeter.firsts - ways) * WORK["way"]
             yield from self._pass_epochs(start, peer)  # every epoch the step's work reached
         self.report()
 
