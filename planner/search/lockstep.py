@@ -42,7 +42,7 @@ from collections import deque
 from dataclasses import dataclass, field
 
 EPOCH = 256  # work units between snapshots (the caller's units: a few tens of milliseconds of the mixed search)
-LAG = int(os.environ.get("PLANNER_LAG", "8"))  # epochs a share may run ahead of what it knows of the other
+LAG = 8  # epochs a share may run ahead of what it knows of the other
 
 
 @dataclass
