@@ -3,6 +3,7 @@
 import dataclasses
 import heapq
 from pathlib import Path
+from types import SimpleNamespace
 
 from planner.cost.provider import cost_source
 from planner.load import load_job
@@ -74,3 +75,34 @@ def test_a_tail_way_counts_once_for_each_share_that_reads_it():
     tails.at(1)
     assert WayMeter.firsts == before + 3 and built == [0, 1]  # (counted, not worked out again)
     WayMeter.seen = set()
+
+
+def test_the_first_shares_roots_are_the_same_in_line_however_far_the_other_share_bounded_them():
+    """The child works out the first share's root bounds from its last root back (prepare_for) while the parent
+    works them out from its first root on, until the two meet (shared counters: front, the parent's next root, and
+    back, the child's last one taken); the first share's line holds the same entries however far each got, as where
+    it bounds every root itself."""
+    job = load_job(ROOT / "examples" / "hetero" / "llama3-405b-3types-4096.yaml")
+    ctx = _context(job)
+    dealt = mp._shares(mp._roots(ctx))
+    size = len(dealt[0])
+
+    def first_share(meet=None):
+        share = mp._PipelineSearch(ctx, dealt[0], 1, 30, 1, 0, first=True)
+        share.meet = meet
+        share._bound_roots()
+        return sorted(share.heap, key=lambda e: e[:2])
+
+    alone = first_share()
+    assert len(alone) == size > 4
+    helper = mp._PipelineSearch(_context(job), dealt[1], 1, 30, 1, 0)
+    for parent_at in (0, 1, size // 2, size - 1, size):
+        front, back = SimpleNamespace(value=parent_at), SimpleNamespace(value=2**62)
+        theirs = helper.prepare_for(mp._PipelineSearch(ctx, dealt[0], 1, 30, 1, 0), front, back)
+        assert [n for n, _ in theirs] == list(range(size - 1, parent_at - 1, -1))  # (from the last back to it)
+        asked = []
+        assert (
+            first_share((SimpleNamespace(value=0), back, lambda theirs=theirs, asked=asked: asked.append(1) or theirs))
+            == alone
+        )
+        assert asked == ([1] if parent_at < size else [])  # (asked for theirs only where they hold some roots)

@@ -25,7 +25,11 @@ yields ("publish", snapshot); it returns when it is done. It also has ``load()``
 since its last snapshot), ``settled`` and ``others_settled`` (progress: its own, and the other's as last heard),
 ``final()`` (its last snapshot, done), ``result()`` (a picklable summary for the caller) and
 ``prepare(forked=False)`` (work that needs nothing from the other: run by the child as soon as it is forked, with
-``forked`` True, and by explore where it has not run yet). The caller owns the shares; this module only runs them.
+``forked`` True, and by explore where it has not run yet); optionally ``prepare_for(first, front, back)`` (in the
+child, after prepare: work for the first share from one end while the first share works from the other, ``front``
+and ``back`` shared counters of how far each has come; sent to the first share, which reads it in its first explore
+through its ``meet``, (front, back, a callable that waits for it); it must not change what that share does, only
+how soon). The caller owns the shares; this module only runs them.
 Between explores the caller may also hand the second share's side a call of its own (start_call, finish_call), which
 runs in the child while this process does other work.
 """
@@ -151,10 +155,14 @@ class Lockstep:
         self.shares = shares
         self.child = None
         self._call = None
+        self._first_explore = True  # (the first share's roots: the child's prepare_for)
         if processes >= 2:
             ctx = multiprocessing.get_context("fork")
             self.to_child, self.from_child = ctx.Queue(), ctx.Queue()
-            self.child = ctx.Process(target=_child_main, args=(shares[1], self.to_child, self.from_child), daemon=True)
+            # where the parent and the child work out the first share's roots from either end (prepare_for)
+            self.front, self.back = ctx.Value("q", 0, lock=False), ctx.Value("q", 2**62, lock=False)
+            args = (shares, self.to_child, self.from_child, self.front, self.back)
+            self.child = ctx.Process(target=_child_main, args=args, daemon=True)
             self.child.start()
 
     def __enter__(self) -> Lockstep:
@@ -204,6 +212,9 @@ class Lockstep:
             _alternate(self.shares, until)
             return self.shares[1].result()
         self.to_child.put(("explore", until, best))
+        if self._first_explore and hasattr(self.shares[1], "prepare_for"):
+            self.shares[0].meet = (self.front, self.back, self._prepared)  # (see prepare_for)
+        self._first_explore = False
         inbox = Inbox()
         _run(self.shares[0], until, self.to_child.put, lambda: self._receive(inbox), inbox)
         while True:  # the child's snapshots after this share ended are not needed
@@ -211,7 +222,13 @@ class Lockstep:
             if msg[0] == "result":
                 return msg[1]
 
-    def _message(self):
+    def _prepared(self):
+        """The child's prepare_for (its first message), waiting for it."""
+        msg = self._message(prepared=True)
+        assert msg[0] == "prepared"
+        return msg[1]
+
+    def _message(self, prepared: bool = False):
         while True:
             try:
                 msg = self.from_child.get(timeout=1.0)
@@ -221,6 +238,8 @@ class Lockstep:
                     raise RuntimeError("mixed-pipeline search process ended unexpectedly") from None
         if msg[0] == "error":
             raise RuntimeError(f"mixed-pipeline search process failed:\n{msg[1]}")
+        if msg[0] == "prepared" and not prepared:  # (not asked for: the first share had no roots left to it)
+            return self._message()
         return msg
 
     def _receive(self, inbox: Inbox) -> None:
@@ -279,12 +298,16 @@ def _alternate(shares: list, until: float) -> None:
             shares[1 - i].others_settled = x.settled
 
 
-def _child_main(share, inbox_queue, outbox_queue) -> None:
-    """The forked child: explores its share whenever asked, trading snapshots with the parent, until closed.
-    Ctrl-C is the parent's to handle (it ends the child)."""
+def _child_main(shares, inbox_queue, outbox_queue, front, back) -> None:
+    """The forked child: explores its share (the second) whenever asked, trading snapshots with the parent, until
+    closed; first it prepares its share and, where the share can, works for the first one until the parent asks for
+    more (prepare_for). Ctrl-C is the parent's to handle (it ends the child)."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    share = shares[1]
     try:
         share.prepare(forked=True)  # (while the parent goes on with what comes before the first explore)
+        if hasattr(share, "prepare_for"):
+            outbox_queue.put(("prepared", share.prepare_for(shares[0], front, back)))
         while True:
             msg = inbox_queue.get()
             if msg[0] == "snapshot":  # the parent's, after this share had ended: not needed

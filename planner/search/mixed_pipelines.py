@@ -146,11 +146,15 @@ REPLICA_LOOK = 5000
 # the other. With 3 units a way, the two shares' waits there came from 2.0-2.3 s to 0.8-0.9 s, its explore from 3.6-4.0
 # s to 3.0-3.3 s; seed-4 job 25 4.9-5.1 -> 4.7-4.9 s; seed-1 job 43 and seed-7 jobs 16, 23 and 37 the same; seed-4
 # job 26 3.5 -> 3.7 s. (6 units: job 37 2.9 s, but seed-7 job 37 4.6 -> 5.1 s.)
+# ROOT_WORK: the roots' bounds count no work. The second share's are worked out in the child while the parent takes
+# the first replica look (prepare); the first share's after it, before its explore goes on, by the parent from its
+# first root on and by the child, done with its own, from the last back, until the two meet (prepare_for). Counted
+# (2 units a root before), the first share's roots went in step with the child's line, so neither could work them
+# out ahead (seed-1 suite job 43: 0.5 s for its 4,445 roots after the look, while the child had been idle for 0.6 s
+# during it).
 # A share out of work is given every other one of the best GIFT nodes of the other's line (_PipelineSearch.give).
 GIFT = 256
-# A root's bound (prepare) counts too where a share's explore works it out (the first share: its roots are bounded
-# after the replica look, while the second share's were bounded in the child meanwhile: _PipelineSearch.explore).
-WORK = {"pop": 1, "bound": 1, "memory": 1, "open": 1, "refined": 2, "rows": 256, "solve": 400, "root": 2, "way": 3}
+WORK = {"pop": 1, "bound": 1, "memory": 1, "open": 1, "refined": 2, "rows": 256, "solve": 400, "way": 3}
 # an open family of more groups than this opens its first group, then its last, before the orders between them
 # (open_ends), one of this many or fewer every order at once (expand)
 OPEN_ALL = 3
@@ -1426,6 +1430,8 @@ class _PipelineSearch:
         self.other: dict = {}  # the other share's last result()
         self.tails = TailTrial()  # whether its TP-choice nodes count the DP tails
         self.ways_seen: set = set()  # the tail ways its steps read (WayMeter)
+        # where the other share works out some of its roots' bounds (prepare_for): (front, back, what gives them)
+        self.meet: tuple | None = None
 
     def prepare(self, forked: bool = False) -> None:
         """The roots put in line at their bounds. ``forked``: in the child as soon as it is forked, mostly idle
@@ -1442,6 +1448,39 @@ class _PipelineSearch:
     def _root_entry(self, i: int, grp: _TpChoiceNode) -> tuple:
         """Root ``i`` in line: at its bound without the memory terms (cheap; they come when it is opened)."""
         return (grp.bound(self.ctx, memory=False), i, grp, None)
+
+    def prepare_for(self, other: _PipelineSearch, front, back) -> list[tuple[int, float]]:
+        """The other share's root bounds (its _root_entry's), worked out here, in the child, from its last root back
+        while the parent takes its first replica look and then works them out from its first root on (_bound_roots),
+        until the two meet: ``front`` (shared memory) holds the parent's next root, ``back`` this side's last one
+        taken (each side reads the other's before it takes a root: at most one is worked out on both sides). As
+        (position in its roots, bound), for the other share to take in. The same bounds either way, so the same line
+        and counts."""
+        bounds: list[tuple[int, float]] = []
+        n = len(other.roots) - 1
+        while n >= front.value:
+            back.value = n
+            bounds.append((n, other.roots[n][1].bound(self.ctx, memory=False)))
+            n -= 1
+        return bounds
+
+    def _bound_roots(self) -> None:
+        """The first share's roots put in line at their bounds (in its explore, after the replica look): from the
+        first on, and where the other share works some out from the last back (``meet``: front, back, and what
+        gives its bounds, waiting for them: prepare_for) until the two meet, those."""
+        roots, done = self.roots, 0
+        meet, self.meet = self.meet, None
+        while done < len(roots) and (meet is None or done < meet[1].value):
+            if meet is not None:
+                meet[0].value = done + 1
+            i, grp, _ = roots[done]
+            self.heap.append(self._root_entry(i, grp))
+            done += 1
+        if done < len(roots):
+            theirs = dict(meet[2]())
+            self.heap += [(theirs[n], i, grp, None) for n, (i, grp, _) in enumerate(roots) if n >= done]
+        heapq.heapify(self.heap)
+        self.roots = []
 
     def _pass_epochs(self, start: int, peer: Peer):
         """lockstep.boundary at every epoch the work since ``start`` has reached, one by one (in explore)."""
@@ -1525,13 +1564,8 @@ class _PipelineSearch:
         peer = Peer()
         if self.first:
             # the first share bounds its roots here, after the replica look, the second share's having been bounded in
-            # the child meanwhile: one by one, counted, its epochs published as they pass, so that the other share
-            # goes on with its own line instead of waiting for this share's first epochs (0.2-0.3 s on suite job 46)
-            for i, grp, _ in self.roots:
-                heapq.heappush(self.heap, self._root_entry(i, grp))
-                self.work += WORK["root"]
-                yield from self._pass_epochs(start, peer)
-            self.roots = []
+            # the child meanwhile, and as many of this one's as it got to after them (ROOT_WORK)
+            self._bound_roots()
         self.prepare()
         while True:
             if not self.heap:  # out of work: the next epoch, for a gift or the end
