@@ -9,6 +9,7 @@ from planner.cost.provider import cost_source
 from planner.load import load_job
 from planner.parallel import group_order
 from planner.search import mixed_pipelines as mp
+from planner.search.lockstep import Meet
 from planner.search.mixed_context import MixedContext
 from planner.search.mixed_pipeline_bounds import refined_bound
 from planner.search.space import SearchOptions
@@ -102,7 +103,9 @@ def test_the_first_shares_roots_are_the_same_in_line_however_far_the_other_share
         assert [n for n, _ in theirs] == list(range(size - 1, parent_at - 1, -1))  # (from the last back to it)
         asked = []
         assert (
-            first_share((SimpleNamespace(value=0), back, lambda theirs=theirs, asked=asked: asked.append(1) or theirs))
+            first_share(
+                Meet(SimpleNamespace(value=0), back, lambda theirs=theirs, asked=asked: asked.append(1) or theirs)
+            )
             == alone
         )
         assert asked == ([1] if parent_at < size else [])  # (asked for theirs only where they hold some roots)

@@ -23,6 +23,7 @@ from planner.search.result import (
     Plan,
     SearchResult,
     keep_top,
+    kth_time,
     settle_open_solves,
     solve_cap,
     solve_wall,
@@ -80,7 +81,7 @@ def search(
     for idx, c in enumerate(cands):
         if progress is not None and idx % 64 == 0:
             progress(idx, len(cands))
-        kth = min(beat, best[top - 1].time if len(best) >= top else float("inf"))
+        kth = min(beat, kth_time(best, top))
         if c.lower_bound_s >= kth:
             stopped_at = idx
             break

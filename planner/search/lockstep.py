@@ -28,8 +28,8 @@ since its last snapshot), ``settled`` and ``others_settled`` (progress: its own,
 ``forked`` True, and by explore where it has not run yet); optionally ``prepare_for(first, front, back)`` (in the
 child, after prepare: work for the first share from one end while the first share works from the other, ``front``
 and ``back`` shared counters of how far each has come; sent to the first share, which reads it in its first explore
-through its ``meet``, (front, back, a callable that waits for it); it must not change what that share does, only
-how soon). The caller owns the shares; this module only runs them.
+through its ``meet`` (Meet); it must not change what that share does, only how soon). The caller owns the shares;
+this module only runs them.
 Between explores the caller may also hand the second share's side a call of its own (start_call, finish_call), which
 runs in the child while this process does other work.
 """
@@ -43,7 +43,9 @@ import signal
 import sys
 import traceback
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, NamedTuple
 
 EPOCH = 256  # work units between snapshots (the caller's units: a few tens of milliseconds of the mixed search)
 LAG = 8  # epochs a share may run ahead of what it knows of the other
@@ -146,6 +148,16 @@ def processes_available() -> int:
     return 2 if cores >= 2 else 1
 
 
+class Meet(NamedTuple):
+    """Where the parent and the child work from either end for the first share (prepare_for): ``front`` and
+    ``back``, counters in shared memory of how far each side has come, and ``theirs``, which waits for what the
+    child sent."""
+
+    front: Any
+    back: Any
+    theirs: Callable[[], Any]
+
+
 class Lockstep:
     """Runs two shares in lock step, in this process or (``processes`` 2) the second in a forked child that keeps
     it between calls of explore. Use as a context manager: the child is ended on leaving it."""
@@ -155,7 +167,6 @@ class Lockstep:
         self.shares = shares
         self.child = None
         self._call = None
-        self._first_explore = True  # (the first share's roots: the child's prepare_for)
         if processes >= 2:
             ctx = multiprocessing.get_context("fork")
             self.to_child, self.from_child = ctx.Queue(), ctx.Queue()
@@ -164,6 +175,8 @@ class Lockstep:
             args = (shares, self.to_child, self.from_child, self.front, self.back)
             self.child = ctx.Process(target=_child_main, args=args, daemon=True)
             self.child.start()
+            if hasattr(shares[1], "prepare_for"):  # (read by the first share in its first explore)
+                shares[0].meet = Meet(self.front, self.back, self._prepared)
 
     def __enter__(self) -> Lockstep:
         return self
@@ -212,9 +225,6 @@ class Lockstep:
             _alternate(self.shares, until)
             return self.shares[1].result()
         self.to_child.put(("explore", until, best))
-        if self._first_explore and hasattr(self.shares[1], "prepare_for"):
-            self.shares[0].meet = (self.front, self.back, self._prepared)  # (see prepare_for)
-        self._first_explore = False
         inbox = Inbox()
         _run(self.shares[0], until, self.to_child.put, lambda: self._receive(inbox), inbox)
         while True:  # the child's snapshots after this share ended are not needed

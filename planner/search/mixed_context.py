@@ -179,7 +179,7 @@ class MixedContext:
         """(room, alpha, beta) of quick.stage_memory_term and max_layers for stage s of a model from
         _stage_models on group g. They depend on the pipeline depth only through the stage's in-flight
         micro-batches and whether it is first or last, so they are shared across depths."""
-        key = (sm.form_cache, sm.inflight(s), s == 0, s == sm.dims.pp - 1)
+        key = (*_position(sm, s), sm.inflight(s))
         hit = self.caches.stage_terms.get(key)
         if hit is None:
             room, alpha, beta = quick.stage_memory_term(sm, self.capacity(g), s)
@@ -204,7 +204,7 @@ class MixedContext:
         there on (moe_windows): past a model's leading dense layers, MoE layers only."""
         paid = (sm.dims.vpp if vpp is None else vpp) <= self.recompute_pays(sm, s)
         start = window_start(self.job.model, s if start is None else start)
-        key = (sm.form_cache, s == 0, s == sm.dims.pp - 1, paid, start)
+        key = (*_position(sm, s), paid, start)
         profile = self.caches.tail_profile.get(key)
         if profile is None:
             lines = self.tail_lines(sm, s, paid)
@@ -213,7 +213,7 @@ class MixedContext:
 
     def tail_lines(self, sm: StageModel, s: int, paid: bool) -> tuple[dict[str, tuple[float, float]], ...]:
         """tail_lines, memoized by stage position (the profiles of one stage at every first layer read the same)."""
-        key = (sm.form_cache, s == 0, s == sm.dims.pp - 1, paid)
+        key = (*_position(sm, s), paid)
         hit = self.caches.tail_lines.get(key)
         if hit is None:
             hit = self.caches.tail_lines[key] = tail_lines(sm, s, paid)
@@ -221,7 +221,7 @@ class MixedContext:
 
     def recompute_pays(self, sm: StageModel, s: int) -> float:
         """recompute_pays_up_to, memoized by stage position."""
-        key = (sm.form_cache, s == 0, s == sm.dims.pp - 1)
+        key = _position(sm, s)
         hit = self.caches.recompute_pays.get(key)
         if hit is None:
             hit = self.caches.recompute_pays[key] = recompute_pays_up_to(sm, s)
@@ -231,7 +231,7 @@ class MixedContext:
         """(per layer, constant) of a line under ZeRO-2/3's exposed per-micro-batch traffic of stage s
         (TimeForms.zero: max(0, traffic - fsdp_overlap * compute)), valid for every layer count and recompute:
         the compute that hides it is taken with every layer recomputed. (0, 0) below ZeRO-2."""
-        key = (sm.form_cache, s == 0, s == sm.dims.pp - 1)
+        key = _position(sm, s)
         hit = self.caches.sharded_line.get(key)
         if hit is None:
             hit = self.caches.sharded_line[key] = _sharded_line(sm, s)
@@ -244,13 +244,20 @@ class MixedContext:
         below 0 (its layers' compute hides more than they gather). None for a model with one kind, below ZeRO-2,
         where a kind's constant is below 0 (the line then needs it, which its callers do not add) or where a kind's
         least seconds per layer with its slope would not stay above 0; sharded_line stands for both kinds then."""
-        key = (sm.form_cache, s == 0, s == sm.dims.pp - 1)
+        key = _position(sm, s)
         if key not in self.caches.sharded_kinds:
             self.caches.sharded_kinds[key] = _sharded_kinds(sm, s)
         return self.caches.sharded_kinds[key]
 
     def capacity(self, g: int) -> float:
         return self.job.cluster[g].gpu.memory_gib * (1 - self.opts.memory_margin)
+
+
+def _position(sm: StageModel, s: int) -> tuple:
+    """What MixedContext memoizes a stage's terms by: its model's shared forms (StageModel.form_cache: the same at
+    every depth) and whether it is the first or the last stage (the depth reaches them only through those and the
+    stage's in-flight count)."""
+    return sm.form_cache, s == 0, s == sm.dims.pp - 1
 
 
 class TailWay(NamedTuple):
@@ -292,8 +299,9 @@ class ZeroTails:
     def at(self, vpp: int) -> TailWay:
         """The terms of the way that holds at ``vpp`` (counted in WayMeter)."""
         w = self.way(vpp)
-        if (id(self), w) not in WayMeter.seen:
-            WayMeter.seen.add((id(self), w))
+        seen = (id(self), w)
+        if seen not in WayMeter.seen:
+            WayMeter.seen.add(seen)
             WayMeter.firsts += 1
         hit = self.ways.get(w)
         if hit is None:

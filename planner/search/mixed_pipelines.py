@@ -50,7 +50,7 @@ from planner.cost.provider import cost_source
 from planner.cost.stage import StageModel, heavy_kind, layer_counts
 from planner.parallel import HeteroDims, baseline_recompute_modes, dp_options, group_order, micro_batch_options
 from planner.parallel import vpp_options as depth_vpp_options
-from planner.search.lockstep import EPOCH, Lockstep, Peer, Snapshot, boundary, processes_available
+from planner.search.lockstep import EPOCH, Lockstep, Meet, Peer, Snapshot, boundary, processes_available
 from planner.search.mixed_context import (
     MixedContext,
     WayMeter,
@@ -95,6 +95,7 @@ from planner.search.result import (
     Plan,
     SearchResult,
     keep_top,
+    kth_time,
     mixed_order,
     settle_open_solves,
     solve_cap,
@@ -146,7 +147,7 @@ REPLICA_LOOK = 5000
 # the other. With 3 units a way, the two shares' waits there came from 2.0-2.3 s to 0.8-0.9 s, its explore from 3.6-4.0
 # s to 3.0-3.3 s; seed-4 job 25 4.9-5.1 -> 4.7-4.9 s; seed-1 job 43 and seed-7 jobs 16, 23 and 37 the same; seed-4
 # job 26 3.5 -> 3.7 s. (6 units: job 37 2.9 s, but seed-7 job 37 4.6 -> 5.1 s.)
-# ROOT_WORK: the roots' bounds count no work. The second share's are worked out in the child while the parent takes
+# The roots' bounds count no work. The second share's are worked out in the child while the parent takes
 # the first replica look (prepare); the first share's after it, before its explore goes on, by the parent from its
 # first root on and by the child, done with its own, from the last back, until the two meet (prepare_for). Counted
 # (2 units a root before), the first share's roots went in step with the child's line, so neither could work them
@@ -1430,8 +1431,8 @@ class _PipelineSearch:
         self.other: dict = {}  # the other share's last result()
         self.tails = TailTrial()  # whether its TP-choice nodes count the DP tails
         self.ways_seen: set = set()  # the tail ways its steps read (WayMeter)
-        # where the other share works out some of its roots' bounds (prepare_for): (front, back, what gives them)
-        self.meet: tuple | None = None
+        # where the other share works out some of its first explore's root bounds (lockstep.Meet: prepare_for)
+        self.meet: Meet | None = None
 
     def prepare(self, forked: bool = False) -> None:
         """The roots put in line at their bounds. ``forked``: in the child as soon as it is forked, mostly idle
@@ -1466,18 +1467,18 @@ class _PipelineSearch:
 
     def _bound_roots(self) -> None:
         """The first share's roots put in line at their bounds (in its explore, after the replica look): from the
-        first on, and where the other share works some out from the last back (``meet``: front, back, and what
-        gives its bounds, waiting for them: prepare_for) until the two meet, those."""
+        first on, and where the other share works some out from the last back (``meet``: prepare_for) until the two
+        meet, those."""
         roots, done = self.roots, 0
         meet, self.meet = self.meet, None
-        while done < len(roots) and (meet is None or done < meet[1].value):
+        while done < len(roots) and (meet is None or done < meet.back.value):
             if meet is not None:
-                meet[0].value = done + 1
+                meet.front.value = done + 1
             i, grp, _ = roots[done]
             self.heap.append(self._root_entry(i, grp))
             done += 1
         if done < len(roots):
-            theirs = dict(meet[2]())
+            theirs = dict(meet.theirs())
             self.heap += [(theirs[n], i, grp, None) for n, (i, grp, _) in enumerate(roots) if n >= done]
         heapq.heapify(self.heap)
         self.roots = []
@@ -1489,7 +1490,7 @@ class _PipelineSearch:
             yield from boundary(self, peer, self.epoch)
 
     def kth_time(self) -> float:
-        return self.best[self.top - 1].time if len(self.best) >= self.top else float("inf")
+        return kth_time(self.best, self.top)
 
     def cut(self) -> float:
         return self.kth_time() * (1 - RESOLUTION)
@@ -1564,7 +1565,7 @@ class _PipelineSearch:
         peer = Peer()
         if self.first:
             # the first share bounds its roots here, after the replica look, the second share's having been bounded in
-            # the child meanwhile, and as many of this one's as it got to after them (ROOT_WORK)
+            # the child meanwhile, and the child as many of this one's as it gets to (prepare_for; they count no work)
             self._bound_roots()
         self.prepare()
         while True:

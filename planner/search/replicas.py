@@ -48,7 +48,7 @@ from planner.search.mixed_context import end_costs, model_layers_bound, pipeline
 from planner.search.partition import solve_partition
 from planner.search.quick import RESOLUTION
 from planner.search.replica_partition import exact_splits
-from planner.search.result import Plan, keep_top, mixed_order, stage_recompute
+from planner.search.result import Plan, keep_top, kth_time, mixed_order, stage_recompute
 
 REPLICA_ZERO = (1, 0, 3)
 
@@ -698,7 +698,7 @@ def _offer(shadow: list, plan: Plan, top: int, default: float) -> float:
     """``plan`` into the top list ``shadow`` (keep_top); its K-th best time after, or ``default`` while it holds
     fewer than K plans: the cut of the replica shapes after it."""
     keep_top(shadow, plan, top)
-    return shadow[top - 1].time if len(shadow) >= top else default
+    return kth_time(shadow, top, default)
 
 
 def exact_memo(ctx, cands) -> dict:

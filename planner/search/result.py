@@ -107,11 +107,17 @@ def solve_wall(remaining: float, cap: float) -> float:
     return min(remaining, SOLVE_WALL * cap)
 
 
+def kth_time(best: list[Plan], top: int, default: float = float("inf")) -> float:
+    """The K-th best time of a top list (keep_top), the cut of a search for the top ``top`` plans; ``default``
+    while it holds fewer than K plans."""
+    return best[top - 1].time if len(best) >= top else default
+
+
 def settle_open_solves(complete: bool, open_bounds: list[float], best: list[Plan], top: int) -> tuple[bool, float]:
     """(whether the top list is still proven, smallest open bound). A solve stopped before proving its optimum
     only leaves the result unproven when its bound is below the K-th best time: otherwise nothing it could still
     find would enter the top list."""
-    kth = best[top - 1].time if len(best) >= top else float("inf")
+    kth = kth_time(best, top)
     low = min(open_bounds, default=float("inf"))
     return complete and low >= kth * (1 - 1e-9), low
 
