@@ -920,17 +920,20 @@ def test_the_tail_profile_holds_for_every_run_of_layers(freq):
     assert above_anywhere or freq != 1
 
 
-@pytest.mark.parametrize("memory_gib", [4.0, 16.0])
-def test_kind_memory_times_hold_for_every_run_and_recompute_count_that_fits(memory_gib):
+@pytest.mark.parametrize(("memory_gib", "freq", "dense"), [(4.0, 2, 1), (16.0, 2, 1), (16.0, 1, 1)])
+def test_kind_memory_times_hold_for_every_run_and_recompute_count_that_fits(memory_gib, freq, dense):
     """mixed_pipeline_bounds._kind_memory_times of an MoE model with an MoE layer every other layer, on a GPU so
-    tight that no layer fits (4 GiB) and on one where longer runs fit only by recomputing (16 GiB): for every
-    stage, run of n consecutive layers and recompute count that fits the GPU, the stage's seconds on its layers
-    (its time less that of no layers) are at least the bound at n; the bound is above the layer floors alone
-    where recompute is needed, and inf where nothing fits. The same for _block_terms at each run's own start (its
-    MoE count that of the run: BlockTerms.time), inf exactly where no recompute count of that run fits."""
+    tight that no layer fits (4 GiB) and on one where longer runs fit only by recomputing (16 GiB), and of one with
+    a leading dense layer and MoE layers after it (as DeepSeek-V3): for every stage s, run of n consecutive
+    layers from layer s on (every stage before it holds a layer) and recompute count that fits the GPU, the
+    stage's seconds on its layers (its time less that of no layers) are at least the bound at n; the bound is
+    above the layer floors alone where recompute is needed, and inf where nothing fits. Past the leading dense
+    layers it is at least that of n MoE layers (no cheaper dense layer can stand in for one). The same for
+    _block_terms at each run's own start (its MoE count that of the run: BlockTerms.time), inf exactly where no
+    recompute count of that run fits."""
     from planner.search.mixed_pipeline_bounds import _block_terms, _kind_memory_times
 
-    model = {**MOE6, "num_layers": 6, "moe": {**MOE6["moe"], "moe_layer_freq": 2}}
+    model = {**MOE6, "num_layers": 6, "moe": {**MOE6["moe"], "moe_layer_freq": freq, "first_dense_layers": dense}}
     j = parse_job(
         {
             "model": model,
@@ -942,7 +945,7 @@ def test_kind_memory_times_hold_for_every_run_and_recompute_count_that_fits(memo
     dims = mixed_pipelines.pipeline_dims(j, (0, 0), (1, 1), 1, 1, 1, 1, "none")
     sm = StageModel(j, dims.stage_dims(0), ctx.costs(0))
     L, cap = j.model.num_layers, ctx.capacity(0)
-    recomputing = infeasible = 0
+    recomputing = infeasible = moe_only = 0
     for s in range(2):
         times = _kind_memory_times(ctx, sm, 0, s, 0.0)
         terms = _block_terms(ctx, sm, 0, s, 0.0)
@@ -959,14 +962,19 @@ def test_kind_memory_times_hold_for_every_run_and_recompute_count_that_fits(memo
                         here.append(sm.microbatch_time(s, plan)["total"] - empty)
                 run = terms.time(n, moe)
                 assert run <= min(here) * SLACK + 1e-12 if here else run == float("inf"), (s, n, start)
-                assert run >= times[n - 1] * (1 - 1e-12), (s, n, start)  # (the least over every run of n)
-                fitting += here
+                if start >= s:  # (the least over every run of n the stage can hold)
+                    assert run >= times[n - 1] * (1 - 1e-12), (s, n, start)
+                    fitting += here
             if fitting:
                 assert times[n - 1] <= min(fitting) * SLACK + 1e-12, (s, n)
                 recomputing += times[n - 1] > n * floor * SLACK
             else:
                 infeasible += times[n - 1] == float("inf")
+            if s >= j.model.all_moe_from and times[n - 1] < float("inf"):
+                assert times[n - 1] >= n * sm.kinds["moe"].layer_floor() * (1 - 1e-12), (s, n)
+                moe_only += 1
     assert recomputing if memory_gib > 10 else infeasible
+    assert moe_only if freq == 1 else not moe_only
 
 
 @pytest.mark.parametrize("v", [1, 2])

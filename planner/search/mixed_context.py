@@ -148,7 +148,7 @@ class MixedCaches:
     replica_shapes: dict = field(default_factory=dict)  # replicas.shapes: the enumeration below a bound, by bound
     replica_blocks: dict = field(default_factory=dict)  # replicas._shapes: per (tp, cp, mbs, base), its work terms
     moe_windows: dict = field(default_factory=dict)  # moe_windows, by the first layer (window_start)
-    kind_memory: dict = field(default_factory=dict)  # mixed_pipeline_bounds._kind_memory_times, by BlockTerms
+    kind_memory: dict = field(default_factory=dict)  # mixed_pipeline_bounds._kind_memory_times, by BlockTerms, start
     block_terms: dict = field(default_factory=dict)  # mixed_pipeline_bounds._block_terms
     window_arrays: dict = field(default_factory=dict)  # moe_window_arrays, by the first layer
     ep_ok: dict = field(default_factory=dict)  # replicas.replica_ep_options: ep_error is None, by (ep, d, cp)

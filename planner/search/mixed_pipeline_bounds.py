@@ -1445,11 +1445,16 @@ def _memory_bottleneck(heavy, need: int, cst: list[float], m, probe: float | Non
 
 
 def _kind_memory_times(ctx: MixedContext, sm: StageModel, g: int, s: int, lift: float) -> tuple:
-    """mixed_context.kind_memory_times of stage s on group g's GPU (its _block_terms), memoized."""
+    """mixed_context.kind_memory_times of stage s on group g's GPU (its _block_terms), memoized. Its layers start at
+    layer s or later (every stage before it holds one), so their mixes are counted from there on
+    (mixed_context.window_start): past a model's leading dense layers the stage holds MoE layers only, and the
+    memory its MoE layers take cannot be traded for the cheaper dense ones."""
     terms = _block_terms(ctx, sm, g, s, lift)
-    hit = ctx.caches.kind_memory.get(terms)
+    start = window_start(ctx.job.model, s)
+    key = (terms, start)
+    hit = ctx.caches.kind_memory.get(key)
     if hit is None:
-        hit = ctx.caches.kind_memory[terms] = kind_memory_times(terms, moe_windows(ctx))
+        hit = ctx.caches.kind_memory[key] = kind_memory_times(terms, moe_windows(ctx, start))
     return hit
 
 
