@@ -2132,12 +2132,58 @@ def test_the_dp_tail_term_of_a_node_with_every_tp_fixed_bites():
                     line.append(child)
                     continue
                 term = child._zero_tail_term(ctx)
-                assert child.bound(ctx, tails=AlwaysTails()) == pytest.approx(child.bound(ctx) + term, rel=1e-12)
+                plain = child.bound(ctx, memory=False)
+                assert child.bound(ctx, memory=False, tails=AlwaysTails()) == pytest.approx(plain + term, rel=1e-12)
                 if child.vpp == 1 and sum(1 for tp in child.fixed if tp) < 2:
                     assert term == 0.0
                     ones += 1
                 raised += term > 0
     assert raised and ones
+
+
+def test_a_nodes_zero_traffic_counts_only_the_zero_stages_that_fit_and_each_groups_own_slope(monkeypatch):
+    """_TpChoiceNode._fitting_lines: a node with every TP fixed, out of line with its memory terms, adds the least
+    ZeRO-2/3 traffic of the ZeRO stages whose memory holds the layers (memory_zeros), each group's layers at its
+    own slope (the MoE layers at their MoE slope) up to what its memory holds. On an MoE model whose 32 experts
+    fit 8 GiB GPUs only sharded (ZeRO-3), it raises some candidates' node bounds (walked without the DP tail term,
+    which also counts traffic), and every bound of those candidates stays at most their brute-force best plan."""
+    model = {**MOE6, "moe": {**MOE6["moe"], "num_experts": 32}}
+    j = parse_job(
+        {
+            "model": model,
+            "cluster": [
+                {"gpu": {**SMALL_GPU, "memory_gib": 8.0}, "nodes": 1, "gpus_per_node": 4},
+                {"gpu": {**TIGHT_GPU, "memory_gib": 8.0}, "nodes": 1, "gpus_per_node": 4},
+            ],
+            "training": {"seq_length": 1024, "global_batch_size": 4, "attention": "eager"},
+        }
+    )
+    monkeypatch.setattr(AlwaysTails, "pays", lambda self: False)
+    found = candidates_with_bounds(search_context(j))
+    monkeypatch.setattr(mixed_pipelines._TpChoiceNode, "_fitting_lines", lambda self, ctx: 0.0)
+    bare = candidates_with_bounds(search_context(j))
+    monkeypatch.undo()
+    assert all(x[2] == y[2] for x, y in zip(found, bare)) and len(found) == len(bare)
+    raised = [x for x, y in zip(found, bare) if any(a > b * (1 + 1e-9) for a, b in zip(x[0], y[0]))]
+    assert raised
+    assert_bounds_hold(search_context(j), random.Random(7).sample(raised, min(40, len(raised))))
+
+
+def test_least_line_sum_fills_the_cheapest_rows_first():
+    """mixed_pipeline_bounds.least_line_sum: the least sum over every way to put the layers in the rows (checked
+    by enumeration), inf where the rows cannot hold them."""
+    from planner.search.mixed_pipeline_bounds import least_line_sum
+
+    rows = [(0.5, 3), (-0.1, 2), (0.2, 4), (0.0, 1)]
+    for need in range(0, 11):
+        best = min(
+            sum(n * slope for n, (slope, _) in zip(ns, rows))
+            for ns in itertools.product(*(range(k + 1) for _, k in rows))
+            if sum(ns) == need
+        )
+        assert least_line_sum(rows, need) == pytest.approx(best, abs=1e-12)
+    assert least_line_sum(rows, 11) == float("inf")
+    assert least_line_sum([(1.0, float("inf"))], 5) == 5.0
 
 
 def test_the_tail_trial_stays_on_while_its_term_cuts_and_probes_when_it_does_not():

@@ -139,7 +139,7 @@ class MixedCaches:
     group_space_size: dict = field(default_factory=dict)  # mixed_pipelines: candidates below a TP-choice node
     node_rows: dict = field(default_factory=dict)  # mixed_pipelines: a TP-choice node's row of the bound
     memory_rows: dict = field(default_factory=dict)  # mixed_pipelines: a TP-choice node row's memory room and floor
-    memory_floors: dict = field(default_factory=dict)  # mixed_pipelines: a TP-choice node's memory floor
+    memory_floors: dict = field(default_factory=dict)  # mixed_pipelines: a TP-choice node's memory floors by ZeRO stage
     depths: dict = field(default_factory=dict)  # mixed_pipelines._depths: the depths that run, by (vpp, mb)
     replica_floor: dict = field(default_factory=dict)  # replicas.pipeline_floor, by ReplicaCandidate.key
     replica_throughput: dict = field(default_factory=dict)  # replicas.throughput_floor, by ReplicaCandidate.key

@@ -301,6 +301,22 @@ def pipeline_sends(lo, v: int) -> bool:
     return sum(lo) >= 2 or v > 1
 
 
+def least_line_sum(rows, need: int) -> float:
+    """The least sum of per-layer seconds when ``need`` layers go to rows of (seconds per layer, most layers): the
+    cheapest rows filled first (a fractional knapsack; integral here, as every row's most is whole). inf where
+    the rows cannot hold them. The ZeRO-2/3 traffic lines of a TP-choice node (_TpChoiceNode._zero_ways): each
+    group's layers at its own slope, at most what its memory holds (ZeroTerms.room), instead of every layer at
+    the least slope of any group."""
+    total, left = 0.0, need
+    for slope, most in sorted(rows):
+        if left <= 0:
+            break
+        take = min(left, most)
+        total += take * slope
+        left -= take
+    return total if left <= 0 else float("inf")
+
+
 def capped_rate(a, hi, most: int) -> float:
     """The most layers per second at most ``most`` stages take together, at most hi_g of them on group g at a_g
     seconds per layer each: the fastest stages first. A pipeline of v model chunks per stage has at most L // v

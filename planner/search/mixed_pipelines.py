@@ -77,6 +77,7 @@ from planner.search.mixed_pipeline_bounds import (
     choice_capped_rate,
     first_positions,
     kind_memory_floor,
+    least_line_sum,
     memory_floor,
     merged_levels,
     moe_only_rates,
@@ -414,13 +415,18 @@ class _TpChoiceNode:
         that is below ``target``, the groups' memory too (memory_floor, each group at any one of its choices): inf
         when they cannot hold the layers at any ZeRO stage, else the least bottleneck their memory forces. With
         ``tails``, where that is below ``target``, every TP is fixed and the trial says the term pays, plus the
-        ZeRO stages' least traffic and DP tail (_zero_tail_term; what it cut told to the trial)."""
+        ZeRO stages' least traffic and DP tail (_zero_tail_term; what it cut told to the trial). With ``memory`` and
+        every TP fixed, plus the least ZeRO-2/3 traffic of the ZeRO stages whose memory holds the layers
+        (_fitting_lines; the larger of the two where both are worked out)."""
         value = self._schedule_bound(ctx, target, memory)
-        if tails is not None and value < target and len(self.fixed) == len(ctx.order) and tails.pays():
-            term = self._zero_tail_term(ctx)
-            tails.tell(value + term >= target)
-            value += term
-        return value
+        if value >= target or len(self.fixed) < len(ctx.order):
+            return value
+        term = self._fitting_lines(ctx) if memory else 0.0
+        if tails is not None and value + term < target and tails.pays():
+            tail = self._zero_tail_term(ctx)  # (its lines and those of fitting_lines count the same traffic)
+            tails.tell(value + tail >= target)
+            term = max(term, tail)
+        return value + term
 
     def _zero_tail_term(self, ctx: MixedContext) -> float:
         """What every candidate of the node adds to its schedule without ZeRO traffic (_schedule_bound), at the
@@ -445,6 +451,39 @@ class _TpChoiceNode:
                 ways[i] = (lines, zero, value)
             least = min(least, value)
         return least
+
+    def _fitting_lines(self, ctx: MixedContext) -> float:
+        """What every candidate of the node (every TP fixed) adds to its schedule in ZeRO-2/3 traffic, at least, at
+        the ZeRO stages whose memory can hold the layers (memory_zeros): each group's layers at its own slope
+        (ZeroTerms.slope; for a model with dense and MoE layers the MoE layers at each group's MoE slope and the
+        dense ones at the least dense slope, as _Family.kind_mix), at most what its stages hold (ZeroTerms.room,
+        its stages last: the most), the cheapest first (least_line_sum), plus the end stages' least constants;
+        in the schedule's sum, so divided by vpp. Worked out when the node comes out of line with its memory
+        terms, so read only where its family would be built next. (Seed-7 suite job 37, DeepSeek-V3 on B200 + H20
+        + H800: where only ZeRO-3 holds the layers, the other stages' lines, 0, stood for it, and the least slope
+        of any group for every layer; its families' bounds were 2-8 times their nodes'. It cut 1,000 of 1,968
+        such nodes.) 0 where a candidate may have one stage (as _zero_tail_term)."""
+        if self.vpp == 1 and sum(1 for tp in self.fixed if tp) < 2:
+            return 0.0
+        key = ("fitting lines", self.fixed)
+        hit = self.memo.get(key)
+        if hit is None:
+            L = ctx.job.model.num_layers
+            count = layer_counts(ctx.job.model)
+            his = [self.kmax_of[g][tp] for g, tp in self._flat_choices(ctx)]
+            hit = float("inf")
+            for zero in self.memory_zeros(ctx):
+                zts = self._zero_terms_of(ctx, zero)
+                rooms = [z.room(0, k, self.vpp) for z, k in zip(zts, his)]
+                lines = least_line_sum([(z.slope, room) for z, room in zip(zts, rooms)], L)
+                if count["dense"] and count["moe"]:
+                    moe = [z.kind_slopes[1] if z.kind_slopes else z.slope for z in zts]
+                    dense = min(z.kind_slopes[0] if z.kind_slopes else z.slope for z in zts)
+                    lines = max(lines, least_line_sum(list(zip(moe, rooms)), count["moe"]) + count["dense"] * dense)
+                ends = min(z.first for z in zts) + min(z.last for z in zts)
+                hit = min(hit, max(0.0, lines + ends) / self.vpp)
+            self.memo[key] = hit
+        return hit
 
     def _zero_ways(self, ctx: MixedContext) -> list:
         """Per ZeRO stage, (its least lines over the layers / vpp, the stage, lines + least tail or None until
@@ -617,24 +656,40 @@ class _TpChoiceNode:
         (The rooms by pipeline position, ZeroTerms.room, are left to the families: every stage here is taken at
         the last stage's in-flight count, the same for every vpp, so the rows serve all of a root's vpp, and so does
         the floor: memoized by what it reads, shared with the nodes of the same choices at other vpp.)"""
+        return min(self._floors(ctx).values())
+
+    def memory_zeros(self, ctx: MixedContext) -> frozenset[int]:
+        """The node's ZeRO stages whose memory may hold the layers: those whose floor (_floors) is finite, and
+        ZeRO-0 where ZeRO-1 is one (its floor is not worked out: _memory_zeros)."""
+        floors = self._floors(ctx)
+        fit = {z for z, floor in floors.items() if floor < float("inf")}
+        return frozenset(fit | ({0} if 0 in self.zeros and 1 in fit else set()))
+
+    def _floors(self, ctx: MixedContext) -> dict[int, float]:
+        """memory_floor by ZeRO stage (_memory_zeros), memoized by what it reads."""
         choices = tuple(c for _, c in self._choices(ctx))
         key = (choices, tuple(tuple(self.kmax_of[g][tp] for g, tp in c) for c in choices))
         key += (self.dp, self.cp, self.mbs, self.base, self.ep, _memory_zeros(self.zeros))
-        floor = ctx.caches.memory_floors.get(key)
-        if floor is None:
-            floor = ctx.caches.memory_floors[key] = self._floor_of_choices(ctx, choices)
-        return floor
+        floors = ctx.caches.memory_floors.get(key)
+        if floors is None:
+            floors = ctx.caches.memory_floors[key] = self._floors_of_choices(ctx, choices)
+        return floors
 
-    def _floor_of_choices(self, ctx: MixedContext, choices) -> float:
+    def _floors_of_choices(self, ctx: MixedContext, choices) -> dict[int, float]:
+        """Per ZeRO stage, its memory floor; the kind floor only where the floor over the heavy layers is below the
+        least of the ZeRO stages before it (it cannot lower the least floor), so a floor may be below its own
+        (never above), and is inf only where the stage cannot hold the layers."""
         model, aon = ctx.job.model, ctx.opts.all_or_none_recompute
-        floor = float("inf")
-        for per_zero in zip(*(self._memory_rows(ctx, c) for c in choices)):
+        zeros = _memory_zeros(self.zeros)
+        floors, least = {}, float("inf")
+        for zero, per_zero in zip(zeros, zip(*(self._memory_rows(ctx, c) for c in choices))):
             if any(row is None for row, _ in per_zero):
-                return 0.0
+                return dict.fromkeys(zeros, 0.0)
             kinds = tuple(t for _, t in per_zero)
             rows = tuple(row for row, _ in per_zero)
-            floor = min(floor, _memory_floors(model, rows, None if None in kinds else kinds, floor, aon))
-        return floor
+            floors[zero] = _memory_floors(model, rows, None if None in kinds else kinds, least, aon)
+            least = min(least, floors[zero])
+        return floors
 
     def _memory_rows(self, ctx: MixedContext, choices) -> tuple[tuple[tuple | None, tuple | None], ...]:
         """Per ZeRO stage, (memory_floor group, kind_memory_floor group) of a row standing for its (group, TP)
