@@ -453,37 +453,43 @@ class _TpChoiceNode:
         return least
 
     def _fitting_lines(self, ctx: MixedContext) -> float:
-        """What every candidate of the node (every TP fixed) adds to its schedule in ZeRO-2/3 traffic, at least, at
-        the ZeRO stages whose memory can hold the layers (memory_zeros): each group's layers at its own slope
-        (ZeroTerms.slope; for a model with dense and MoE layers the MoE layers at each group's MoE slope and the
-        dense ones at the least dense slope, as _Family.kind_mix), at most what its stages hold (ZeroTerms.room,
-        its stages last: the most), the cheapest first (least_line_sum), plus the end stages' least constants;
-        in the schedule's sum, so divided by vpp. Worked out when the node comes out of line with its memory
-        terms, so read only where its family would be built next. (Seed-7 suite job 37, DeepSeek-V3 on B200 + H20
-        + H800: where only ZeRO-3 holds the layers, the other stages' lines, 0, stood for it, and the least slope
-        of any group for every layer; its families' bounds were 2-8 times their nodes'. It cut 1,000 of 1,968
-        such nodes.) 0 where a candidate may have one stage (as _zero_tail_term)."""
+        """What every candidate of the node (every TP fixed) adds to its schedule in ZeRO-2/3 traffic, at least: the
+        least over the ZeRO stages whose memory can hold the layers (memory_zeros) of _lines_at; 0 where ZeRO-0 or
+        1 can (no such traffic), or where a candidate may have one stage (as _zero_tail_term). Worked out when the
+        node comes out of line with its memory terms, so only where its family would be built next. (Seed-7 suite
+        job 37, DeepSeek-V3 on B200 + H20 + H800: where only ZeRO-3 holds the layers, ZeRO-1's zero traffic stood
+        for it, and the least slope of any group for every layer; its families' bounds were 2-8 times their
+        nodes'. Of its 1,968 such nodes, 921 built their families instead of 1,773.) Memoized per root."""
         if self.vpp == 1 and sum(1 for tp in self.fixed if tp) < 2:
             return 0.0
         key = ("fitting lines", self.fixed)
         hit = self.memo.get(key)
         if hit is None:
-            L = ctx.job.model.num_layers
-            count = layer_counts(ctx.job.model)
-            his = [self.kmax_of[g][tp] for g, tp in self._flat_choices(ctx)]
-            hit = float("inf")
-            for zero in self.memory_zeros(ctx):
-                zts = self._zero_terms_of(ctx, zero)
-                rooms = [z.room(0, k, self.vpp) for z, k in zip(zts, his)]
-                lines = least_line_sum([(z.slope, room) for z, room in zip(zts, rooms)], L)
-                if count["dense"] and count["moe"]:
-                    moe = [z.kind_slopes[1] if z.kind_slopes else z.slope for z in zts]
-                    dense = min(z.kind_slopes[0] if z.kind_slopes else z.slope for z in zts)
-                    lines = max(lines, least_line_sum(list(zip(moe, rooms)), count["moe"]) + count["dense"] * dense)
-                ends = min(z.first for z in zts) + min(z.last for z in zts)
-                hit = min(hit, max(0.0, lines + ends) / self.vpp)
+            zeros = self.memory_zeros(ctx)
+            if min(zeros, default=2) < 2:
+                hit = 0.0
+            else:
+                hit = min((self._lines_at(ctx, zero) for zero in zeros), default=float("inf"))
             self.memo[key] = hit
         return hit
+
+    def _lines_at(self, ctx: MixedContext, zero: int) -> float:
+        """The least ZeRO-2/3 traffic lines of the node's stages at this ZeRO stage: each group's layers at its own
+        slope (ZeroTerms.slope; for a model with dense and MoE layers the MoE layers at each group's MoE slope and
+        the dense ones at the least dense slope, as _Family.kind_mix), at most what its stages hold (ZeroTerms.room,
+        its stages last: the most), the cheapest first (least_line_sum), plus the end stages' least constants; in
+        the schedule's sum, so divided by vpp."""
+        L = ctx.job.model.num_layers
+        count = layer_counts(ctx.job.model)
+        zts = self._zero_terms_of(ctx, zero)
+        rooms = [z.room(0, self.kmax_of[g][tp], self.vpp) for z, (g, tp) in zip(zts, self._flat_choices(ctx))]
+        lines = least_line_sum([(z.slope, room) for z, room in zip(zts, rooms)], L)
+        if count["dense"] and count["moe"]:
+            moe = [z.kind_slopes[1] if z.kind_slopes else z.slope for z in zts]
+            dense = min(z.kind_slopes[0] if z.kind_slopes else z.slope for z in zts)
+            lines = max(lines, least_line_sum(list(zip(moe, rooms)), count["moe"]) + count["dense"] * dense)
+        ends = min(z.first for z in zts) + min(z.last for z in zts)
+        return max(0.0, lines + ends) / self.vpp
 
     def _zero_ways(self, ctx: MixedContext) -> list:
         """Per ZeRO stage, (its least lines over the layers / vpp, the stage, lines + least tail or None until
