@@ -2186,6 +2186,29 @@ def test_least_line_sum_fills_the_cheapest_rows_first():
     assert least_line_sum([(1.0, float("inf"))], 5) == 5.0
 
 
+def test_whole_layer_slack_is_the_least_time_over_whole_recompute_counts_that_fit():
+    """mixed_pipeline_bounds.whole_layer_slack: n layers at a seconds each plus rc per recomputed layer, the fewest
+    whole layers recomputed (each frees beta of its alpha bytes) that fit the room, checked by enumeration; inf
+    where none fits; never below quick.layer_slack, its relaxed form, and above it somewhere."""
+    from planner.search.mixed_pipeline_bounds import whole_layer_slack
+
+    rng = random.Random(3)
+    above = 0
+    for _ in range(400):
+        alpha = rng.uniform(1.0, 3.0)
+        beta = rng.uniform(0.2, 1.0) * alpha
+        room, a, rc = rng.uniform(0.0, 12.0), rng.uniform(0.1, 1.0), rng.uniform(0.0, 0.5)
+        for n in range(1, 9):
+            fits = [r for r in range(n + 1) if n * alpha - r * beta <= room + 1e-9]
+            want = n * a + min(fits) * rc if fits else float("inf")
+            got = whole_layer_slack(n, room, alpha, beta, a, rc)
+            assert got == pytest.approx(want) if fits else got == float("inf"), (n, room, alpha, beta)
+            relaxed = quick.layer_slack(n, room, alpha, beta, a, rc)
+            assert got >= relaxed * (1 - 1e-12) or rc == 0.0
+            above += got > relaxed * (1 + 1e-9)
+    assert above
+
+
 def test_the_tail_trial_stays_on_while_its_term_cuts_and_probes_when_it_does_not():
     """TailTrial: on while at least TAIL_PAYS of its tries cut; below that, every TAIL_PROBE-th call only, and on
     again once the probes' cuts bring the share back up."""

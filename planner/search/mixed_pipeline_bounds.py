@@ -1227,6 +1227,8 @@ def refined_bound(
     light = fam.kind_counts[0] * min(xs)
     heavy = _heavy_memory(ctx, c, sms)  # what the memory bounds below read of each stage
     need = heavy_kind(ctx.job.model)[1]
+    # the memory bottleneck's heavy layers with what their stage's ZeRO-2/3 line adds per layer (as rows' a)
+    lifted = _lifted(heavy, [r.a - sm.layer_floor() for r, sm in zip(rows, sms)], kind_lift if fam.kinds else None)
     work = max(work, sum(cst) + light + memory_work(heavy, plain_ys, need, fam.kinds is None))
     # the largest DP tail: at least each stage's least, and the layers must sit somewhere (stages_tail_bottleneck)
     reaches = [r.tail_profile.reach for r in rows]
@@ -1240,7 +1242,7 @@ def refined_bound(
     if kind_memory is not None and (probe is None or T < probe):
         T = max(T, _kind_memory_bottleneck(kind_memory, cst, layers, probe))
     if probe is None or T < probe:
-        T = max(T, _memory_bottleneck(heavy, need, cst, ctx.job.model, probe, v))
+        T = max(T, _memory_bottleneck(lifted, need, cst, ctx.job.model, probe, v))
     interleaved = windows is not None and ctx.job.model.all_moe_from == layers  # (else moe_from places the kinds)
     if interleaved and v == 1 and probe is not None and T < probe:
         # the runs of layers in their places: the stages cannot hold them within the probe, so T is above it
@@ -1257,7 +1259,7 @@ def refined_bound(
     if probe is not None:  # not cut by the bottleneck alone: its exact value, for the DP tail's turn below
         if windows is not None:
             by_kind = max(by_kind, block_bottleneck(xs, ys, windows, cst, layer_caps, layers, None, moe_from))
-        by_memory = _memory_bottleneck(heavy, need, cst, ctx.job.model, None, v)
+        by_memory = _memory_bottleneck(lifted, need, cst, ctx.job.model, None, v)
         T = max(_capped_bottleneck(a, cst, caps, L), by_kind, by_memory)
         if kind_memory is not None:
             T = max(T, _kind_memory_bottleneck(kind_memory, cst, layers))
@@ -1278,8 +1280,7 @@ def _stage_time_floors(heavy, rows, per_layer, cst, caps, kind_memory, v: int):
     inf where it cannot hold them) for least_schedule_with_tail: the largest of cst_s + q a_s (``per_layer``'s a:
     seconds per chunk), _layer_time at q v layers (the fewest MoE layers any q v consecutive ones have) and the
     recompute its memory forces: kind_memory (dense and MoE layers, _kind_memory_times) or, with one kind,
-    quick.layer_slack over the stage's memory terms (``heavy``: _heavy_memory; the ceiling relaxed, as
-    least_forced_work)."""
+    whole_layer_slack over the stage's memory terms (``heavy``: _heavy_memory)."""
     a, xs, ys, windows = per_layer
     out = []
     for s, (room, alpha, beta, _, rc, _) in enumerate(heavy):
@@ -1290,10 +1291,26 @@ def _stage_time_floors(heavy, rows, per_layer, cst, caps, kind_memory, v: int):
             if kind_memory is not None:
                 t = max(t, cst[s] + kind_memory[s][n - 1]) if n <= len(kind_memory[s]) else float("inf")
             elif beta <= alpha:  # (a recomputed layer frees at most what it keeps: as least_forced_work)
-                t = max(t, cst[s] + layer_slack(n, room, alpha, beta, rows[s].a, rc))
+                t = max(t, cst[s] + whole_layer_slack(n, room, alpha, beta, rows[s].a, rc))
             floors.append(t)
         out.append(floors)
     return out
+
+
+def whole_layer_slack(n: int, room: float, alpha: float, beta: float, a: float, rc: float) -> float:
+    """The least seconds a stage spends on n layers when it recomputes just enough whole layers to fit: n a plus
+    rc per recomputed layer, r(n) = ceil((n alpha - room) / beta) of them (the per-stage rule of
+    quick.memory_bottleneck and _memory_bottleneck); inf where even every layer recomputed does not fit.
+    quick.layer_slack is the same with the ceiling relaxed (convex in n, for least_forced_work's greedy sum); a
+    stage's floor at one count needs no convexity, and with a few layers per stage the ceiling is worth a whole
+    layer's recompute (seed-4 suite job 26, Llama 3 405B on 49 stages of L40S and A10: 4.5% of its bound)."""
+    over = n * alpha - room
+    if over <= 0:
+        return n * a
+    if beta <= 0:
+        return float("inf")
+    r = math.ceil(over / beta - 1e-9)
+    return n * a + r * rc if r <= n else float("inf")
 
 
 def _layer_time(x: float, y: float, windows, const: float, n: int) -> float:
@@ -1376,6 +1393,18 @@ def _heavy_memory(ctx: MixedContext, c: HeteroCandidate, sms: list[StageModel]) 
         room, alpha, beta, cap = ctx.stage_terms(sm, g, s)
         kind = sm.kinds[heavy]
         out.append((room, alpha, beta, kind.layer_floor(), kind.recompute_floor(), cap))
+    return out
+
+
+def _lifted(heavy, lift, kind_lift=None) -> list[tuple]:
+    """``heavy`` (_heavy_memory) with each stage's heavy layer taking what its ZeRO-2/3 traffic line adds per layer
+    too (MixedContext.sharded_line: valid at every layer and recompute count, as the stage rows' per-layer
+    seconds read it): ``lift``, or the MoE slope of ``kind_lift`` (MixedContext.sharded_kinds) where the stage
+    has one."""
+    out = []
+    for s, (room, alpha, beta, a, rc, cap) in enumerate(heavy):
+        extra = kind_lift[s][1] if kind_lift is not None and kind_lift[s] else lift[s]
+        out.append((room, alpha, beta, a + extra, rc, cap))
     return out
 
 
