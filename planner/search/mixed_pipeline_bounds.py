@@ -304,7 +304,7 @@ def pipeline_sends(lo, v: int) -> bool:
 def least_line_sum(rows, need: int) -> float:
     """The least sum of per-layer seconds when ``need`` layers go to rows of (seconds per layer, most layers): the
     cheapest rows filled first (a fractional knapsack; integral here, as every row's most is whole). inf where
-    the rows cannot hold them. The ZeRO-2/3 traffic lines of a TP-choice node (_TpChoiceNode._zero_ways): each
+    the rows cannot hold them. The ZeRO-2/3 traffic lines of a TP-choice node (_TpChoiceNode._lines_at): each
     group's layers at its own slope, at most what its memory holds (ZeroTerms.room), instead of every layer at
     the least slope of any group."""
     total, left = 0.0, need
@@ -1185,8 +1185,9 @@ def refined_bound(
     rows = _stage_bounds(ctx, c, sms)
     caps, a, const = [r.cap for r in rows], [r.a for r in rows], [r.const for r in rows]
     xs = ys = a  # per layer, by kind (one kind: windows None)
+    lift = [r.a - sm.layer_floor() for r, sm in zip(rows, sms)]  # what the stage adds per layer (ZeRO-2/3 line)
+    kind_lift = None  # per stage, its ZeRO-2/3 slope of each kind where it has them
     if fam.kinds is not None:  # dense and MoE layers counted apart (KindMix), stage by stage, in layers
-        lift = [r.a - sm.layer_floor() for r, sm in zip(rows, sms)]  # what the stage adds per layer (ZeRO-2/3 line)
         # each kind its own ZeRO-2/3 slope where the stage has one (MixedContext.sharded_kinds)
         kind_lift = [ctx.sharded_kinds(sm, s) for s, sm in enumerate(sms)]
         xs = [(k[0] if k else z) + sm.kinds["dense"].layer_floor() for k, z, sm in zip(kind_lift, lift, sms)]
@@ -1228,7 +1229,7 @@ def refined_bound(
     heavy = _heavy_memory(ctx, c, sms)  # what the memory bounds below read of each stage
     need = heavy_kind(ctx.job.model)[1]
     # the memory bottleneck's heavy layers with what their stage's ZeRO-2/3 line adds per layer (as rows' a)
-    lifted = _lifted(heavy, [r.a - sm.layer_floor() for r, sm in zip(rows, sms)], kind_lift if fam.kinds else None)
+    lifted = _lifted(heavy, lift, kind_lift)
     work = max(work, sum(cst) + light + memory_work(heavy, plain_ys, need, fam.kinds is None))
     # the largest DP tail: at least each stage's least, and the layers must sit somewhere (stages_tail_bottleneck)
     reaches = [r.tail_profile.reach for r in rows]

@@ -662,7 +662,7 @@ class _TpChoiceNode:
         (The rooms by pipeline position, ZeroTerms.room, are left to the families: every stage here is taken at
         the last stage's in-flight count, the same for every vpp, so the rows serve all of a root's vpp, and so does
         the floor: memoized by what it reads, shared with the nodes of the same choices at other vpp.)"""
-        return min(self._floors(ctx).values())
+        return min(self._floors(ctx).values(), default=float("inf"))
 
     def memory_zeros(self, ctx: MixedContext) -> frozenset[int]:
         """The node's ZeRO stages whose memory may hold the layers: those whose floor (_floors) is finite, and
