@@ -357,6 +357,11 @@ class ZeroTerms:
         least of each; the dense one may be below 0 and ``slope``), else None and ``slope`` stands for both."""
         return self._lines[3]
 
+    @property
+    def slopes(self) -> tuple[float, float]:
+        """(dense, MoE) slopes: kind_slopes where the group has them, else ``slope`` for both."""
+        return self._lines[3] or (self._lines[0], self._lines[0])
+
     @functools.cached_property
     def _tails(self) -> ZeroTails:
         return _NO_TAILS if self.make_tails is None else self.make_tails()

@@ -26,7 +26,7 @@ from planner.search.mixed_context import (
     moe_windows,
     window_start,
 )
-from planner.search.quick import layer_slack
+from planner.search.quick import fill_cheapest, layer_slack, whole_layer_slack
 
 # Relative width at which the bottleneck bisections stop. Their lower end is a valid bound at every step, so a
 # coarser width only weakens the bound (by at most this share) and saves iterations; 1e-5 is a tenth of the
@@ -307,13 +307,7 @@ def least_line_sum(rows, need: int) -> float:
     the rows cannot hold them. The ZeRO-2/3 traffic lines of a TP-choice node (_TpChoiceNode._lines_at): each
     group's layers at its own slope, at most what its memory holds (ZeroTerms.room), instead of every layer at
     the least slope of any group."""
-    total, left = 0.0, need
-    for slope, most in sorted(rows):
-        if left <= 0:
-            break
-        take = min(left, most)
-        total += take * slope
-        left -= take
+    total, left = fill_cheapest(rows, need)
     return total if left <= 0 else float("inf")
 
 
@@ -1281,7 +1275,7 @@ def _stage_time_floors(heavy, rows, per_layer, cst, caps, kind_memory, v: int):
     inf where it cannot hold them) for least_schedule_with_tail: the largest of cst_s + q a_s (``per_layer``'s a:
     seconds per chunk), _layer_time at q v layers (the fewest MoE layers any q v consecutive ones have) and the
     recompute its memory forces: kind_memory (dense and MoE layers, _kind_memory_times) or, with one kind,
-    whole_layer_slack over the stage's memory terms (``heavy``: _heavy_memory)."""
+    quick.whole_layer_slack over the stage's memory terms (``heavy``: _heavy_memory)."""
     a, xs, ys, windows = per_layer
     out = []
     for s, (room, alpha, beta, _, rc, _) in enumerate(heavy):
@@ -1296,22 +1290,6 @@ def _stage_time_floors(heavy, rows, per_layer, cst, caps, kind_memory, v: int):
             floors.append(t)
         out.append(floors)
     return out
-
-
-def whole_layer_slack(n: int, room: float, alpha: float, beta: float, a: float, rc: float) -> float:
-    """The least seconds a stage spends on n layers when it recomputes just enough whole layers to fit: n a plus
-    rc per recomputed layer, r(n) = ceil((n alpha - room) / beta) of them (the per-stage rule of
-    quick.memory_bottleneck and _memory_bottleneck); inf where even every layer recomputed does not fit.
-    quick.layer_slack is the same with the ceiling relaxed (convex in n, for least_forced_work's greedy sum); a
-    stage's floor at one count needs no convexity, and with a few layers per stage the ceiling is worth a whole
-    layer's recompute (seed-4 suite job 26, Llama 3 405B on 49 stages of L40S and A10: 4.5% of its bound)."""
-    over = n * alpha - room
-    if over <= 0:
-        return n * a
-    if beta <= 0:
-        return float("inf")
-    r = math.ceil(over / beta - 1e-9)
-    return n * a + r * rc if r <= n else float("inf")
 
 
 def _layer_time(x: float, y: float, windows, const: float, n: int) -> float:
@@ -1474,11 +1452,7 @@ def _memory_bottleneck(heavy, need: int, cst: list[float], m, probe: float | Non
                     n = int(room / alpha)
                 if alpha > beta:
                     n = min(n, int(room / (alpha - beta)))  # even with every layer recomputed
-            while n > 0:
-                over = n * alpha - room
-                r = 0 if over <= 0 else (-(-over // beta) if beta > 0 else n + 1)
-                if r <= n and n * a + r * rc + const <= T * (1 + 1e-12):
-                    break
+            while n > 0 and whole_layer_slack(n, room, alpha, beta, a, rc) + const > T * (1 + 1e-12):
                 n -= 1
             total += n - n % chunk  # fewer layers only take less time and memory
         return total

@@ -439,8 +439,8 @@ class _TpChoiceNode:
         with the least lines first: one whose lines reach the least so far is not worked out (_zero_ways). (On
         seed-5 suite job 10, whose DP tails are far above its schedule, it cut 63-69% of the nodes it was worked
         out for: proven in 51 s of one process, against a 5.1% gap after 60 s without it.)"""
-        if self.vpp == 1 and sum(1 for tp in self.fixed if tp) < 2:
-            return 0.0  # (one stage possible: pipeline_sends)
+        if self._one_stage_possible():
+            return 0.0
         ways = self._zero_ways(ctx)
         least = float("inf")
         for i, (lines, zero, value) in enumerate(ways):
@@ -452,6 +452,11 @@ class _TpChoiceNode:
             least = min(least, value)
         return least
 
+    def _one_stage_possible(self) -> bool:
+        """Whether a candidate of the node (every TP fixed) may have one stage, where ZeroTerms' lines and tails,
+        which hold at two stages or more, do not hold (pipeline_sends)."""
+        return self.vpp == 1 and sum(1 for tp in self.fixed if tp) < 2
+
     def _fitting_lines(self, ctx: MixedContext) -> float:
         """What every candidate of the node (every TP fixed) adds to its schedule in ZeRO-2/3 traffic, at least: the
         least over the ZeRO stages whose memory can hold the layers (memory_zeros) of _lines_at; 0 where ZeRO-0 or
@@ -460,7 +465,7 @@ class _TpChoiceNode:
         job 37, DeepSeek-V3 on B200 + H20 + H800: where only ZeRO-3 holds the layers, ZeRO-1's zero traffic stood
         for it, and the least slope of any group for every layer; its families' bounds were 2-8 times their
         nodes'. Of its 1,968 such nodes, 921 built their families instead of 1,773.) Memoized per root."""
-        if self.vpp == 1 and sum(1 for tp in self.fixed if tp) < 2:
+        if self._one_stage_possible():
             return 0.0
         key = ("fitting lines", self.fixed)
         hit = self.memo.get(key)
@@ -485,8 +490,8 @@ class _TpChoiceNode:
         rooms = [z.room(0, self.kmax_of[g][tp], self.vpp) for z, (g, tp) in zip(zts, self._flat_choices(ctx))]
         lines = least_line_sum([(z.slope, room) for z, room in zip(zts, rooms)], L)
         if count["dense"] and count["moe"]:
-            moe = [z.kind_slopes[1] if z.kind_slopes else z.slope for z in zts]
-            dense = min(z.kind_slopes[0] if z.kind_slopes else z.slope for z in zts)
+            moe = [z.slopes[1] for z in zts]
+            dense = min(z.slopes[0] for z in zts)
             lines = max(lines, least_line_sum(list(zip(moe, rooms)), count["moe"]) + count["dense"] * dense)
         ends = min(z.first for z in zts) + min(z.last for z in zts)
         return max(0.0, lines + ends) / self.vpp
@@ -919,9 +924,9 @@ class _Family:
         if not zt:
             none = (0.0,) * len(self.kinds)
             return KindMix.of(self.kinds, none, self.ends, self.kind_counts, ordered, None, moe_from, self.lead)
-        # each kind its own slope where the group has them (ZeroTerms.kind_slopes)
-        dense = [z.kind_slopes[0] if z.kind_slopes else z.slope for z in zt]
-        moe = [z.kind_slopes[1] if z.kind_slopes else z.slope for z in zt]
+        # each kind its own slope where the group has them (ZeroTerms.slopes)
+        dense = [z.slopes[0] for z in zt]
+        moe = [z.slopes[1] for z in zt]
         return KindMix.of(self.kinds, dense, self._lined(zt)[1], self.kind_counts, ordered, moe, moe_from, self.lead)
 
     @functools.cached_property
