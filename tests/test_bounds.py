@@ -1173,6 +1173,58 @@ def test_whole_chunk_bottleneck_of_groups_with_open_choices_is_below_every_choic
     assert tighter
 
 
+def test_whole_chunk_bottleneck_with_a_stage_cap_is_below_every_split_within_it():
+    """With ``most`` (box_bound's max_stages: an interleaved family runs at some depths only), whole_chunk_bottleneck
+    is at most the slowest stage of every candidate of at most ``most`` stages (k_g <= hi_g per group, in pipeline
+    order, every split into whole chunks), for fixed groups and for groups given as their open TP choices (each
+    assignment of one choice or none); and above the bound without the cap somewhere, for each."""
+    from planner.search.mixed_pipeline_bounds import Ends, whole_chunk_bottleneck
+
+    rng = random.Random(5)
+    tighter = {False: 0, True: 0}
+    for case in range(500):
+        n = rng.randint(1, 3)
+        v = rng.choice([1, 2, 3])
+        L = v * rng.randint(3, 8)
+        choices = [
+            tuple((rng.randint(1, 4), rng.uniform(0.5, 2.0), rng.uniform(0.0, 0.3)) for _ in range(2)) for _ in range(n)
+        ]
+        open_ = [n > 1 and g > 0 and case % 2 == 1 for g in range(n)]  # (odd cases: groups after the first open)
+        a, hi, ys, relaxed = [], [], [], []
+        for g in range(n):
+            if open_[g]:
+                fast = min(x for _, x, _ in choices[g])
+                a.append(fast)
+                hi.append(fast * max(k / x for k, x, _ in choices[g]))
+                ys.append(min(y for _, _, y in choices[g]))
+                relaxed.append(choices[g])
+            else:
+                k, x, y = choices[g][0]
+                a.append(x), hi.append(k), ys.append(y), relaxed.append(False)
+        ends = Ends.least([Ends.row(x, (0.0, 0.0)) for x in a]) if any(open_) else Ends.of(a, [(0.2, 0.3)] * n, 0, n - 1)
+        send = ys if n > 1 and rng.random() < 0.7 else None
+        most = rng.randint(1, L // v)
+        bound = whole_chunk_bottleneck(a, hi, ends, L, send, v, 0.0, tuple(relaxed), most)
+        free = whole_chunk_bottleneck(a, hi, ends, L, send, v, 0.0, tuple(relaxed))
+        assert bound >= free * (1 - 1e-12)
+        tighter[any(open_)] += bound > free * (1 + 1e-6)
+        best = float("inf")
+        for pick in itertools.product(*[range(-1, 2) if open_[g] else (0,) for g in range(n)]):
+            rows = [choices[g][c] for g, c in enumerate(pick) if c >= 0]
+            for ks in itertools.product(*[range(1, k + 1) for k, _, _ in rows]):
+                P = sum(ks)
+                if P > most:
+                    continue
+                stage_x = [x for (_, x, _), k in zip(rows, ks) for _ in range(k)]
+                const = [0.0 if send is None else y for (_, _, y), k in zip(rows, ks) for _ in range(k)]
+                const[0] += ends.emb
+                const[-1] += ends.logits
+                for chunks in compositions(L // v, P):
+                    best = min(best, max(v * c * x + ci for c, x, ci in zip(chunks, stage_x, const)))
+        assert bound <= best * SLACK, (case, choices, open_, most, v, L)
+    assert all(tighter.values()), tighter
+
+
 def windows_of(moe: list[bool]) -> tuple[list[int], list[int]]:
     """(fewest, most) MoE layers in any n consecutive layers of a kind sequence, n = 0..L (moe_windows' form)."""
     L = len(moe)

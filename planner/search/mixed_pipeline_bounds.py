@@ -261,13 +261,14 @@ def box_bound_reach(
         if early >= target:
             return early, T
     if whole:
-        T = whole_chunk_bottleneck(a, hi, ends, L, send if sends else None, v, T, relaxed)
+        most = cap  # (whole_chunk_bottleneck reads it where the stages exceed it)
+        T = whole_chunk_bottleneck(a, hi, ends, L, send if sends else None, v, T, relaxed, most)
         if mix is not None and mix.moe:
             # the MoE layers in whole layers: a stage holding e of them takes at least e y_g + its constant (its
             # dense layers only add), so the stages hold them only where sum floor((T - c) / y_g) reaches E
             # (a relaxed group's choices carry their seconds per layer of any kind: here its MoE row stands for them)
             moe_sends, shares = send if sends else None, tuple(bool(r) for r in relaxed)
-            T = whole_chunk_bottleneck(mix.moe, hi, mix.ends, mix.moe_layers, moe_sends, 1, T, shares)
+            T = whole_chunk_bottleneck(mix.moe, hi, mix.ends, mix.moe_layers, moe_sends, 1, T, shares, most)
     if whole and not any(relaxed):
         fixed = ends.emb + ends.logits + sum(k * y for k, y in zip(lo, ys))
         split = moe_split(a, lo, hi, ys, ends, mix) if mix is not None and mix.moe and mix.lead else None
@@ -281,7 +282,7 @@ def box_bound_reach(
             if plain >= target:
                 return plain, T
         a, lo, hi, ys, ends, rows = split
-        at = whole_chunk_bottleneck(a, hi, ends, L, ys if sends else None, v, T)
+        at = whole_chunk_bottleneck(a, hi, ends, L, ys if sends else None, v, T, most=most)
         tails = _split_tails(tails, rows) if tails is not None else None
         value = _box_schedule((a, lo, hi, ys, L, at, m - 1 / v, v, fixed, total), tails, target)
         return (value, at) if value >= plain else (plain, T)
@@ -645,7 +646,9 @@ def _capped_schedule_floor(sched: tuple, caps) -> float:
         M = step
 
 
-def whole_chunk_bottleneck(a, hi, ends: Ends, L: int, send, v: int, start: float, relaxed=()) -> float:
+def whole_chunk_bottleneck(
+    a, hi, ends: Ends, L: int, send, v: int, start: float, relaxed=(), most: int | None = None
+) -> float:
     """Smallest bottleneck T >= ``start`` (a valid bound on it) at which hi_g stages per group hold the L layers in
     whole chunks of v: a stage of group g with constant seconds c (its sends, and with ordered ``ends`` the
     embedding on the first group's first stage and the logits on the last group's last; unordered, the embedding on
@@ -658,7 +661,11 @@ def whole_chunk_bottleneck(a, hi, ends: Ends, L: int, send, v: int, start: float
     two steps the held chunks grow linearly: solved there. A relaxed group given as its choices instead (a tuple of
     (stages, seconds per layer, sends) per TP choice, the group's TP still open) holds what its best choice holds in
     whole chunks: it runs at one of them (or none), whose at most k stages hold at most k floor((T - c) / (v a))
-    chunks, which is at most the continuous share of its best throughput."""
+    chunks, which is at most the continuous share of its best throughput. ``most``: where no group is relaxed, the
+    most stages a candidate has (box_bound's max_stages): where the groups' hi add up to more, at most that many of
+    the stages hold the chunks, the roomiest at each T (an interleaved family at mb = 16 runs at 16 stages only, so
+    its 20-stage boxes held 60 layers in 3-layer chunks at one chunk per stage, its candidates needing two on some
+    stages)."""
     ys = send or (0.0,) * len(a)
     picks = []  # per relaxed group given as its choices: (stages, constant s, s per chunk) per choice
     if any(relaxed):
@@ -691,31 +698,41 @@ def whole_chunk_bottleneck(a, hi, ends: Ends, L: int, send, v: int, start: float
             if k > 0:
                 stages.append((k, y, v * x))
     need = L // v
+    # (a relaxed group given as its choices: at most its most stages, of any of its choices' rooms)
+    limits = [max(k for k, _, _ in options) for options in picks]
+    capped = most is not None and not free and sum(k for k, _, _ in stages) + sum(limits) > most
     T = start
     while True:
         held, step = 0, float("inf")
+        counts = []
         for k, c, u in stages:
             q = math.floor((T - c) / u + 1e-9)  # (rounding: a chunk that just fits is held)
             if q > 0:
                 held += k * q
                 nxt = c + (q + 1) * u
+                if capped:
+                    counts.append((q, k, None))
             else:
                 nxt = c + u
             if nxt < step:
                 step = nxt
-        for options in picks:  # a relaxed group at its best choice
-            most = 0
+        for g, options in enumerate(picks):  # a relaxed group at its best choice
+            best = 0
             for k, c, u in options:
                 q = math.floor((T - c) / u + 1e-9)
                 if q > 0:
-                    if k * q > most:
-                        most = k * q
+                    if k * q > best:
+                        best = k * q
                     nxt = c + (q + 1) * u
+                    if capped:
+                        counts.append((q, k, g))
                 else:
                     nxt = c + u
                 if nxt < step:
                     step = nxt
-            held += most
+            held += best
+        if capped:
+            held = min(held, _roomiest(counts, most, limits))
         rate = 0.0  # chunks per second the relaxed groups add from T on (each from its own c)
         for k, c, u in free:
             if T >= c:
@@ -728,6 +745,23 @@ def whole_chunk_bottleneck(a, hi, ends: Ends, L: int, send, v: int, start: float
         if rate > 0 and T + (need - held) / rate <= step:
             return T + (need - held) / rate
         T = step
+
+
+def _roomiest(counts, most: int, limits=()) -> int:
+    """The most chunks ``most`` stages hold, ``counts`` as (chunks a stage holds, stages, relaxed group or None)
+    rows, a relaxed group g's rows together at most limits[g] stages: the roomiest first (greedy is exact for a
+    total limit over per-group limits)."""
+    held, left = 0, most
+    left_of = list(limits)
+    for q, k, g in sorted(counts, key=lambda r: r[0], reverse=True):
+        take = min(k, left) if g is None else min(k, left, left_of[g])
+        if g is not None:
+            left_of[g] -= take
+        held += take * q
+        left -= take
+        if not left:
+            break
+    return held
 
 
 def tail_bottleneck(reaches, his, L: int, levels: list[float] | None = None, v: int = 1) -> float:
