@@ -1201,7 +1201,9 @@ def test_whole_chunk_bottleneck_with_a_stage_cap_is_below_every_split_within_it(
             else:
                 k, x, y = choices[g][0]
                 a.append(x), hi.append(k), ys.append(y), relaxed.append(False)
-        ends = Ends.least([Ends.row(x, (0.0, 0.0)) for x in a]) if any(open_) else Ends.of(a, [(0.2, 0.3)] * n, 0, n - 1)
+        ends = (
+            Ends.least([Ends.row(x, (0.0, 0.0)) for x in a]) if any(open_) else Ends.of(a, [(0.2, 0.3)] * n, 0, n - 1)
+        )
         send = ys if n > 1 and rng.random() < 0.7 else None
         most = rng.randint(1, L // v)
         bound = whole_chunk_bottleneck(a, hi, ends, L, send, v, 0.0, tuple(relaxed), most)
