@@ -1007,6 +1007,35 @@ def test_tail_bottleneck_is_below_every_split_of_the_layers(v):
     assert equal > 50 and (above > 10) == (v > 1)
 
 
+@pytest.mark.parametrize("v", [1, 2])
+def test_tail_bottleneck_with_a_stage_cap_is_below_every_split_within_it(v):
+    """tail_bottleneck with ``most`` (the deepest depth an interleaved family or TP-choice node runs at) against
+    every split of the layers in whole chunks over k_g <= hi_g stages per group with at most ``most`` stages in
+    all: at or below the least largest tail of each, and above the bound without the cap somewhere."""
+    from planner.search.mixed_pipeline_bounds import tail_bottleneck
+
+    rng = random.Random(7)
+    above = 0
+    for _ in range(300):
+        L, groups = v * rng.randint(2, 7 // v + 1), rng.randint(1, 3)
+        reaches = [
+            tuple(itertools.accumulate(rng.choice((0.0, 0.5, 1.0, 2.0)) for _ in range(L))) for _ in range(groups)
+        ]
+        his = [rng.randint(1, 3) for _ in range(groups)]
+        most = rng.randint(1, L // v)
+        best = float("inf")
+        for ks in itertools.product(*(range(1, h + 1) for h in his)):
+            owners = [g for g, k in enumerate(ks) for _ in range(k)]
+            if len(owners) > most:
+                continue
+            for split in compositions(L // v, len(owners)):
+                best = min(best, max(reaches[g][v * n - 1] for g, n in zip(owners, split)))
+        bound = tail_bottleneck(reaches, his, L, v=v, most=most)
+        assert bound <= best + 1e-12, (reaches, his, L, most)
+        above += bound > tail_bottleneck(reaches, his, L, v=v)
+    assert above > 10
+
+
 def test_stages_tail_bottleneck_is_below_every_split_into_whole_chunks():
     """mixed_pipeline_bounds.stages_tail_bottleneck (the refined bound's: one reach per stage, TailProfile.reach
     from n = 0) against every split of L layers in whole chunks of v over the stages: never above the least

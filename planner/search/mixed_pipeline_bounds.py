@@ -764,15 +764,18 @@ def _roomiest(counts, most: int, limits=()) -> int:
     return held
 
 
-def tail_bottleneck(reaches, his, L: int, levels: list[float] | None = None, v: int = 1) -> float:
+def tail_bottleneck(
+    reaches, his, L: int, levels: list[float] | None = None, v: int = 1, most: int | None = None
+) -> float:
     """The least DP tail the largest stage tail can have when at most his[g] stages of group g hold the L layers,
     a stage of group g holding n layers with tail at least reaches[g][n - 1] (ZeroTerms.reach: grows with n): the
     smallest tau at which sum_g his[g] * (the most layers a stage of g holds within tau) >= L. (A plan whose
     largest tail is below it holds fewer than L layers.) 0 with no reaches. ``levels``: merged_levels(reaches),
-    where the caller keeps it; ``v``: a stage holds whole chunks of v layers."""
+    where the caller keeps it; ``v``: a stage holds whole chunks of v layers; ``most``: the most stages a plan has
+    (least_level's)."""
     if not reaches or any(not r for r in reaches):
         return 0.0
-    return least_level(tuple(zip(his, reaches)), L, levels, v)
+    return least_level(tuple(zip(his, reaches)), L, levels, v, most)
 
 
 def stages_tail_bottleneck(reaches, L: int, v: int = 1) -> float:
@@ -792,14 +795,24 @@ def merged_levels(value_lists) -> list[float]:
     return levels
 
 
-def least_level(rows, L: int, levels: list[float] | None = None, chunk: int = 1) -> float:
+def least_level(rows, L: int, levels: list[float] | None = None, chunk: int = 1, most: int | None = None) -> float:
     """The smallest level x at which the stages hold L layers, ``rows`` (stages, values) per group: each of its at
     most ``stages`` stages holds n layers only where values[n - 1] <= x (values grow with n). It is one of the
     values (where the layers held step up), found by bisection over them; inf where even the largest does not
     reach L. ``levels``: merged_levels of the values of these rows (or of more rows: the least level holding L
     layers is still the first of them that does), else worked out here. ``chunk``: a stage holds whole chunks of
-    that many layers."""
+    that many layers. ``most``: where the rows' stages add up to more, at most that many of them hold the layers,
+    the roomiest at each level (_roomiest, as whole_chunk_bottleneck's cap)."""
     rows = [(k, values) for k, values in rows if k > 0]
+    if most is not None and sum(k for k, _ in rows) > most:  # at most ``most`` stages: the roomiest at x
+
+        def held(x: float) -> int:
+            counts = [(bisect.bisect_right(values, x) // chunk * chunk, k, None) for k, values in rows]
+            return _roomiest(counts, most)
+
+        if levels is None:
+            levels = merged_levels(values for _, values in rows)
+        return _first_level(held, levels, L)
 
     def held(x: float) -> int:
         if chunk > 1:

@@ -515,7 +515,8 @@ class _TpChoiceNode:
         """``lines`` plus the least DP tail at which the node's stages hold the layers at this ZeRO stage."""
         his = [self.kmax_of[g][tp] for g, tp in self._flat_choices(ctx)]
         reaches = [z.reach(self.vpp) for z in self._zero_terms_of(ctx, zero)]
-        return lines + tail_bottleneck(reaches, his, ctx.job.model.num_layers, None, self.vpp)
+        most = self._deepest(ctx) if _depths(ctx, self.vpp, self.mb) is not None else None
+        return lines + tail_bottleneck(reaches, his, ctx.job.model.num_layers, None, self.vpp, most or None)
 
     def _zero_terms_of(self, ctx: MixedContext, zero: int) -> list[ZeroTerms]:
         """The ZeroTerms of the node's (group, TP) choices (_flat_choices) at this ZeRO stage."""
@@ -1109,11 +1110,12 @@ class _Family:
         hit = self._box_memo.get(key)
         if hit is None:
             reaches, levels = self._reaches(zt), self._levels(zt)
-            bottleneck = tail_bottleneck(reaches, hi, L, levels, self.vpp)
+            bottleneck = tail_bottleneck(reaches, hi, L, levels, self.vpp, self.deepest)
             if split is not None:  # (box_bound's rows: MoE-only stages at their own reaches)
                 rows, _, his = split
                 split_reaches = row_reaches(reaches, self._moe_reaches(zt), rows)
-                bottleneck = max(bottleneck, tail_bottleneck(split_reaches, his, L, levels, self.vpp))
+                tail = tail_bottleneck(split_reaches, his, L, levels, self.vpp, self.deepest)
+                bottleneck = max(bottleneck, tail)
             hit = self._box_memo[key] = max(self._tail(zt), bottleneck)
         key = ("ends", id(zt), sum(lo), self.prefix[:1], self.last)
         ends = self._box_memo.get(key)
