@@ -652,6 +652,42 @@ def test_a_box_prices_its_stages_past_the_dense_layers_at_moe_layers():
         assert with_rows[i] <= best.fit_time * SLACK, (c.groups, lo, hi)
 
 
+def test_a_box_prices_the_layers_of_a_stage_before_the_dense_layers_end_at_moe_layers():
+    """A box's stages that may hold MOE6's one dense layer hold MoE layers after it: the least work of the box's
+    schedule (box_schedule_time's ``priced``, _priced) takes every layer at its group's MoE-layer seconds, less
+    the one dense layer's saving at the largest gap, instead of every layer of such a stage at the cheaper kind.
+    Some boxes of several candidates are raised by it (against the bound without it), and every box bound is at
+    most the brute-force best plan of every candidate in the box."""
+    from planner.search import mixed_pipeline_bounds
+
+    j = mixed_job(MOE6)
+    ctx = search_context(j)
+    L = j.model.num_layers
+    rng = random.Random(9)
+    boxes = []
+    for _, fam, c in candidates_with_bounds(ctx):
+        if fam.kinds is None:
+            continue
+        ks = tuple(k for _, _, k in c.groups)
+        lo = tuple(rng.randint(1, k) for k in ks)
+        hi = tuple(k + rng.randint(0, 2) for k in ks)
+        boxes.append((fam, lo, hi, c))
+    priced = mixed_pipeline_bounds._priced
+    try:
+        mixed_pipeline_bounds._priced = lambda *_: None
+        without = [dataclasses.replace(fam).bound(L, lo, hi) for fam, lo, hi, _ in boxes]
+    finally:
+        mixed_pipeline_bounds._priced = priced
+    with_prices = [dataclasses.replace(fam).bound(L, lo, hi) for fam, lo, hi, _ in boxes]
+    assert all(x >= y * (1 - 1e-12) for x, y in zip(with_prices, without))
+    raised = [i for i, (x, y) in enumerate(zip(with_prices, without)) if x > y * (1 + 1e-9)]
+    assert raised
+    for i in rng.sample(raised, min(25, len(raised))):
+        fam, lo, hi, c = boxes[i]
+        best = brute_mixed(ctx.job, c, ctx, ctx.opts.memory_margin)
+        assert with_prices[i] <= best.fit_time * SLACK, (c.groups, lo, hi)
+
+
 def test_a_free_rows_end_terms_hold_for_each_of_its_tp_choices():
     """A TP-choice node's row for a group whose TP is still open bounds the group at any of its choices: each of
     its end terms (embedding and logits seconds, those over the stage's seconds per layer, and a stage's one-layer

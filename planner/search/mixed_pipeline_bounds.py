@@ -273,20 +273,35 @@ def box_bound_reach(
         fixed = ends.emb + ends.logits + sum(k * y for k, y in zip(lo, ys))
         split = moe_split(a, lo, hi, ys, ends, mix) if mix is not None and mix.moe and mix.lead else None
         if split is None:
-            return _box_schedule((a, lo, hi, ys, L, T, m - 1 / v, v, fixed, total), tails, target), T
+            return _box_schedule((a, lo, hi, ys, L, T, m - 1 / v, v, fixed, total, None), tails, target), T
         # each group's stages before the leading dense layers' end apart from those past it; where the rows hold
         # more stages than the groups (an unordered box: any group may come first), the bound by groups too
         plain = 0.0
         if sum(split[2]) > sum(hi):
-            plain = _box_schedule((a, lo, hi, ys, L, T, m - 1 / v, v, fixed, total), tails, target)
+            plain = _box_schedule((a, lo, hi, ys, L, T, m - 1 / v, v, fixed, total, None), tails, target)
             if plain >= target:
                 return plain, T
+        priced = _priced(a, mix, split[-1], L)
         a, lo, hi, ys, ends, rows = split
         at = whole_chunk_bottleneck(a, hi, ends, L, ys if sends else None, v, T, most=most)
         tails = _split_tails(tails, rows) if tails is not None else None
-        value = _box_schedule((a, lo, hi, ys, L, at, m - 1 / v, v, fixed, total), tails, target)
+        value = _box_schedule((a, lo, hi, ys, L, at, m - 1 / v, v, fixed, total, priced), tails, target)
         return (value, at) if value >= plain else (plain, T)
     return schedule_bound(T, total, m, v) + (tails().least if tails is not None else 0.0), T
+
+
+def _priced(a, mix: KindMix, rows, L: int) -> tuple[tuple[float, ...], float] | None:
+    """box_schedule_time's ``priced`` for moe_split's rows (group, MoE only) of groups at per-layer seconds ``a``
+    (the least of either kind): every row's layers at its group's MoE-layer seconds y_g = max(a_g, MoE seconds),
+    less D (y_g - a_g) for the model's D dense layers at the largest such gap of a row that may hold them. A row
+    before the leading dense layers' end holds them, and MoE layers after them: priced at a_g, each of its
+    stages took every layer it holds at the cheaper kind (an unordered box has such a row on every group). None
+    where no row may hold a dense layer."""
+    gaps = [max(a[g], mix.moe[g]) - a[g] for g, only in rows if not only]
+    if not gaps:
+        return None
+    dense = L - mix.moe_layers
+    return tuple(max(a[g], mix.moe[g]) for g, _ in rows), dense * max(gaps)
 
 
 def _box_schedule(sched: tuple, tails: Callable[[], BoxTails] | None, target: float) -> float:
@@ -492,7 +507,7 @@ def moe_only_top(mix: KindMix, lo, ys, v: int, positions, moe_from: int) -> floa
 
 
 def box_schedule_time(
-    a, lo, hi, ys, L: int, T: float, k: float, v: int, fixed: float, work_floor: float, caps=None
+    a, lo, hi, ys, L: int, T: float, k: float, v: int, fixed: float, work_floor: float, priced=None, caps=None
 ) -> float:
     """least_schedule_time for a box of stage counts: at bottleneck M a stage of group g holds at most
     floor((M - y_g) / (v a_g)) chunks of v layers (its sends y_g; the ends only take room), there are at most hi_g
@@ -500,32 +515,35 @@ def box_schedule_time(
     stages and the rest on the fastest groups first, up to their stages' room. The schedule takes at least
     k M + max(work_floor, fixed + W(M)) / v (``fixed``: the ends and the lo stages' sends); its least over M >= T,
     walked over the steps where a group's room grows as least_schedule_time does. At least schedule_bound(T,
-    work_floor). ``caps``: per group, the most chunks a stage of it holds at any bottleneck (default: L // v)."""
+    work_floor). ``caps``: per group, the most chunks a stage of it holds at any bottleneck (default: L // v).
+    ``priced``: (seconds per layer of each group's layers in the work, less in all): where given, the work W(M)
+    prices the layers so (the room still at a_g) and takes that much off (moe_split's rows: _priced)."""
     most = L // v
     caps = (most,) * len(a) if caps is None else caps
-    rows = sorted(zip(a, lo, hi, ys, caps))
-    base = fixed + v * sum(x * kl for x, kl, _, _, _ in rows)
+    prices, credit = (a, 0.0) if priced is None else priced
+    rows = sorted(zip(prices, a, lo, hi, ys, caps))
+    base = fixed + v * sum(p * kl for p, _, kl, _, _, _ in rows) - credit
     rest = L - v * sum(lo)
     if rest < 0:
         return float("inf")  # more stages than chunks: no candidate
 
     def at(M: float) -> float:
         left, work = rest, base
-        for x, k_lo, k_hi, y, cap in rows:
+        for p, x, k_lo, k_hi, y, cap in rows:
             q = min(cap, math.floor((M - y) / (v * x) + 1e-9))
             if q < 1:
                 if k_lo:
                     return float("inf")
                 continue
             take = min(left, v * (k_hi * q - k_lo))
-            work += take * x
+            work += take * p
             left -= take
         if left > 0:
             return float("inf")
         return k * M + max(work_floor, work) / v
 
     floor = k * T + work_floor / v  # schedule_bound(T, work_floor, m, v)
-    steps = [(v * x, y, min(most, cap)) for x, _, _, y, cap in rows]  # room grows by a chunk per v a_g seconds
+    steps = [(v * x, y, min(most, cap)) for _, x, _, _, y, cap in rows]  # room grows by a chunk per v a_g seconds
     return max(floor, _least_over_steps(at, T, _linear_steps(T, steps), k, v, work_floor))
 
 
@@ -612,14 +630,16 @@ def _capped_schedule_floor(sched: tuple, caps) -> float:
     stages per group, each holding at most floor((M - y_g) / (v a_g)) chunks and at most caps[g], hold the layers,
     W the least work under the caps at any bottleneck (inf where the caps cannot hold the layers at all):
     box_schedule_time's at(M) is at least that at every M it takes, and inf below it."""
-    a, lo, hi, ys, L, T, k, v, fixed, work_floor = sched
+    a, lo, hi, ys, L, T, k, v, fixed, work_floor, *rest = sched
+    priced = rest[0] if rest else None
     if any(k_lo and cap < 1 for k_lo, cap in zip(lo, caps)):
         return float("inf")  # a stage the box surely has holds no chunk
+    prices, credit = (a, 0.0) if priced is None else priced
     # the least work under the caps alone (at any bottleneck): lo chunks on the lo stages, the rest on the fastest
-    left, work = L - v * sum(lo), fixed + v * sum(x * k_lo for x, k_lo in zip(a, lo))
-    for x, k_lo, k_hi, cap in sorted(zip(a, lo, hi, caps)):
+    left, work = L - v * sum(lo), fixed + v * sum(p * k_lo for p, k_lo in zip(prices, lo)) - credit
+    for p, k_lo, k_hi, cap in sorted(zip(prices, lo, hi, caps)):
         take = min(left, v * (k_hi * cap - k_lo))  # (>= 0: a group with lo stages has cap >= 1)
-        work += take * x
+        work += take * p
         left -= take
     if left > 0:
         return float("inf")
