@@ -281,7 +281,7 @@ def box_bound_reach(
             plain = _box_schedule((a, lo, hi, ys, L, T, m - 1 / v, v, fixed, total, None), tails, target)
             if plain >= target:
                 return plain, T
-        priced = _priced(a, mix, split[-1], L)
+        priced = _priced(a, mix, split[-1], L, not ends.ordered and not ends.placed)
         a, lo, hi, ys, ends, rows = split
         at = whole_chunk_bottleneck(a, hi, ends, L, ys if sends else None, v, T, most=most)
         tails = _split_tails(tails, rows) if tails is not None else None
@@ -290,7 +290,7 @@ def box_bound_reach(
     return schedule_bound(T, total, m, v) + (tails().least if tails is not None else 0.0), T
 
 
-def _priced(a, mix: KindMix, rows, L: int) -> tuple[tuple[float, ...], float] | None:
+def _priced(a, mix: KindMix, rows, L: int, unplaced: bool = False) -> tuple | None:
     """box_schedule_time's ``priced`` for moe_split's rows (group, MoE only) of groups at per-layer seconds ``a``
     (the least of either kind): every row's layers at its group's MoE-layer seconds y_g = max(a_g, MoE seconds),
     less D (y_g - a_g) for the model's D dense layers at the largest such gap of a row that may hold them. A row
@@ -301,7 +301,11 @@ def _priced(a, mix: KindMix, rows, L: int) -> tuple[tuple[float, ...], float] | 
     if not gaps:
         return None
     dense = L - mix.moe_layers
-    return tuple(max(a[g], mix.moe[g]) for g, _ in rows), dense * max(gaps)
+    prices = tuple(max(a[g], mix.moe[g]) for g, _ in rows)
+    partners = None
+    if unplaced:  # every group has both rows, its MoE row all its stages
+        partners = tuple(None if only else rows.index((g, True)) if (g, True) in rows else None for g, only in rows)
+    return prices, dense * max(gaps), partners, mix.lead
 
 
 def _box_schedule(sched: tuple, tails: Callable[[], BoxTails] | None, target: float) -> float:
@@ -520,30 +524,42 @@ def box_schedule_time(
     prices the layers so (the room still at a_g) and takes that much off (moe_split's rows: _priced)."""
     most = L // v
     caps = (most,) * len(a) if caps is None else caps
-    prices, credit = (a, 0.0) if priced is None else priced
-    rows = sorted(zip(prices, a, lo, hi, ys, caps))
-    base = fixed + v * sum(p * kl for p, _, kl, _, _, _ in rows) - credit
+    prices, credit, partners, lead = (a, 0.0, None, 0) if priced is None else priced
+    order = sorted(range(len(a)), key=lambda i: (prices[i], a[i], lo[i], hi[i], ys[i], caps[i]))
+    base = fixed + v * sum(p * kl for p, kl in zip(prices, lo)) - credit
     rest = L - v * sum(lo)
     if rest < 0:
         return float("inf")  # more stages than chunks: no candidate
 
     def at(M: float) -> float:
         left, work = rest, base
-        for p, x, k_lo, k_hi, y, cap in rows:
-            q = min(cap, math.floor((M - y) / (v * x) + 1e-9))
+        qs = [min(cap, math.floor((M - y) / (v * x) + 1e-9)) for x, y, cap in zip(a, ys, caps)]
+        pool = 0  # (partners: the chunks the stages before the leading dense layers' end hold beyond their partners')
+        if partners is not None:
+            extra = [max(0, qs[i] - max(qs[j], 0)) for i, j in enumerate(partners) if j is not None]
+            pool = lead * max(extra, default=0)
+        for i in order:
+            q, k_lo, k_hi = qs[i], lo[i], hi[i]
             if q < 1:
                 if k_lo:
                     return float("inf")
                 continue
             take = min(left, v * (k_hi * q - k_lo))
-            work += take * p
+            if partners is not None and partners[i] is not None:
+                # such a row's stages are its group's (its partner row's hi counts them all): it adds only the
+                # chunks they hold beyond a stage past that end, and all such rows together at most lead stages'
+                # worth of the most any of them adds
+                more = min(k_hi * max(0, q - max(qs[partners[i]], 0)), pool)
+                pool -= more
+                take = min(left, v * more)
+            work += take * prices[i]
             left -= take
         if left > 0:
             return float("inf")
         return k * M + max(work_floor, work) / v
 
     floor = k * T + work_floor / v  # schedule_bound(T, work_floor, m, v)
-    steps = [(v * x, y, min(most, cap)) for _, x, _, _, y, cap in rows]  # room grows by a chunk per v a_g seconds
+    steps = [(v * x, y, min(most, cap)) for x, y, cap in zip(a, ys, caps)]  # room grows by a chunk per v a_g seconds
     return max(floor, _least_over_steps(at, T, _linear_steps(T, steps), k, v, work_floor))
 
 
@@ -634,7 +650,7 @@ def _capped_schedule_floor(sched: tuple, caps) -> float:
     priced = rest[0] if rest else None
     if any(k_lo and cap < 1 for k_lo, cap in zip(lo, caps)):
         return float("inf")  # a stage the box surely has holds no chunk
-    prices, credit = (a, 0.0) if priced is None else priced
+    prices, credit = (a, 0.0) if priced is None else priced[:2]
     # the least work under the caps alone (at any bottleneck): lo chunks on the lo stages, the rest on the fastest
     left, work = L - v * sum(lo), fixed + v * sum(p * k_lo for p, k_lo in zip(prices, lo)) - credit
     for p, k_lo, k_hi, cap in sorted(zip(prices, lo, hi, caps)):
