@@ -688,6 +688,35 @@ def test_a_box_prices_the_layers_of_a_stage_before_the_dense_layers_end_at_moe_l
         assert with_prices[i] <= best.fit_time * SLACK, (c.groups, lo, hi)
 
 
+def test_an_unordered_box_counts_each_groups_stages_once_past_the_dense_layers(monkeypatch):
+    """An open family of MOE6 (its group order open) gives every group a row of stages that may hold the dense
+    first layer besides its MoE-only row of all its stages; box_schedule_time counts the former only for what its
+    stages hold beyond the latter's, one stage's worth in all (_priced's partners): the families' bounds are at
+    least those without that (each group's stages held twice over) and above them somewhere. That they hold for
+    every plan is test_the_highest_bounds_on_the_way_hold_for_every_plan and the mixed-bound sample tests."""
+    from planner.search import mixed_pipeline_bounds
+
+    ctx = search_context(mixed_job(MOE6))
+    L = ctx.job.model.num_layers
+    families = []
+    for node in tp_choice_nodes(ctx):
+        if len(node.fixed) == len(ctx.order) and sum(1 for tp in node.fixed if tp) >= 2:
+            for _, fam, box in dataclasses.replace(node, memory=True, rows=None).families(ctx):
+                families.append((fam, box))
+    assert families
+    with_partners = [dataclasses.replace(fam).bound(L, *box) for fam, box in families]
+    priced = mixed_pipeline_bounds._priced
+
+    def twice(*args):
+        out = priced(*args)
+        return None if out is None else (out[0], out[1], None, out[3])
+
+    monkeypatch.setattr(mixed_pipeline_bounds, "_priced", twice)
+    without = [dataclasses.replace(fam).bound(L, *box) for fam, box in families]
+    assert all(x >= y * (1 - 1e-12) for x, y in zip(with_partners, without))
+    assert any(x > y * (1 + 1e-9) for x, y in zip(with_partners, without))
+
+
 def test_a_free_rows_end_terms_hold_for_each_of_its_tp_choices():
     """A TP-choice node's row for a group whose TP is still open bounds the group at any of its choices: each of
     its end terms (embedding and logits seconds, those over the stage's seconds per layer, and a stage's one-layer
