@@ -1183,6 +1183,37 @@ def test_kind_bottleneck_is_below_every_assignment_of_the_two_kinds():
     assert tighter
 
 
+def least_slowest_stage(rows, ks, send: bool, ends, L: int, v: int) -> float:
+    """The least slowest stage of k_g stages of each row (stages, seconds per layer, sends) in pipeline order over
+    every split of the L layers into whole chunks of v: a stage takes its chunks' seconds, its sends (``send``),
+    the first the embedding and the last the logits."""
+    stage_x = [x for (_, x, _), k in zip(rows, ks) for _ in range(k)]
+    const = [y if send else 0.0 for (_, _, y), k in zip(rows, ks) for _ in range(k)]
+    const[0] += ends.emb
+    const[-1] += ends.logits
+    return min(
+        max(v * c * x + ci for c, x, ci in zip(chunks, stage_x, const)) for chunks in compositions(L // v, sum(ks))
+    )
+
+
+def open_choice_rows(choices, open_):
+    """(a, hi, sends, relaxed) of whole_chunk_bottleneck for groups of TP ``choices`` (stages, seconds per layer,
+    sends), an open group as _TpChoiceNode._free and _row give it (its fastest layer, hi / a its best throughput,
+    its least sends, its choices), a fixed one at its first choice."""
+    a, hi, ys, relaxed = [], [], [], []
+    for options, is_open in zip(choices, open_):
+        if is_open:
+            fast = min(x for _, x, _ in options)
+            a.append(fast)
+            hi.append(fast * max(k / x for k, x, _ in options))
+            ys.append(min(y for _, _, y in options))
+            relaxed.append(options)
+        else:
+            k, x, y = options[0]
+            a.append(x), hi.append(k), ys.append(y), relaxed.append(False)
+    return a, hi, ys, relaxed
+
+
 def test_whole_chunk_bottleneck_is_below_every_split_of_the_chunks():
     """mixed_pipeline_bounds.whole_chunk_bottleneck against every stage count k_g <= hi_g per group (in pipeline
     order) and every split of the layers into whole chunks of v per stage: the slowest stage (its chunks, its
@@ -1201,17 +1232,15 @@ def test_whole_chunk_bottleneck_is_below_every_split_of_the_chunks():
         # sends only where every candidate has two stages or more (as box_bound passes them)
         sends = None if n < 2 or rng.random() < 0.3 else [rng.uniform(0.0, 0.5) for _ in range(n)]
         ends = Ends.of(a, [(rng.uniform(0, 1), rng.uniform(0, 1)) for _ in range(n)], 0, n - 1)
-        best = float("inf")
-        for ks in itertools.product(*[range(1, h + 1) for h in hi]):
-            P = sum(ks)
-            if P > L // v:
-                continue
-            stage_a = [x for x, k in zip(a, ks) for _ in range(k)]
-            const = [0.0 if sends is None else y for y, k in zip(sends or a, ks) for _ in range(k)]
-            const[0] += ends.emb
-            const[-1] += ends.logits
-            for chunks in compositions(L // v, P):
-                best = min(best, max(v * c * x + ci for c, x, ci in zip(chunks, stage_a, const)))
+        rows = list(zip(hi, a, sends or a))
+        best = min(
+            (
+                least_slowest_stage(rows, ks, sends is not None, ends, L, v)
+                for ks in itertools.product(*[range(1, h + 1) for h in hi])
+                if sum(ks) <= L // v
+            ),
+            default=float("inf"),
+        )
         bound = whole_chunk_bottleneck(a, hi, ends, L, sends, v, 0.0)
         assert bound <= best * SLACK, (a, hi, sends, v, L)
         # the continuous bottleneck: the hi stages hold fractions of chunks
@@ -1242,17 +1271,7 @@ def test_whole_chunk_bottleneck_of_groups_with_open_choices_is_below_every_choic
             tuple((rng.randint(1, 3), rng.uniform(0.5, 3.0), rng.uniform(0.0, 0.4)) for _ in range(3)) for _ in range(n)
         ]
         sends = rng.random() < 0.7
-        a, hi, ys, relaxed = [], [], [], []
-        for g in range(n):
-            if open_[g]:  # as _TpChoiceNode._free and _row: the fastest layer, hi / a its best throughput, least sends
-                fast = min(x for _, x, _ in choices[g])
-                a.append(fast)
-                hi.append(fast * max(k / x for k, x, _ in choices[g]))
-                ys.append(min(y for _, _, y in choices[g]))
-                relaxed.append(choices[g])
-            else:
-                k, x, y = choices[g][0]
-                a.append(x), hi.append(k), ys.append(y), relaxed.append(False)
+        a, hi, ys, relaxed = open_choice_rows(choices, open_)
         ends = Ends.least([Ends.row(x, (0.0, 0.0)) for x in a])
         send = ys if sends else None
         bound = whole_chunk_bottleneck(a, hi, ends, L, send, v, 0.0, tuple(relaxed))
@@ -1284,17 +1303,7 @@ def test_whole_chunk_bottleneck_with_a_stage_cap_is_below_every_split_within_it(
             tuple((rng.randint(1, 4), rng.uniform(0.5, 2.0), rng.uniform(0.0, 0.3)) for _ in range(2)) for _ in range(n)
         ]
         open_ = [n > 1 and g > 0 and case % 2 == 1 for g in range(n)]  # (odd cases: groups after the first open)
-        a, hi, ys, relaxed = [], [], [], []
-        for g in range(n):
-            if open_[g]:
-                fast = min(x for _, x, _ in choices[g])
-                a.append(fast)
-                hi.append(fast * max(k / x for k, x, _ in choices[g]))
-                ys.append(min(y for _, _, y in choices[g]))
-                relaxed.append(choices[g])
-            else:
-                k, x, y = choices[g][0]
-                a.append(x), hi.append(k), ys.append(y), relaxed.append(False)
+        a, hi, ys, relaxed = open_choice_rows(choices, open_)
         ends = (
             Ends.least([Ends.row(x, (0.0, 0.0)) for x in a]) if any(open_) else Ends.of(a, [(0.2, 0.3)] * n, 0, n - 1)
         )
@@ -1308,15 +1317,8 @@ def test_whole_chunk_bottleneck_with_a_stage_cap_is_below_every_split_within_it(
         for pick in itertools.product(*[range(-1, 2) if open_[g] else (0,) for g in range(n)]):
             rows = [choices[g][c] for g, c in enumerate(pick) if c >= 0]
             for ks in itertools.product(*[range(1, k + 1) for k, _, _ in rows]):
-                P = sum(ks)
-                if P > most:
-                    continue
-                stage_x = [x for (_, x, _), k in zip(rows, ks) for _ in range(k)]
-                const = [0.0 if send is None else y for (_, _, y), k in zip(rows, ks) for _ in range(k)]
-                const[0] += ends.emb
-                const[-1] += ends.logits
-                for chunks in compositions(L // v, P):
-                    best = min(best, max(v * c * x + ci for c, x, ci in zip(chunks, stage_x, const)))
+                if sum(ks) <= most:
+                    best = min(best, least_slowest_stage(rows, ks, send is not None, ends, L, v))
         assert bound <= best * SLACK, (case, choices, open_, most, v, L)
     assert all(tighter.values()), tighter
 
@@ -1583,7 +1585,7 @@ def _box_schedule_args(box: dict, T: float) -> tuple:
     a, lo, ys, L, v = box["a"], box["lo"], box["ys"], box["L"], box["v"]
     fixed = box["emb"] + box["logits"] + sum(n * y for n, y in zip(lo, ys))
     floor = fixed + v * sum(n * x for n, x in zip(lo, a)) + (L - v * sum(lo)) * min(a)  # box_bound's least work
-    return (a, lo, box["hi"], ys, L, T, box["k"], v, fixed, floor)
+    return (a, lo, box["hi"], ys, L, T, box["k"], v, fixed, floor, None)
 
 
 def test_box_schedule_time_is_below_every_candidate_of_the_box(monkeypatch):
@@ -1605,7 +1607,7 @@ def test_box_schedule_time_is_below_every_candidate_of_the_box(monkeypatch):
             continue
         T = least_top * rng.choice([1.0, 0.8])
         sched = _box_schedule_args(box, T)
-        floor = sched[-1]
+        floor = sched[9]  # (its work_floor)
         got = B.box_schedule_time(*sched)
         assert got <= best * (1 + 1e-9)
         assert got >= k * T + floor / v - 1e-9

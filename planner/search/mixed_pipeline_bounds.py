@@ -261,14 +261,14 @@ def box_bound_reach(
         if early >= target:
             return early, T
     if whole:
-        most = cap  # (whole_chunk_bottleneck reads it where the stages exceed it)
-        T = whole_chunk_bottleneck(a, hi, ends, L, send if sends else None, v, T, relaxed, most)
+        # (cap: whole_chunk_bottleneck reads it where the stages exceed it)
+        T = whole_chunk_bottleneck(a, hi, ends, L, send if sends else None, v, T, relaxed, cap)
         if mix is not None and mix.moe:
             # the MoE layers in whole layers: a stage holding e of them takes at least e y_g + its constant (its
             # dense layers only add), so the stages hold them only where sum floor((T - c) / y_g) reaches E
             # (a relaxed group's choices carry their seconds per layer of any kind: here its MoE row stands for them)
             moe_sends, shares = send if sends else None, tuple(bool(r) for r in relaxed)
-            T = whole_chunk_bottleneck(mix.moe, hi, mix.ends, mix.moe_layers, moe_sends, 1, T, shares, most)
+            T = whole_chunk_bottleneck(mix.moe, hi, mix.ends, mix.moe_layers, moe_sends, 1, T, shares, cap)
     if whole and not any(relaxed):
         fixed = ends.emb + ends.logits + sum(k * y for k, y in zip(lo, ys))
         split = moe_split(a, lo, hi, ys, ends, mix) if mix is not None and mix.moe and mix.lead else None
@@ -281,22 +281,24 @@ def box_bound_reach(
             plain = _box_schedule((a, lo, hi, ys, L, T, m - 1 / v, v, fixed, total, None), tails, target)
             if plain >= target:
                 return plain, T
-        priced = _priced(a, mix, split[-1], L, not ends.ordered and not ends.placed)
+        priced = _priced(a, mix, split[-1], L, not ends.ordered and not ends.placed)  # (from the groups' a)
         a, lo, hi, ys, ends, rows = split
-        at = whole_chunk_bottleneck(a, hi, ends, L, ys if sends else None, v, T, most=most)
+        at = whole_chunk_bottleneck(a, hi, ends, L, ys if sends else None, v, T, most=cap)
         tails = _split_tails(tails, rows) if tails is not None else None
         value = _box_schedule((a, lo, hi, ys, L, at, m - 1 / v, v, fixed, total, priced), tails, target)
         return (value, at) if value >= plain else (plain, T)
     return schedule_bound(T, total, m, v) + (tails().least if tails is not None else 0.0), T
 
 
-def _priced(a, mix: KindMix, rows, L: int, unplaced: bool = False) -> tuple | None:
+def _priced(a, mix: KindMix, rows, L: int, unplaced: bool) -> tuple | None:
     """box_schedule_time's ``priced`` for moe_split's rows (group, MoE only) of groups at per-layer seconds ``a``
     (the least of either kind): every row's layers at its group's MoE-layer seconds y_g = max(a_g, MoE seconds),
     less D (y_g - a_g) for the model's D dense layers at the largest such gap of a row that may hold them. A row
     before the leading dense layers' end holds them, and MoE layers after them: priced at a_g, each of its
-    stages took every layer it holds at the cheaper kind (an unordered box has such a row on every group). None
-    where no row may hold a dense layer."""
+    stages took every layer it holds at the cheaper kind. ``unplaced``: an unordered box whose first group is not
+    known, where every group has such a row besides its MoE-only row of all its stages: each such row's partner
+    (that MoE-only row) is given, and mix.lead, the most stages that sit before that end. None where no row may
+    hold a dense layer."""
     gaps = [max(a[g], mix.moe[g]) - a[g] for g, only in rows if not only]
     if not gaps:
         return None
@@ -520,8 +522,10 @@ def box_schedule_time(
     k M + max(work_floor, fixed + W(M)) / v (``fixed``: the ends and the lo stages' sends); its least over M >= T,
     walked over the steps where a group's room grows as least_schedule_time does. At least schedule_bound(T,
     work_floor). ``caps``: per group, the most chunks a stage of it holds at any bottleneck (default: L // v).
-    ``priced``: (seconds per layer of each group's layers in the work, less in all): where given, the work W(M)
-    prices the layers so (the room still at a_g) and takes that much off (moe_split's rows: _priced)."""
+    ``priced`` (moe_split's rows: _priced): (seconds per layer of each group's layers in the work, less in all,
+    each group's partner or None, the most stages of the rows with a partner): where given, the work W(M) prices
+    the layers so (the room still at a_g) and takes that much off, and a row with a partner holds only the chunks
+    beyond the partner's, those rows together at most that many stages' worth of the most any of them adds."""
     most = L // v
     caps = (most,) * len(a) if caps is None else caps
     prices, credit, partners, lead = (a, 0.0, None, 0) if priced is None else priced
@@ -646,8 +650,7 @@ def _capped_schedule_floor(sched: tuple, caps) -> float:
     stages per group, each holding at most floor((M - y_g) / (v a_g)) chunks and at most caps[g], hold the layers,
     W the least work under the caps at any bottleneck (inf where the caps cannot hold the layers at all):
     box_schedule_time's at(M) is at least that at every M it takes, and inf below it."""
-    a, lo, hi, ys, L, T, k, v, fixed, work_floor, *rest = sched
-    priced = rest[0] if rest else None
+    a, lo, hi, ys, L, T, k, v, fixed, work_floor, priced = sched
     if any(k_lo and cap < 1 for k_lo, cap in zip(lo, caps)):
         return float("inf")  # a stage the box surely has holds no chunk
     prices, credit = (a, 0.0) if priced is None else priced[:2]
@@ -840,17 +843,11 @@ def least_level(rows, L: int, levels: list[float] | None = None, chunk: int = 1,
     that many layers. ``most``: where the rows' stages add up to more, at most that many of them hold the layers,
     the roomiest at each level (_roomiest, as whole_chunk_bottleneck's cap)."""
     rows = [(k, values) for k, values in rows if k > 0]
-    if most is not None and sum(k for k, _ in rows) > most:  # at most ``most`` stages: the roomiest at x
-
-        def held(x: float) -> int:
-            counts = [(bisect.bisect_right(values, x) // chunk * chunk, k, None) for k, values in rows]
-            return _roomiest(counts, most)
-
-        if levels is None:
-            levels = merged_levels(values for _, values in rows)
-        return _first_level(held, levels, L)
+    capped = most is not None and sum(k for k, _ in rows) > most
 
     def held(x: float) -> int:
+        if capped:  # at most ``most`` stages: the roomiest at x
+            return _roomiest([(bisect.bisect_right(values, x) // chunk * chunk, k, None) for k, values in rows], most)
         if chunk > 1:
             return sum(k * (bisect.bisect_right(values, x) // chunk * chunk) for k, values in rows)
         return sum(k * bisect.bisect_right(values, x) for k, values in rows)

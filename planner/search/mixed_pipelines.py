@@ -515,8 +515,7 @@ class _TpChoiceNode:
         """``lines`` plus the least DP tail at which the node's stages hold the layers at this ZeRO stage."""
         his = [self.kmax_of[g][tp] for g, tp in self._flat_choices(ctx)]
         reaches = [z.reach(self.vpp) for z in self._zero_terms_of(ctx, zero)]
-        most = self._deepest(ctx) if _depths(ctx, self.vpp, self.mb) is not None else None
-        return lines + tail_bottleneck(reaches, his, ctx.job.model.num_layers, None, self.vpp, most or None)
+        return lines + tail_bottleneck(reaches, his, ctx.job.model.num_layers, None, self.vpp, self._deepest(ctx))
 
     def _zero_terms_of(self, ctx: MixedContext, zero: int) -> list[ZeroTerms]:
         """The ZeroTerms of the node's (group, TP) choices (_flat_choices) at this ZeRO stage."""
@@ -535,7 +534,7 @@ class _TpChoiceNode:
             return float("inf")
         a, _, send, lo, hi, free = zip(*(row[0] for row in rows))
         L = ctx.job.model.num_layers
-        deepest = self._deepest(ctx, rows) if _depths(ctx, self.vpp, self.mb) is not None else None
+        deepest = self._deepest(ctx, rows)
         if deepest == 0:
             return float("inf")  # no depth that takes the vpp (and the framework) lies within the node's stage counts
         if deepest:  # a used group has at most that many stages less one of each other used group's
@@ -584,12 +583,15 @@ class _TpChoiceNode:
         kinds = kind_layer_bounds(ctx, g, tp, self.cp, self.mbs, self.base, self.ep)
         return kinds[1] if kinds is not None else self._terms(ctx, (g, tp))[0]
 
-    def _deepest(self, ctx: MixedContext, rows=None) -> int:
+    def _deepest(self, ctx: MixedContext, rows=None) -> int | None:
         """Where not every depth runs (_depths): the most stages a candidate of the node has, the deepest depth that
         takes its vpp and micro-batches within its stage counts (each used group at least one stage, each group at
         most its kmax at any of its choices); 0 where no such depth lies between them (as _Family._clip, for the
-        families below the node). ``rows``: the node's rows (_rows, without the None), where the caller has them.
-        Memoized per root by the least and most stage counts (the rows' lo and most stages)."""
+        families below the node); None where every depth runs (as _Family.deepest). ``rows``: the node's rows
+        (_rows, without the None), where the caller has them. Memoized per root by the least and most stage counts
+        (the rows' lo and most stages)."""
+        if _depths(ctx, self.vpp, self.mb) is None:
+            return None
         if rows is None:
             rows = [row for row in self._rows(ctx) if row is not None]
         least, most = sum(row[0][3] for row in rows), sum(row[3] for row in rows)
