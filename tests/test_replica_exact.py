@@ -2,6 +2,7 @@
 planner/search/replica_partition.py against every layer split, per-replica recompute and micro-batch split."""
 
 import itertools
+import math
 from types import SimpleNamespace
 
 import pytest
@@ -24,6 +25,7 @@ from planner.search.replica_partition import (
 from planner.search.replicas import (
     ReplicaCandidate,
     _exact_shape,
+    _probe_models,
     _replica_dims,
     _shapes,
     choice_floor_terms,
@@ -233,16 +235,18 @@ def test_time_then_ties_is_the_least_tiebreak_among_the_fastest(workers):
     assert tuple(solver.value(x) for x in xs) == best[2]
 
 
+@pytest.mark.parametrize("model", [SMALL, SMALL_MOE], ids=["dense", "moe"])
 @pytest.mark.parametrize("shape", [(1, 1, 2, 1), (1, 1, 4, 1)])
-def test_each_micro_batch_choice_bound_is_below_every_plan_with_those_counts(monkeypatch, shape):
+def test_each_micro_batch_choice_bound_is_below_every_plan_with_those_counts(monkeypatch, shape, model):
     """The bound micro_batch_choices gives a micro-batch choice of a pipelined shape (each replica's work with its
     sends, its least DP tail and optimizer step, its least slowest stage: replicas.choice_floor_terms) is at most
     the fastest plan with those counts (every layer split and recompute count, each estimated), and above the
-    bound from the work alone for some choice."""
+    bound from the work alone for some choice. With a leading dense layer (the MoE model) and one layer a stage,
+    the tail floor is that of an MoE stage, above the least stage's."""
     import planner.cost.estimate as E
 
     zero, base, counts = 1, "none", ((0, 2), (1, 1))
-    job = replica_job()
+    job = replica_job(model=model)
     shared = E.costs_by_group(job)
     monkeypatch.setattr(E, "costs_by_group", lambda job, cal=None: shared)
     ctx = MixedContext(job, SearchOptions(), None, cost_source(job), group_order(job.cluster))
@@ -251,6 +255,10 @@ def test_each_micro_batch_choice_bound_is_below_every_plan_with_those_counts(mon
     cand = ReplicaCandidate(*shape, zero, base, counts, 0.0)
     plain = [micro_batch_work(ctx, g, tp, cp, mbs, base) for g, _ in counts]
     work, tails, bottlenecks = choice_floor_terms(ctx, cand, plain)
+    if model is SMALL_MOE and pp == L:  # every stage holds one layer: all but the first hold an MoE layer
+        per = _probe_models(ctx, cand, [pp] * len(counts))
+        least = [min(ctx.tail_profile(sm, s, math.inf).reach[1] for s, sm in enumerate(sms)) for sms in per]
+        assert all(t > x * (1 + 1e-6) for t, x in zip(tails, least)), (tails, least)
     choices, _ = micro_batch_choices(M, counts, work, pp, float("inf"), tails, bottlenecks)
     loose = dict((ms, b) for b, ms in micro_batch_choices(M, counts, plain, pp, float("inf"))[0])
     tighter = 0
