@@ -156,6 +156,31 @@ def test_a_share_out_of_work_is_given_some():
     assert shares[0].done + shares[1].done == 300 + shares[0].added + shares[1].added
 
 
+class Counting(Toy):
+    """A toy share that records how many items it still had in line whenever it took in a gift."""
+
+    def take_gift(self, payload: bytes) -> None:
+        self.log.append(("had", len(self.line)))
+        super().take_gift(payload)
+
+
+def test_a_share_running_low_is_given_some_before_it_runs_out():
+    """A share with fewer than LOW items in line (and fewer than half the other's) is given some while it still
+    has work, so it does not sit idle for the 2 LAG epochs a gift takes to arrive; a share with as many items as
+    the other is given none."""
+    few = lockstep.LOW // 4
+    shares = [Toy(1, 4 * lockstep.LOW, good=0.0), Counting(2, few, good=0.0)]
+    with Lockstep(shares, 1) as ls:
+        ls.explore(float("inf"))
+    had = [n for kind, n in shares[1].log if kind == "had"]
+    assert had and had[0] > 0  # the first gift came before its line ran out
+    assert shares[0].done + shares[1].done == 4 * lockstep.LOW + few + shares[0].added + shares[1].added
+    even = [Toy(3, 2 * lockstep.LOW, good=0.0), Counting(4, 2 * lockstep.LOW, good=0.0)]
+    with Lockstep(even, 1) as ls:
+        ls.explore(float("inf"))
+    assert not [n for kind, n in even[1].log if kind == "had" and n >= lockstep.LOW]
+
+
 def test_a_failure_in_the_child_is_raised_here():
     if processes_available() < 2:
         pytest.skip("no second core, or no fork here")

@@ -859,6 +859,7 @@ def least_level(rows, L: int, levels: list[float] | None = None, chunk: int = 1,
 
 def _first_level(held, levels: list[float], L: int) -> float:
     """The first of the sorted ``levels`` at which the increasing ``held`` reaches L (bisection), inf if none."""
+    Meter.levels += 1
     if not levels or held(levels[-1]) < L:
         return float("inf")
     lo, hi = 0, len(levels) - 1
@@ -976,11 +977,14 @@ def least_schedule_time(a, c, caps, L: int, T: float, k: float, v: int, work_flo
 
 
 class Meter:
-    """Stage rows read by the costliest bound, least_schedule_of_times (refined_bound's walk over DP tails): most of
-    the time of a refined bound that gets that far, and a count, the same on any machine. The mixed search reads it
-    before and after each of its steps to count its work for lockstep (mixed_pipelines.WORK)."""
+    """Counts of the costliest bounds' work, the same on any machine, which the mixed search reads before and after
+    each of its steps to count its work for lockstep (mixed_pipelines.WORK): ``rows``, the stage rows read by
+    least_schedule_of_times (refined_bound's walk over DP tails: most of the time of a refined bound that gets that
+    far); ``levels``, the bisections over levels (least_level: the DP-tail bottlenecks of the TP-choice nodes' and
+    the families' bounds)."""
 
     rows = 0
+    levels = 0
 
 
 def least_schedule_with_tail(

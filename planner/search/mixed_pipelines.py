@@ -154,13 +154,32 @@ REPLICA_LOOK = 5000
 # (2 units a root before), the first share's roots went in step with the child's line, so neither could work them
 # out ahead (seed-1 suite job 43: 0.5 s for its 4,445 roots after the look, while the child had been idle for 0.6 s
 # during it).
-# A share out of work is given every other one of the best GIFT nodes of the other's line (_PipelineSearch.give).
+# Two more counts (fitted one process, per share: its step seconds over its units): a bisection over DP-tail
+# levels (Meter.levels: least_level, the tail term of the TP-choice nodes with every TP fixed) counts WORK["level"],
+# and a solve's model counts one unit per WORK["chunks"] stage chunks (stages times chunks: its variables). Seed-5
+# job 10's shares ran at 0.108 and 0.088 ms a unit (the one with more tail terms behind: the other waited 1.6-2.4 s
+# of a 12.6 s explore), at 0.051 and 0.050 with the levels counted; seed-1 job 43 8% -> 4% apart. A least-squares fit
+# of 209 solves of eight suite jobs gave 21 ms + 1.63 s per deterministic second + 15 microseconds per stage chunk
+# (seed-4 job 26's 50-stage, 126-layer solves took 80-130 ms each, counted as 43-64 ms before).
+# A share out of work, or low on it, is given every other one of the best GIFT nodes of the other's line
+# (_PipelineSearch.give; lockstep.LOW).
 GIFT = 256
-WORK = {"pop": 1, "bound": 1, "memory": 1, "open": 1, "refined": 2, "rows": 256, "solve": 400, "way": 3}
+WORK = {
+    "pop": 1,
+    "bound": 1,
+    "memory": 1,
+    "open": 1,
+    "refined": 2,
+    "rows": 256,
+    "level": 2,
+    "solve": 210,
+    "chunks": 7,
+    "way": 3,
+}
 # an open family of more groups than this opens its first group, then its last, before the orders between them
 # (open_ends), one of this many or fewer every order at once (expand)
 OPEN_ALL = 3
-SOLVE_UNITS = 12_000  # work units per CP-SAT deterministic second (a unit: about 0.1 ms)
+SOLVE_UNITS = 16_000  # work units per CP-SAT deterministic second (a unit: about 0.1 ms)
 
 
 @dataclass(frozen=True)
@@ -1593,7 +1612,7 @@ class _PipelineSearch:
         # (its search counted by CP-SAT's deterministic time, the same in every run with one worker only; with
         # more, by the model's stages and layers)
         searched = round(res.work_s * SOLVE_UNITS) if self.workers == 1 else c.pp * self.L
-        self.work += WORK["solve"] + searched
+        self.work += WORK["solve"] + c.pp * (self.L // c.vpp) // WORK["chunks"] + searched
         if res.status not in ("optimal", "infeasible"):
             # the candidate's own bound holds for the solve too
             self.open_solves.append((max(res.bound_s, bound), c, sms))
@@ -1661,10 +1680,11 @@ class _PipelineSearch:
                 self.frontier = min(self.frontier, lb)
                 heapq.heappush(self.heap, (lb, next(self.tie), fam, box))
                 break
-            rows, ways = Meter.rows, WayMeter.firsts
+            rows, levels, ways = Meter.rows, Meter.levels, WayMeter.firsts
             WayMeter.seen = self.ways_seen
             self.step(kth, lb, fam, box)
-            self.work += (Meter.rows - rows) // WORK["rows"] + (WayMeter.firsts - ways) * WORK["way"]
+            self.work += (Meter.rows - rows) // WORK["rows"] + (Meter.levels - levels) * WORK["level"]
+            self.work += (WayMeter.firsts - ways) * WORK["way"]
             yield from self._pass_epochs(start, peer)  # every epoch the step's work reached
         self.report()
 
