@@ -109,3 +109,26 @@ def test_the_first_shares_roots_are_the_same_in_line_however_far_the_other_share
             == alone
         )
         assert asked == ([1] if parent_at < size else [])  # (asked for theirs only where they hold some roots)
+
+
+def test_a_gift_carries_its_nodes_without_their_memos_and_with_the_same_bounds():
+    """Nodes given to the other share go without what their roots' memos (and their families' box memos) hold: the
+    nodes of one root share one new, empty memo there, and their bounds, worked out again, are the same."""
+    job = load_job(ROOT / "examples" / "hetero" / "gpt-32l-2x32.yaml")
+    ctx = _context(job)
+    giver = mp._PipelineSearch(ctx, mp._shares(mp._roots(ctx))[0], 1, 30, 1, 0)
+    giver.prepare()
+    lb, _, root, box = heapq.heappop(giver.heap)
+    giver.step(float("inf"), lb, root, box)  # (its children, sharing its memo, in line)
+    kids = [e for e in giver.heap if isinstance(e[2], mp._TpChoiceNode) and e[2].memo is root.memo]
+    assert len(kids) >= 2 and root.memo
+    nodes = [(e[0], e[2], e[3]) for e in kids]
+    payload = mp._pickle_nodes(ctx, nodes, 0)
+    other = _context(job)
+    taken, _ = mp._unpickle_nodes(other, payload)
+    memos = {id(node.memo) for _, node, _ in taken}
+    assert len(memos) == 1 and not taken[0][1].memo and isinstance(taken[0][1].memo, mp._Memo)
+    for (lb, node, _), (lb2, mine, _) in zip(taken, nodes):
+        assert lb2 == lb and node.fixed == mine.fixed
+        assert node.bound(other, memory=False) == mine.bound(ctx, memory=False)
+    assert len(payload) < len(mp.pickle.dumps(nodes[0][1].memo, protocol=mp.pickle.HIGHEST_PROTOCOL))
