@@ -218,7 +218,11 @@ def mixed_job(model=GPT6, second="a100-40gb", seq: int = 8192, gbs: int = 4):
 
 class AlwaysTails(mixed_pipelines.TailTrial):
     """A TailTrial that always works the DP tail term out (_TpChoiceNode._zero_tail_term), as a share whose nodes
-    it cuts does."""
+    it cuts does: for the nodes with every TP fixed and for those with one group's TP open (its own ``open``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.open = self
 
     def pays(self) -> bool:
         return True
@@ -2267,10 +2271,11 @@ def test_box_schedule_with_tail_walks_a_box_far_below_its_target_where_the_walk_
 
 def test_the_dp_tail_term_of_a_node_with_every_tp_fixed_bites():
     """_TpChoiceNode._zero_tail_term (the ZeRO stages' least traffic and DP tail, held for every plan under the
-    node by the bound tests above, which walk with it) raises the bound of some nodes with every TP fixed, and is
-    0 where a candidate may have one stage."""
+    node by the bound tests above, which walk with it) raises the bound of some nodes with every TP fixed, and of
+    some with one group's TP open (each of its choices a row of _tail_row's), and is 0 where a candidate may have
+    one stage."""
     ctx = search_context(four_group_job(GPT6))
-    raised = ones = 0
+    raised = ones = opened = 0
     for grp, _ in mixed_pipelines._roots(ctx):
         line = [grp]
         while line:
@@ -2280,6 +2285,12 @@ def test_the_dp_tail_term_of_a_node_with_every_tp_fixed_bites():
                     continue
                 if len(child.fixed) < len(ctx.order):
                     line.append(child)
+                    if len(child.fixed) == len(ctx.order) - 1:
+                        term = child._zero_tail_term(ctx)
+                        plain = child.bound(ctx, memory=False)
+                        with_tails = child.bound(ctx, memory=False, tails=AlwaysTails())
+                        assert with_tails == pytest.approx(plain + term, rel=1e-12)
+                        opened += term > 0
                     continue
                 term = child._zero_tail_term(ctx)
                 plain = child.bound(ctx, memory=False)
@@ -2288,7 +2299,32 @@ def test_the_dp_tail_term_of_a_node_with_every_tp_fixed_bites():
                     assert term == 0.0
                     ones += 1
                 raised += term > 0
-    assert raised and ones
+    assert raised and ones and opened
+
+
+@pytest.mark.parametrize("model", [GPT6, MOE6], ids=["dense", "moe"])
+def test_the_dp_tail_term_of_a_node_with_one_tp_open_is_at_most_each_of_its_childrens(model):
+    """A node with one group's TP still open bounds its DP tail term (_tail_row: the open group's choices each a
+    row, holding what its best one holds) at most that of each node under it (that group's TP fixed, or the group
+    unused), whose terms hold for every plan under them (the bound tests above); above 0 somewhere."""
+    ctx = search_context(four_group_job(model))
+    checked = raised = 0
+    for grp, _ in mixed_pipelines._roots(ctx):
+        line = [grp]
+        while line:
+            node = line.pop()
+            for _, child, _ in node.families(ctx):
+                if not isinstance(child, mixed_pipelines._TpChoiceNode) or len(child.fixed) == len(ctx.order):
+                    continue
+                if len(child.fixed) < len(ctx.order) - 1:
+                    line.append(child)
+                    continue
+                term = child._zero_tail_term(ctx)
+                kids = [k for _, k, _ in child.families(ctx) if isinstance(k, mixed_pipelines._TpChoiceNode)]
+                assert term <= min(k._zero_tail_term(ctx) for k in kids) * (1 + 1e-12)
+                checked += 1
+                raised += term > 0
+    assert checked and raised
 
 
 def test_a_nodes_zero_traffic_counts_only_the_zero_stages_that_fit_and_each_groups_own_slope(monkeypatch):

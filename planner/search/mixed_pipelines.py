@@ -438,7 +438,13 @@ class _TpChoiceNode:
         every TP fixed, plus the least ZeRO-2/3 traffic of the ZeRO stages whose memory holds the layers
         (_fitting_lines; the larger of the two where both are worked out)."""
         value = self._schedule_bound(ctx, target, memory)
-        if value >= target or len(self.fixed) < len(ctx.order):
+        if value >= target or len(self.fixed) < len(ctx.order) - 1:
+            return value
+        if len(self.fixed) < len(ctx.order):  # one group open: the tails only (its own trial)
+            if tails is not None and tails.open is not None and tails.open.pays():
+                tail = self._zero_tail_term(ctx)
+                tails.open.tell(value + tail >= target)
+                return value + tail
             return value
         term = self._fitting_lines(ctx) if memory else 0.0
         if tails is not None and value + term < target and tails.pays():
@@ -531,10 +537,30 @@ class _TpChoiceNode:
         return ways
 
     def _zero_tail_at(self, ctx: MixedContext, zero: int, lines: float) -> float:
-        """``lines`` plus the least DP tail at which the node's stages hold the layers at this ZeRO stage."""
-        his = [self.kmax_of[g][tp] for g, tp in self._flat_choices(ctx)]
-        reaches = [z.reach(self.vpp) for z in self._zero_terms_of(ctx, zero)]
+        """``lines`` plus the least DP tail at which the node's stages hold the layers at this ZeRO stage (a row per
+        group: _tail_row)."""
+        rows = [self._tail_row(ctx, i, choices, zero) for i, choices in self._choices(ctx)]
+        his, reaches = [k for k, _ in rows], [r for _, r in rows]
         return lines + tail_bottleneck(reaches, his, ctx.job.model.num_layers, None, self.vpp, self._deepest(ctx))
+
+    def _tail_row(self, ctx: MixedContext, i: int, choices, zero: int) -> tuple[int, tuple[float, ...]]:
+        """(most stages, DP tail reach: ZeroTerms.reach) of group i's row at this ZeRO stage: its one choice's, or,
+        while its TP is open, the most stages of any of its choices and the least reach of any at each layer count
+        (it runs at one of them, or none: no more stages, each holding no more layers within a tail). Memoized per
+        root (an open group's row is the same for every node of the root that leaves it open)."""
+        if len(choices) == 1:
+            (g, tp) = choices[0]
+            z = zero_terms(ctx, g, tp, self.dp, self.cp, self.mbs, self.base, zero, self.ep)
+            return self.kmax_of[g][tp], z.reach(self.vpp)
+        key = ("tail row", i, zero)
+        hit = self.memo.get(key)
+        if hit is None:
+            reaches = [
+                zero_terms(ctx, g, tp, self.dp, self.cp, self.mbs, self.base, zero, self.ep).reach(self.vpp)
+                for g, tp in choices
+            ]
+            hit = self.memo[key] = (max(self.kmax_of[g][tp] for g, tp in choices), tuple(map(min, *reaches)))
+        return hit
 
     def _zero_terms_of(self, ctx: MixedContext, zero: int) -> list[ZeroTerms]:
         """The ZeroTerms of the node's (group, TP) choices (_flat_choices) at this ZeRO stage (memoized per root by
@@ -1286,6 +1312,7 @@ class TailTrial:
     calls: int = 0
     tries: int = 0
     cuts: int = 0
+    open: TailTrial | None = None  # the trial of the nodes with one group's TP still open
 
     def pays(self) -> bool:
         self.calls += 1
@@ -1528,7 +1555,7 @@ class _PipelineSearch:
         self.open_solves: list[tuple[float, HeteroCandidate, list[StageModel]]] = []  # solves stopped by their cap
         self.cache: dict = {}
         self.other: dict = {}  # the other share's last result()
-        self.tails = TailTrial()  # whether its TP-choice nodes count the DP tails
+        self.tails = TailTrial(open=TailTrial())  # whether its TP-choice nodes count the DP tails
         self.ways_seen: set = set()  # the tail ways its steps read (WayMeter)
         # where the other share works out some of its first explore's root bounds (lockstep.Meet: prepare_for)
         self.meet: Meet | None = None
