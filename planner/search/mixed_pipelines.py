@@ -182,6 +182,14 @@ OPEN_ALL = 3
 SOLVE_UNITS = 16_000  # work units per CP-SAT deterministic second (a unit: about 0.1 ms)
 
 
+class _Memo(dict):
+    """What the nodes of one root (_TpChoiceNode.memo) or the boxes of one family (_Family._box_memo) share of
+    their bounds' terms. Given to the other share without its contents (_NodePickler): the nodes of a gift that
+    shared one share a new, empty one there, which works out again what they read. (Pickled whole, the memos were
+    most of a gift: seed-5 suite job 10's 16 gifts of 128 nodes came to 33 MB and 2.8 s of pickling and taking in,
+    and the family memos' keys hold object identities, which mean nothing in another process.)"""
+
+
 @dataclass(frozen=True)
 class HeteroCandidate:
     dp: int
@@ -380,8 +388,10 @@ class _TpChoiceNode:
     # suite, but build the models of every choice at every ZeRO stage: jobs 4, 13 and 49 took longer with them.)
     memory: bool = False
     # the row terms of the nodes of one root, which share its degrees (memoized per root: cheap keys): (group, TP)
-    # -> _terms, ("free", i) -> _free, ("row", i, TP or "free") -> _row, ("size", fixed) -> _group_size
-    memo: dict = field(default_factory=lambda: _Memo(), compare=False, repr=False)
+    # -> _terms, ("free", i) -> _free, ("row", i, TP or "free") -> _row, ("size", fixed) -> _group_size, and the
+    # DP-tail terms: ("flat", fixed) -> _flat_choices, ("zero terms", fixed, zero) -> _zero_terms_of, ("tail row",
+    # i, zero) -> _tail_row of an open group
+    memo: dict = field(default_factory=_Memo, compare=False, repr=False)
     # every group's _row (None: no row), handed down from the parent with the newly fixed group's row swapped in
     # (so a bound reads one new row, not every group's); None until first read
     rows: tuple | None = field(default=None, compare=False, repr=False)
@@ -434,9 +444,10 @@ class _TpChoiceNode:
         that is below ``target``, the groups' memory too (memory_floor, each group at any one of its choices): inf
         when they cannot hold the layers at any ZeRO stage, else the least bottleneck their memory forces. With
         ``tails``, where that is below ``target``, every TP is fixed and the trial says the term pays, plus the
-        ZeRO stages' least traffic and DP tail (_zero_tail_term; what it cut told to the trial). With ``memory`` and
-        every TP fixed, plus the least ZeRO-2/3 traffic of the ZeRO stages whose memory holds the layers
-        (_fitting_lines; the larger of the two where both are worked out)."""
+        ZeRO stages' least traffic and DP tail (_zero_tail_term; what it cut told to the trial); so too with one
+        group's TP still open, by that trial's own (TailTrial.open: seed-5 suite job 10's steps 39,973 -> 30,081).
+        With ``memory`` and every TP fixed, plus the least ZeRO-2/3 traffic of the ZeRO stages whose memory holds
+        the layers (_fitting_lines; the larger of the two where both are worked out)."""
         value = self._schedule_bound(ctx, target, memory)
         if value >= target or len(self.fixed) < len(ctx.order) - 1:
             return value
@@ -458,8 +469,8 @@ class _TpChoiceNode:
         ZeRO stage it runs: at least its traffic lines over the L layers (ZeroTerms: each layer at least the least
         slope of the node's choices, the end stages their least constants; in the schedule's sum, so divided by
         vpp: mixed_pipeline_bounds.schedule_bound) and the largest DP tail of its stages, at least the least tail
-        at which the node's stages hold the layers (tail_bottleneck, each (group, TP) choice a row of its most
-        stages: an open group's choices together hold at least what its one choice does); the least over the ZeRO
+        at which the node's stages hold the layers (tail_bottleneck, a row per group: _tail_row, whose row of a
+        group whose TP is open stands for every choice of it); the least over the ZeRO
         stages. Both hold at two stages or more (ZeroTerms), so 0 where a candidate may have one stage. ZeRO stages
         with the least lines first: one whose lines reach the least so far is not worked out (_zero_ways). (On
         seed-5 suite job 10, whose DP tails are far above its schedule, it cut 63-69% of the nodes it was worked
@@ -1855,14 +1866,6 @@ class _PipelineSearch:
                 self.solve(c, sms, kth, max(lb, refined))  # no good plan yet: one close to the frontier cuts
             else:
                 heapq.heappush(self.heap, (max(lb, refined), next(self.tie), c, (fam, sms)))
-
-
-class _Memo(dict):
-    """What the nodes of one root (_TpChoiceNode.memo) or the boxes of one family (_Family._box_memo) share of
-    their bounds' terms. Given to the other share without its contents (_NodePickler): the nodes of a gift that
-    shared one share a new, empty one there, which works out again what they read. (Pickled whole, the memos were
-    most of a gift: seed-5 suite job 10's 16 gifts of 128 nodes came to 33 MB and 2.8 s of pickling and taking in,
-    and the family memos' keys hold object identities, which mean nothing in another process.)"""
 
 
 class _NodePickler(pickle.Pickler):
