@@ -648,12 +648,18 @@ def test_a_box_prices_its_stages_past_the_dense_layers_at_moe_layers():
     finally:
         mixed_pipeline_bounds.split_rows = mixed_pipelines.split_rows = split
     with_rows = [dataclasses.replace(fam).bound(L, lo, hi) for fam, lo, hi, _ in boxes]
-    raised = [i for i, (x, y) in enumerate(zip(with_rows, without)) if x > y * (1 + 1e-9)]
+    assert_raised_boxes_below_brute_force(ctx, boxes, with_rows, without, rng)
+
+
+def assert_raised_boxes_below_brute_force(ctx, boxes, bounds, without, rng) -> None:
+    """Some of the (family, lo, hi, candidate) ``boxes`` have ``bounds`` above those ``without`` a term, and a
+    sample of up to 25 of those is at most the brute-force best plan of its candidate."""
+    raised = [i for i, (x, y) in enumerate(zip(bounds, without)) if x > y * (1 + 1e-9)]
     assert raised
     for i in rng.sample(raised, min(25, len(raised))):
-        fam, lo, hi, c = boxes[i]
+        _, lo, hi, c = boxes[i]
         best = brute_mixed(ctx.job, c, ctx, ctx.opts.memory_margin)
-        assert with_rows[i] <= best.fit_time * SLACK, (c.groups, lo, hi)
+        assert bounds[i] <= best.fit_time * SLACK, (c.groups, lo, hi)
 
 
 def test_a_box_prices_the_layers_of_a_stage_before_the_dense_layers_end_at_moe_layers():
@@ -684,12 +690,7 @@ def test_a_box_prices_the_layers_of_a_stage_before_the_dense_layers_end_at_moe_l
         mixed_pipeline_bounds._priced = priced
     with_prices = [dataclasses.replace(fam).bound(L, lo, hi) for fam, lo, hi, _ in boxes]
     assert all(x >= y * (1 - 1e-12) for x, y in zip(with_prices, without))
-    raised = [i for i, (x, y) in enumerate(zip(with_prices, without)) if x > y * (1 + 1e-9)]
-    assert raised
-    for i in rng.sample(raised, min(25, len(raised))):
-        fam, lo, hi, c = boxes[i]
-        best = brute_mixed(ctx.job, c, ctx, ctx.opts.memory_margin)
-        assert with_prices[i] <= best.fit_time * SLACK, (c.groups, lo, hi)
+    assert_raised_boxes_below_brute_force(ctx, boxes, with_prices, without, rng)
 
 
 def test_an_unordered_box_counts_each_groups_stages_once_past_the_dense_layers(monkeypatch):
@@ -2276,29 +2277,20 @@ def test_the_dp_tail_term_of_a_node_with_every_tp_fixed_bites():
     one stage."""
     ctx = search_context(four_group_job(GPT6))
     raised = ones = opened = 0
-    for grp, _ in mixed_pipelines._roots(ctx):
-        line = [grp]
-        while line:
-            node = line.pop()
-            for _, child, _ in node.families(ctx):
-                if not isinstance(child, mixed_pipelines._TpChoiceNode):
-                    continue
-                if len(child.fixed) < len(ctx.order):
-                    line.append(child)
-                    if len(child.fixed) == len(ctx.order) - 1:
-                        term = child._zero_tail_term(ctx)
-                        plain = child.bound(ctx, memory=False)
-                        with_tails = child.bound(ctx, memory=False, tails=AlwaysTails())
-                        assert with_tails == pytest.approx(plain + term, rel=1e-12)
-                        opened += term > 0
-                    continue
-                term = child._zero_tail_term(ctx)
-                plain = child.bound(ctx, memory=False)
-                assert child.bound(ctx, memory=False, tails=AlwaysTails()) == pytest.approx(plain + term, rel=1e-12)
-                if child.vpp == 1 and sum(1 for tp in child.fixed if tp) < 2:
-                    assert term == 0.0
-                    ones += 1
-                raised += term > 0
+    for node in tp_choice_nodes(ctx):
+        open_groups = len(ctx.order) - len(node.fixed)
+        if open_groups > 1:
+            continue
+        term = node._zero_tail_term(ctx)
+        plain = node.bound(ctx, memory=False)
+        assert node.bound(ctx, memory=False, tails=AlwaysTails()) == pytest.approx(plain + term, rel=1e-12)
+        if open_groups:
+            opened += term > 0
+            continue
+        if node.vpp == 1 and sum(1 for tp in node.fixed if tp) < 2:
+            assert term == 0.0
+            ones += 1
+        raised += term > 0
     assert raised and ones and opened
 
 
@@ -2309,21 +2301,14 @@ def test_the_dp_tail_term_of_a_node_with_one_tp_open_is_at_most_each_of_its_chil
     unused), whose terms hold for every plan under them (the bound tests above); above 0 somewhere."""
     ctx = search_context(four_group_job(model))
     checked = raised = 0
-    for grp, _ in mixed_pipelines._roots(ctx):
-        line = [grp]
-        while line:
-            node = line.pop()
-            for _, child, _ in node.families(ctx):
-                if not isinstance(child, mixed_pipelines._TpChoiceNode) or len(child.fixed) == len(ctx.order):
-                    continue
-                if len(child.fixed) < len(ctx.order) - 1:
-                    line.append(child)
-                    continue
-                term = child._zero_tail_term(ctx)
-                kids = [k for _, k, _ in child.families(ctx) if isinstance(k, mixed_pipelines._TpChoiceNode)]
-                assert term <= min(k._zero_tail_term(ctx) for k in kids) * (1 + 1e-12)
-                checked += 1
-                raised += term > 0
+    for node in tp_choice_nodes(ctx):
+        if len(node.fixed) != len(ctx.order) - 1:
+            continue
+        term = node._zero_tail_term(ctx)
+        kids = [k for _, k, _ in node.families(ctx) if isinstance(k, mixed_pipelines._TpChoiceNode)]
+        assert term <= min(k._zero_tail_term(ctx) for k in kids) * (1 + 1e-12)
+        checked += 1
+        raised += term > 0
     assert checked and raised
 
 

@@ -389,8 +389,7 @@ class _TpChoiceNode:
     memory: bool = False
     # the row terms of the nodes of one root, which share its degrees (memoized per root: cheap keys): (group, TP)
     # -> _terms, ("free", i) -> _free, ("row", i, TP or "free") -> _row, ("size", fixed) -> _group_size, and the
-    # DP-tail terms: ("flat", fixed) -> _flat_choices, ("zero terms", fixed, zero) -> _zero_terms_of, ("tail row",
-    # i, zero) -> _tail_row of an open group
+    # DP-tail terms: ("flat", fixed) -> _flat_choices, ("tail row", i, zero) -> _tail_row of an open group
     memo: dict = field(default_factory=_Memo, compare=False, repr=False)
     # every group's _row (None: no row), handed down from the parent with the newly fixed group's row swapped in
     # (so a bound reads one new row, not every group's); None until first read
@@ -449,18 +448,14 @@ class _TpChoiceNode:
         With ``memory`` and every TP fixed, plus the least ZeRO-2/3 traffic of the ZeRO stages whose memory holds
         the layers (_fitting_lines; the larger of the two where both are worked out)."""
         value = self._schedule_bound(ctx, target, memory)
-        if value >= target or len(self.fixed) < len(ctx.order) - 1:
+        open_groups = len(ctx.order) - len(self.fixed)
+        if value >= target or open_groups > 1:
             return value
-        if len(self.fixed) < len(ctx.order):  # one group open: the tails only (its own trial)
-            if tails is not None and tails.open is not None and tails.open.pays():
-                tail = self._zero_tail_term(ctx)
-                tails.open.tell(value + tail >= target)
-                return value + tail
-            return value
-        term = self._fitting_lines(ctx) if memory else 0.0
-        if tails is not None and value + term < target and tails.pays():
+        trial = tails if tails is None or not open_groups else tails.open  # (one group open: its own trial)
+        term = self._fitting_lines(ctx) if memory and not open_groups else 0.0
+        if trial is not None and value + term < target and trial.pays():
             tail = self._zero_tail_term(ctx)  # (its lines and those of fitting_lines count the same traffic)
-            tails.tell(value + tail >= target)
+            trial.tell(value + tail >= target)
             term = max(term, tail)
         return value + term
 
@@ -561,33 +556,25 @@ class _TpChoiceNode:
         root (an open group's row is the same for every node of the root that leaves it open)."""
         if len(choices) == 1:
             (g, tp) = choices[0]
-            z = zero_terms(ctx, g, tp, self.dp, self.cp, self.mbs, self.base, zero, self.ep)
-            return self.kmax_of[g][tp], z.reach(self.vpp)
+            return self.kmax_of[g][tp], self._zero_terms(ctx, g, tp, zero).reach(self.vpp)
         key = ("tail row", i, zero)
         hit = self.memo.get(key)
         if hit is None:
-            reaches = [
-                zero_terms(ctx, g, tp, self.dp, self.cp, self.mbs, self.base, zero, self.ep).reach(self.vpp)
-                for g, tp in choices
-            ]
+            reaches = [self._zero_terms(ctx, g, tp, zero).reach(self.vpp) for g, tp in choices]
             hit = self.memo[key] = (max(self.kmax_of[g][tp] for g, tp in choices), tuple(map(min, *reaches)))
         return hit
 
+    def _zero_terms(self, ctx: MixedContext, g: int, tp: int, zero: int) -> ZeroTerms:
+        """The ZeroTerms of group g at this TP and ZeRO stage, at the node's degrees."""
+        return zero_terms(ctx, g, tp, self.dp, self.cp, self.mbs, self.base, zero, self.ep)
+
     def _zero_terms_of(self, ctx: MixedContext, zero: int) -> list[ZeroTerms]:
-        """The ZeroTerms of the node's (group, TP) choices (_flat_choices) at this ZeRO stage (memoized per root by
-        the fixed choices: the tail term and the fitting lines read them again and again)."""
-        key = ("zero terms", self.fixed, zero)
-        hit = self.memo.get(key)
-        if hit is None:
-            hit = self.memo[key] = [
-                zero_terms(ctx, g, tp, self.dp, self.cp, self.mbs, self.base, zero, self.ep)
-                for g, tp in self._flat_choices(ctx)
-            ]
-        return hit
+        """The ZeroTerms of the node's (group, TP) choices (_flat_choices) at this ZeRO stage."""
+        return [self._zero_terms(ctx, g, tp, zero) for g, tp in self._flat_choices(ctx)]
 
     def _flat_choices(self, ctx: MixedContext) -> list[tuple[int, int]]:
         """Every (group, TP) choice of the node's rows (_choices), in row order (memoized per root by the fixed
-        choices)."""
+        choices: _zero_terms_of reads them at each ZeRO stage)."""
         key = ("flat", self.fixed)
         hit = self.memo.get(key)
         if hit is None:
@@ -786,7 +773,7 @@ class _TpChoiceNode:
             for zero in zeros:
                 alts, times = [], []
                 for (g, tp), k in zip(choices, stages):
-                    z = zero_terms(ctx, g, tp, self.dp, self.cp, self.mbs, self.base, zero, self.ep)
+                    z = self._zero_terms(ctx, g, tp, zero)
                     alts.append((k, z.memory_terms(0)))
                     times.append((k, z.kind_times(0)))
                 row = None if any(t is None for _, t in alts) else tuple(alts)
@@ -830,10 +817,7 @@ class _TpChoiceNode:
         if len(self.fixed) == len(ctx.order):
             used = tuple((g, tp) for g, tp in zip(ctx.order, self.fixed) if tp)
             terms = [self._terms(ctx, u) for u in used]
-            zts = tuple(
-                tuple(zero_terms(ctx, g, tp, self.dp, self.cp, self.mbs, self.base, zero, self.ep) for g, tp in used)
-                for zero in self.zeros
-            )
+            zts = tuple(tuple(self._zero_terms(ctx, g, tp, zero) for g, tp in used) for zero in self.zeros)
             fam = _Family(
                 self.dp,
                 self.cp,
