@@ -132,3 +132,27 @@ def test_a_gift_carries_its_nodes_without_their_memos_and_with_the_same_bounds()
         assert lb2 == lb and node.fixed == mine.fixed
         assert node.bound(other, memory=False) == mine.bound(ctx, memory=False)
     assert len(payload) < len(mp.pickle.dumps(nodes[0][1].memo, protocol=mp.pickle.HIGHEST_PROTOCOL))
+
+
+def test_a_gift_taken_in_after_the_deadline_counts_in_what_is_left_open():
+    """A share whose explore stopped at its deadline takes in a gift still in flight (lockstep._take_late): the
+    nodes wait in its line for the next explore, and what it leaves open (``frontier``, the gap's bound) counts
+    their bounds; during an explore a gift leaves the frontier alone."""
+    job = load_job(ROOT / "examples" / "hetero" / "gpt-32l-2x32.yaml")
+    ctx = _context(job)
+    dealt = mp._shares(mp._roots(ctx))
+    giver = mp._PipelineSearch(ctx, dealt[0], 1, 30, 1, 0)
+    giver.prepare()
+    assert len(giver.heap) >= 2
+    given = heapq.nsmallest(mp.GIFT, giver.heap)[1::2]  # (what give gives)
+    taker = mp._PipelineSearch(_context(job), dealt[1], 1, 30, 1, 0)
+    taker.prepare()
+    taker.timed_out, taker.frontier = True, float("inf")
+    before = len(taker.heap)
+    taker.take_gift(giver.give())
+    assert len(taker.heap) == before + len(given)
+    assert taker.frontier == min(lb for lb, *_ in given)
+    again = mp._PipelineSearch(_context(job), dealt[1], 1, 30, 1, 0)
+    again.frontier = float("inf")
+    again.take_gift(mp._pickle_nodes(ctx, [(lb, node, box) for lb, _, node, box in given], 0))
+    assert again.frontier == float("inf")

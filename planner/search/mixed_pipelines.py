@@ -1753,11 +1753,15 @@ class _PipelineSearch:
         return _pickle_nodes(self.ctx, nodes, size)
 
     def take_gift(self, payload: bytes) -> None:
+        """The other share's nodes into this one's line; after an explore that stopped at its deadline (a gift
+        taken in late: lockstep._take_late), what is left open includes them (``frontier``)."""
         nodes, size = _unpickle_nodes(self.ctx, payload)
         for lb, node, box in nodes:
             if isinstance(node, HeteroCandidate):
                 box = (box[0], _stage_models(self.ctx, node, self.cache))
             heapq.heappush(self.heap, (lb, next(self.tie), node, box))
+            if self.timed_out:
+                self.frontier = min(self.frontier, lb)
         self.counted += size
 
     def final(self) -> Snapshot:
