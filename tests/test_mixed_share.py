@@ -156,3 +156,29 @@ def test_a_gift_taken_in_after_the_deadline_counts_in_what_is_left_open():
     again.frontier = float("inf")
     again.take_gift(mp._pickle_nodes(ctx, [(lb, node, box) for lb, _, node, box in given], 0))
     assert again.frontier == float("inf")
+
+
+def test_families_built_at_once_or_after_the_nodes_memory_bound_give_the_same_plans(monkeypatch):
+    """A share builds the family of a TP-choice node with every TP fixed at once where the node's bound with
+    memory does not cut (MemoryTrial), else after that bound puts the node back in line: the top plans and their
+    proof are the same either way, and the steps differ."""
+    job = load_job(ROOT / "examples" / "hetero" / "llama3-405b-3types-4096.yaml")
+    answers = []
+    for pays in (True, False):
+        monkeypatch.setattr(mp.MemoryTrial, "pays", lambda self, pays=pays: pays)
+        steps = []
+        monkeypatch.setattr(mp._PipelineSearch, "step", _counting(mp._PipelineSearch.step, steps))
+        r = mp.search_hetero(job, top=3, time_limit_s=120, single_type=False, processes=1)
+        monkeypatch.undo()
+        answers.append(([(p.time, p.estimate.dims) for p in r.plans], r.complete, r.gap, len(steps)))
+    (plans, complete, gap, steps), (plans2, complete2, gap2, steps2) = answers
+    assert plans == plans2 and complete and complete2 and gap == gap2 == 0.0
+    assert steps != steps2
+
+
+def _counting(step, calls: list):
+    def counted(self, *args):
+        calls.append(1)
+        return step(self, *args)
+
+    return counted
