@@ -182,3 +182,29 @@ def _counting(step, calls: list):
         return step(self, *args)
 
     return counted
+
+
+def test_before_its_first_plan_a_share_puts_a_fixed_node_back_at_its_memory_bound_uncounted():
+    """With no plan known nothing is cut, so a TP-choice node with every TP fixed goes back in line at its bound
+    with memory (which orders the line) and MemoryTrial counts nothing; once a plan is known the trial decides, and
+    where it says no the node's family is built at once."""
+    job = load_job(ROOT / "examples" / "hetero" / "gpt-32l-2x32.yaml")
+    ctx = _context(job)
+    share = mp._PipelineSearch(ctx, mp._shares(mp._roots(ctx))[0], 1, 30, 1, 0)
+    share.prepare()
+    node = None
+    while node is None:
+        lb, _, fam, box = heapq.heappop(share.heap)
+        if isinstance(fam, mp._TpChoiceNode) and len(fam.fixed) == len(ctx.order) and not fam.memory:
+            node = (lb, fam, box)
+        else:
+            share.step(float("inf"), lb, fam, box)
+    share.heap = []
+    share.step(float("inf"), *node)
+    [(_, _, back, _)] = share.heap
+    assert back.memory and share.memory_trial.tries == 0
+    share.heap = []
+    share.memory_trial.pays = lambda: False
+    share.cut = lambda: float("inf")
+    share.step(1e9, *node)
+    assert share.heap and all(isinstance(e[2], mp._Family) for e in share.heap)

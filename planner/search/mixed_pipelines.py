@@ -1336,8 +1336,10 @@ class MemoryTrial(TailTrial):
     """Whether a share puts a TP-choice node with every TP fixed back in line at its bound with the groups' memory
     (and ZeRO-2/3 traffic: _TpChoiceNode.bound) before it builds the node's family, or builds it at once: the family's
     own bound counts both, and the step in between pays only where it cuts. By TailTrial's rule (while at least
-    TAIL_PAYS of the nodes it was worked out for were cut by it, else every TAIL_PROBE-th node). (Seed-5 suite job
-    13: 230 of 8,377 cut, 2.0 s; seed-4 job 4: 2,101 of 3,282, job 19: 77 of 505.)"""
+    TAIL_PAYS of the nodes it was worked out for were cut by it, else every TAIL_PROBE-th node), counted once the
+    share knows a plan: before, nothing is cut, and the node goes back in line at that bound, which orders the line
+    (seed-1 job 43, counted from its start, turned it off before its first plan: 81% of its nodes are cut by it).
+    (Seed-5 suite job 13: 230 of 8,377 cut, 2.0 s; seed-4 job 4: 2,101 of 3,282, job 19: 77 of 505.)"""
 
 
 def _kinds(ctx: MixedContext, used, node: _TpChoiceNode) -> dict:
@@ -1821,10 +1823,12 @@ class _PipelineSearch:
         put back in line at their refined bounds)."""
         ctx, L, push = self.ctx, self.L, self.push
         if isinstance(fam, _TpChoiceNode):
-            if not fam.memory and len(fam.fixed) == len(ctx.order) and self.memory_trial.pays():
+            known = kth < float("inf")  # (no plan yet: nothing to cut, the bound only orders the line)
+            if not fam.memory and len(fam.fixed) == len(ctx.order) and (not known or self.memory_trial.pays()):
                 self.work += WORK["memory"]
                 bound = fam.bound(ctx, self.cut())
-                self.memory_trial.tell(bound >= self.cut())
+                if known:
+                    self.memory_trial.tell(bound >= self.cut())
                 push(max(lb, bound), dataclasses.replace(fam, memory=True), None)
                 return
             for flb, family, fbox in fam.families(ctx, self.cut(), self.tails):
