@@ -11,7 +11,7 @@ import pytest
 from test_bounds import GPT6, MOE6, AlwaysTails, four_group_job, mixed_job, search_context, tp_choice_nodes
 
 from planner.search import mixed_pipelines
-from planner.search.mixed_context import ZeroTails
+from planner.search.mixed_context import ZeroTails, covers_every
 
 JOBS = {"dense": lambda: mixed_job(GPT6), "moe": lambda: mixed_job(MOE6), "four-groups": four_group_job}
 
@@ -55,7 +55,7 @@ def test_an_open_familys_bound_is_the_least_of_every_zero_stages_bound(name):
 
 
 def covers_all(fam, j: int, i: int) -> bool:
-    return all(x.covers(y, fam.vpp) for x, y in zip(fam.zts[j], fam.zts[i]))
+    return covers_every(fam.zts[j], fam.zts[i], fam.vpp)
 
 
 @pytest.mark.parametrize("name", list(JOBS))
@@ -63,16 +63,11 @@ def test_a_nodes_dp_tail_term_is_the_least_over_every_zero_stage(name):
     """_TpChoiceNode._zero_tail_term works out only the ZeRO stages no other covers at every choice of the node
     (_zero_ways): it is still the least over every ZeRO stage of its lines plus tail."""
     ctx = search_context(JOBS[name]())
-    L = ctx.job.model.num_layers
     checked = 0
     for node in tp_choice_nodes(ctx):
         if len(node.fixed) < len(ctx.order) - 1 or node._one_stage_possible():
             continue
-        every = []
-        for zero in node.zeros:
-            zts = node._zero_terms_of(ctx, zero)
-            lines = max(0.0, L * min(z.slope for z in zts) + min(z.first for z in zts) + min(z.last for z in zts))
-            every.append(node._zero_tail_at(ctx, zero, lines / node.vpp))
+        every = [node._zero_tail_at(ctx, z, node._least_lines(ctx, node._zero_terms_of(ctx, z))) for z in node.zeros]
         assert node._zero_tail_term(ctx) == pytest.approx(min(every), rel=1e-12)
         checked += 1
     assert checked

@@ -236,10 +236,9 @@ class Lockstep:
         self.to_child.put(("explore", until, best))
         inbox = Inbox()
         _run(self.shares[0], until, self.to_child.put, lambda: self._receive(inbox), inbox)
-        while True:  # (its result comes after its final snapshot, which _run has taken in)
-            msg = self._message()
-            if msg[0] == "result":
-                return msg[1]
+        msg = self._message()  # (the child's result: _run has taken in its snapshots up to its final one)
+        assert msg[0] == "result"
+        return msg[1]
 
     def _prepared(self):
         """The child's prepare_for (its first message), waiting for it."""
@@ -296,8 +295,8 @@ def _take_late(share, inbox: Inbox) -> None:
     """The other share's snapshots a share had not taken in when its explore ended (it stopped at the deadline):
     their plans, and their gifts, which would be lost otherwise (the giver took the nodes out of its line): the share
     keeps them in line for a later explore. (A share that ended out of work for good has taken in every gift.
-    Seed-5 suite job 10 without this: 1 run in 6 that passed the first deadline gave a plan 0.4% slower as proven,
-    its best candidate in a gift not taken in.)"""
+    Seed-5 suite job 10 without this: 2 of 11 CLI runs, both slow ones past the first deadline, gave a plan 0.4%
+    slower as proven, its best candidate in a gift not taken in.)"""
     for snap in inbox.take(float("inf")):
         share.take_plans(snap.plans)
         if snap.gift is not None:
@@ -347,8 +346,6 @@ def _child_main(shares, inbox_queue, outbox_queue, front, back) -> None:
             outbox_queue.put(("prepared", share.prepare_for(shares[0], front, back)))
         while True:
             msg = inbox_queue.get()
-            if msg[0] == "snapshot":  # (none: _run takes in the parent's up to its final one)
-                continue
             if msg[0] == "close":
                 break
             if msg[0] == "call":

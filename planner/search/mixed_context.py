@@ -531,12 +531,18 @@ def uncovered(zts, vpp: int) -> tuple[int, ...]:
     the ZeRO stages needs only these. The one rule of which ZeRO stages a bound leaves out."""
 
     def covers(j: int, i: int) -> bool:
-        return all(x.covers(y, vpp) for x, y in zip(zts[j], zts[i]))
+        return covers_every(zts[j], zts[i], vpp)
 
     n = len(zts)
     return tuple(
         i for i in range(n) if not any(j != i and covers(j, i) and not (j > i and covers(i, j)) for j in range(n))
     )
+
+
+def covers_every(better, worse, vpp: int) -> bool:
+    """Whether each ZeroTerms of ``better`` covers the one of ``worse`` in the same place (ZeroTerms.covers: two
+    ZeRO stages' terms of the same groups or choices, in one order)."""
+    return all(x.covers(y, vpp) for x, y in zip(better, worse))
 
 
 def _at_most(xs, ys) -> bool:

@@ -535,15 +535,17 @@ class _TpChoiceNode:
         key = ("zero tail", self.fixed)
         ways = self.memo.get(key)
         if ways is None:
-            L = ctx.job.model.num_layers
-            ways = []
             by_zero = [self._zero_terms_of(ctx, zero) for zero in self.zeros]
-            for i in uncovered(by_zero, self.vpp):
-                zts = by_zero[i]
-                lines = max(0.0, L * min(z.slope for z in zts) + min(z.first for z in zts) + min(z.last for z in zts))
-                ways.append((lines / self.vpp, self.zeros[i], None))
+            ways = [(self._least_lines(ctx, by_zero[i]), self.zeros[i], None) for i in uncovered(by_zero, self.vpp)]
             ways = self.memo[key] = sorted(ways, key=lambda w: w[:2])
         return ways
+
+    def _least_lines(self, ctx: MixedContext, zts: list[ZeroTerms]) -> float:
+        """The least traffic lines over the L layers of the node's choices at one ZeRO stage (their ZeroTerms
+        ``zts``: each layer at the least slope, the end stages at their least constants), / vpp."""
+        L = ctx.job.model.num_layers
+        lines = L * min(z.slope for z in zts) + min(z.first for z in zts) + min(z.last for z in zts)
+        return max(0.0, lines) / self.vpp
 
     def _zero_tail_at(self, ctx: MixedContext, zero: int, lines: float) -> float:
         """``lines`` plus the least DP tail at which the node's stages hold the layers at this ZeRO stage (a row per
@@ -1826,9 +1828,10 @@ class _PipelineSearch:
             known = kth < float("inf")  # (no plan yet: nothing to cut, the bound only orders the line)
             if not fam.memory and len(fam.fixed) == len(ctx.order) and (not known or self.memory_trial.pays()):
                 self.work += WORK["memory"]
-                bound = fam.bound(ctx, self.cut())
+                cut = self.cut()
+                bound = fam.bound(ctx, cut)
                 if known:
-                    self.memory_trial.tell(bound >= self.cut())
+                    self.memory_trial.tell(bound >= cut)
                 push(max(lb, bound), dataclasses.replace(fam, memory=True), None)
                 return
             for flb, family, fbox in fam.families(ctx, self.cut(), self.tails):
