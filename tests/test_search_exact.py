@@ -334,3 +334,32 @@ def test_a_solve_reports_the_deterministic_time_of_both_its_passes_the_same_in_e
             runs.append(res.work_s)
         assert runs[0] == runs[1]
     assert two_pass > 0  # (some solves ran both passes, each with deterministic time of its own)
+
+
+def test_a_cap_narrows_the_bottleneck_and_tail_domains_and_keeps_every_optimum():
+    """A capped model's T (with two or more micro-batches), D and O end at what the cap implies
+    (partition._capped_tops), below the horizon where the cap is, and that excludes no point that meets the cap: with the cap at each candidate's uncapped optimum, the capped solve
+    finds that optimum; just below it, none."""
+    import planner.search.partition as partition
+
+    sms, capacity = _memory_bound_stage_models()
+    solved, narrowed = 0, set()
+    for sm in sms:
+        free = solve_partition(sm, capacity, partial_recompute=True, time_limit_s=30)
+        if free.plans is None:
+            continue
+        solved += 1
+        cap = free.objective_s
+        at = solve_partition(sm, capacity, partial_recompute=True, time_limit_s=30, objective_cap_s=cap)
+        assert at.status == free.status == "optimal"
+        assert at.objective_s == pytest.approx(free.objective_s, rel=partition.PRECISION)
+        below = solve_partition(
+            sm, capacity, partial_recompute=True, time_limit_s=30, objective_cap_s=cap * (1 - 10 * partition.PRECISION)
+        )
+        assert below.plans is None
+        built = partition.build_partition_model(sm, capacity, partial_recompute=True, objective_cap_s=cap)
+        tops = {v.name: list(v.domain)[-1] for v in built.model.Proto().variables if v.name in ("T", "D", "O")}
+        narrowed.update(name for name, top in tops.items() if top < built.scale.big_t)
+        if sm.dims.vpp * sm.mb == 1:
+            assert tops["T"] == built.scale.big_t  # (T is not in a one-micro-batch objective)
+    assert solved > 0 and narrowed == {"T", "D", "O"}
