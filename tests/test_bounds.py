@@ -259,16 +259,18 @@ def open_tree(ctx, fam, box):
 
 
 def candidates_with_bounds(ctx) -> list:
-    """Every mixed-pipeline candidate of ctx's job as (bounds on the way to it, its ordered family, candidate)."""
+    """Every mixed-pipeline candidate of ctx's job as (bounds on the way to it, its ordered family, candidate): its
+    root's rough bound first (the one it is first put in line at)."""
     L = ctx.job.model.num_layers
     found = []
     for grp, _ in mixed_pipelines._roots(ctx):
-        glb = grp.bound(ctx, memory=False)
+        rough, glb = grp.rough_bound(ctx), grp.bound(ctx, memory=False)
         with_memory = grp.bound(ctx)
         for bounds, fam, (lo, hi) in families(ctx, grp):
             for ks in boxes_points(lo, hi, L):
                 found += [
-                    ((glb, with_memory, *bounds, fam.bound(L, ks, ks)), fam, c) for c in fam.candidates(ctx, ks, 0.0)
+                    ((rough, glb, with_memory, *bounds, fam.bound(L, ks, ks)), fam, c)
+                    for c in fam.candidates(ctx, ks, 0.0)
                 ]
     return found
 

@@ -118,8 +118,10 @@ def test_a_gift_carries_its_nodes_without_their_memos_and_with_the_same_bounds()
     ctx = _context(job)
     giver = mp._PipelineSearch(ctx, mp._shares(mp._roots(ctx))[0], 1, 30, 1, 0)
     giver.prepare()
-    lb, _, root, box = heapq.heappop(giver.heap)
-    giver.step(float("inf"), lb, root, box)  # (its children, sharing its memo, in line)
+    root = SimpleNamespace(rough=True)
+    while root.rough:  # (a root first comes out of line at its rough bound: back in line at its bound)
+        lb, _, root, box = heapq.heappop(giver.heap)
+        giver.step(float("inf"), lb, root, box)  # (then its children, sharing its memo, in line)
     kids = [e for e in giver.heap if isinstance(e[2], mp._TpChoiceNode) and e[2].memo is root.memo]
     assert len(kids) >= 2 and root.memo
     nodes = [(e[0], e[2], e[3]) for e in kids]
@@ -174,6 +176,28 @@ def test_families_built_at_once_or_after_the_nodes_memory_bound_give_the_same_pl
     (plans, complete, gap, steps), (plans2, complete2, gap2, steps2) = answers
     assert plans == plans2 and complete and complete2 and gap == gap2 == 0.0
     assert steps != steps2
+
+
+def test_roots_in_line_at_their_rough_bounds_give_the_same_plans(monkeypatch):
+    """Roots go in line at their rough bound (_TpChoiceNode.rough_bound: no rows, at most their bound) and back in
+    line at their bound the first time they come out: the top plans and their proof are the same as with every
+    root in line at its bound at once, and fewer roots are bounded."""
+    job = load_job(ROOT / "examples" / "hetero" / "llama3-405b-3types-4096.yaml")
+    ctx = _context(job)
+    roots = [grp for grp, _ in mp._roots(ctx)]
+    assert all(grp.rough_bound(ctx) <= grp.bound(ctx, memory=False) * (1 + 1e-12) for grp in roots)
+    answers = []
+    for rough in (True, False):
+        if not rough:  # (each root's rough bound is its bound)
+            monkeypatch.setattr(mp._TpChoiceNode, "rough_bound", lambda self, ctx: self.bound(ctx, memory=False))
+        bounded = []
+        monkeypatch.setattr(mp._TpChoiceNode, "_schedule_bound", _counting(mp._TpChoiceNode._schedule_bound, bounded))
+        r = mp.search_hetero(job, top=3, time_limit_s=120, single_type=False, processes=1)
+        monkeypatch.undo()
+        answers.append(([(p.time, p.estimate.dims) for p in r.plans], r.complete, r.gap, len(bounded)))
+    (plans, complete, gap, bounds), (plans2, complete2, gap2, bounds2) = answers
+    assert plans == plans2 and complete and complete2 and gap == gap2 == 0.0
+    assert bounds < bounds2
 
 
 def _counting(step, calls: list):

@@ -388,6 +388,9 @@ class _TpChoiceNode:
     # line, before it builds its family. (Above the leaves they cut many nodes, 55% of job 46's roots in the seed-0
     # suite, but build the models of every choice at every ZeRO stage: jobs 4, 13 and 49 took longer with them.)
     memory: bool = False
+    # a root put in line at its rough_bound, which goes back in line at its bound (without the memory terms) the
+    # first time it comes out of line
+    rough: bool = False
     # the row terms of the nodes of one root, which share its degrees (memoized per root: cheap keys): (group, TP)
     # -> _terms, ("free", i) -> _free, ("row", i, TP or "free") -> _row, ("size", fixed) -> _group_size, and the
     # DP-tail terms: ("flat", fixed) -> _flat_choices, ("tail row", i, zero) -> _tail_row of an open group
@@ -625,16 +628,53 @@ class _TpChoiceNode:
         key = ("capped", most, self.fixed)  # (the node's choices follow from its fixed ones: its root's memo)
         hit = self.memo.get(key)
         if hit is None:
-            rows = tuple(
-                tuple((self.kmax_of[g][tp], self._heavy_seconds(ctx, g, tp)) for g, tp in c)
-                for _, c in self._choices(ctx)
+            rows = self._heavy_rows(ctx)
+            hit = (
+                self._throughput_floor(ctx, rows, most, work) if sum(max(k for k, _ in r) for r in rows) > most else 0.0
             )
-            hit = 0.0
-            if sum(max(k for k, _ in r) for r in rows) > most:
-                need = heavy_kind(ctx.job.model)[1]
-                hit = schedule_bound(need / choice_capped_rate(rows, most), work, self.mb, self.vpp)
             self.memo[key] = hit
         return hit
+
+    def _heavy_rows(self, ctx: MixedContext) -> tuple:
+        """Per row of the node (_choices), its choices as (most stages, least seconds per heavy layer)."""
+        return tuple(
+            tuple((self.kmax_of[g][tp], self._heavy_seconds(ctx, g, tp)) for g, tp in c) for _, c in self._choices(ctx)
+        )
+
+    def _throughput_floor(self, ctx: MixedContext, rows, most: int, work: float) -> float:
+        """schedule_bound at the least bottleneck at which at most ``most`` stages, each group at one of its choices
+        (``rows``: _heavy_rows), hold the model's heavy layers (choice_capped_rate), and ``work`` seconds at least in
+        the stages' sum."""
+        need = heavy_kind(ctx.job.model)[1]
+        return schedule_bound(need / choice_capped_rate(rows, most), work, self.mb, self.vpp)
+
+    def rough_bound(self, ctx: MixedContext) -> float:
+        """A floor under bound(memory=False), cheap (no rows, no boxes): _throughput_floor at most num_layers/vpp
+        stages, with the least work of the node's choices (_least_work). A root goes in line at it (``rough``) and
+        back in line at its bound the first time it comes out (_PipelineSearch.step): on seed-5 suite job 10 it is
+        at or above the best plan for 18,603 of the 20,246 roots, never bounded then (their bounds took 5.1 s of
+        one process, their rough bounds 1.5 s)."""
+        rows = self._heavy_rows(ctx)
+        if not rows:
+            return float("inf")
+        return self._throughput_floor(ctx, rows, self.max_pp(ctx), self._least_work(ctx))
+
+    def _least_work(self, ctx: MixedContext) -> float:
+        """The least seconds the model's layers add to the stages' sum at the node's choices: each layer at the
+        least floor of its kind over them (kind_layer_bounds; per_layer_bound for a model of one kind)."""
+        count = {kind: n for kind, n in layer_counts(ctx.job.model).items() if n}
+        least = dict.fromkeys(count, float("inf"))
+        for _, choices in self._choices(ctx):
+            for g, tp in choices:
+                kinds = kind_layer_bounds(ctx, g, tp, self.cp, self.mbs, self.base, self.ep)
+                floors = (
+                    dict(zip(("dense", "moe"), kinds))
+                    if kinds is not None
+                    else dict.fromkeys(count, self._terms(ctx, (g, tp))[0])
+                )
+                for kind in least:
+                    least[kind] = min(least[kind], floors[kind])
+        return sum(n * least[kind] for kind, n in count.items())
 
     def _heavy_seconds(self, ctx: MixedContext, g: int, tp: int) -> float:
         """The least seconds per heavy layer (heavy_kind) of a stage of group g at this TP."""
@@ -1590,22 +1630,24 @@ class _PipelineSearch:
         if forked and self.heap:
             threading.Thread(target=cp_sat, daemon=True).start()
 
-    def _root_entry(self, i: int, grp: _TpChoiceNode) -> tuple:
-        """Root ``i`` in line: at its bound without the memory terms (cheap; they come when it is opened)."""
-        return (grp.bound(self.ctx, memory=False), i, grp, None)
+    def _root_entry(self, i: int, grp: _TpChoiceNode, rough: float | None = None) -> tuple:
+        """Root ``i`` in line at its rough bound (worked out here unless given: prepare_for's), marked ``rough``:
+        its bound comes when it first comes out of line (step)."""
+        bound = grp.rough_bound(self.ctx) if rough is None else rough
+        return (bound, i, dataclasses.replace(grp, rough=True), None)
 
     def prepare_for(self, other: _PipelineSearch, front, back) -> list[tuple[int, float]]:
-        """The other share's root bounds (its _root_entry's), worked out here, in the child, from its last root back
-        while the parent takes its first replica look and then works them out from its first root on (_bound_roots),
-        until the two meet: ``front`` (shared memory) holds the parent's next root, ``back`` this side's last one
-        taken (each side reads the other's before it takes a root: at most one is worked out on both sides). As
-        (position in its roots, bound), for the other share to take in. The same bounds either way, so the same line
-        and counts."""
+        """The other share's root bounds (its _root_entry's rough bounds), worked out here, in the child, from its
+        last root back while the parent takes its first replica look and then works them out from its first root on
+        (_bound_roots), until the two meet: ``front`` (shared memory) holds the parent's next root, ``back`` this
+        side's last one taken (each side reads the other's before it takes a root: at most one is worked out on both
+        sides). As (position in its roots, bound), for the other share to take in. The same bounds either way, so
+        the same line and counts."""
         bounds: list[tuple[int, float]] = []
         n = len(other.roots) - 1
         while n >= front.value:
             back.value = n
-            bounds.append((n, other.roots[n][1].bound(self.ctx, memory=False)))
+            bounds.append((n, other.roots[n][1].rough_bound(self.ctx)))
             n -= 1
         return bounds
 
@@ -1623,7 +1665,7 @@ class _PipelineSearch:
             done += 1
         if done < len(roots):
             theirs = dict(meet.theirs())
-            self.heap += [(theirs[n], i, grp, None) for n, (i, grp, _) in enumerate(roots) if n >= done]
+            self.heap += [self._root_entry(i, grp, theirs[n]) for n, (i, grp, _) in enumerate(roots) if n >= done]
         heapq.heapify(self.heap)
         self.roots = []
 
@@ -1825,6 +1867,9 @@ class _PipelineSearch:
         put back in line at their refined bounds)."""
         ctx, L, push = self.ctx, self.L, self.push
         if isinstance(fam, _TpChoiceNode):
+            if fam.rough:  # a root out of line for the first time: back at its bound
+                push(max(lb, fam.bound(ctx, self.cut(), memory=False)), dataclasses.replace(fam, rough=False), None)
+                return
             known = kth < float("inf")  # (no plan yet: nothing to cut, the bound only orders the line)
             if not fam.memory and len(fam.fixed) == len(ctx.order) and (not known or self.memory_trial.pays()):
                 self.work += WORK["memory"]
