@@ -15,6 +15,7 @@ from planner.search.mixed_pipeline_bounds import refined_bound
 from planner.search.space import SearchOptions
 
 ROOT = Path(__file__).resolve().parent.parent
+EXAMPLE_405B = ROOT / "examples" / "hetero" / "llama3-405b-3types-4096.yaml"
 
 
 def _context(job) -> MixedContext:
@@ -83,7 +84,7 @@ def test_the_first_shares_roots_are_the_same_in_line_however_far_the_other_share
     works them out from its first root on, until the two meet (shared counters: front, the parent's next root, and
     back, the child's last one taken); the first share's line holds the same entries however far each got, as where
     it bounds every root itself."""
-    job = load_job(ROOT / "examples" / "hetero" / "llama3-405b-3types-4096.yaml")
+    job = load_job(EXAMPLE_405B)
     ctx = _context(job)
     dealt = mp._shares(mp._roots(ctx))
     size = len(dealt[0])
@@ -164,16 +165,13 @@ def test_families_built_at_once_or_after_the_nodes_memory_bound_give_the_same_pl
     """A share builds the family of a TP-choice node with every TP fixed at once where the node's bound with
     memory does not cut (MemoryTrial), else after that bound puts the node back in line: the top plans and their
     proof are the same either way, and the steps differ."""
-    job = load_job(ROOT / "examples" / "hetero" / "llama3-405b-3types-4096.yaml")
-    answers = []
-    for pays in (True, False):
-        monkeypatch.setattr(mp.MemoryTrial, "pays", lambda self, pays=pays: pays)
-        steps = []
-        monkeypatch.setattr(mp._PipelineSearch, "step", _counting(mp._PipelineSearch.step, steps))
-        r = mp.search_hetero(job, top=3, time_limit_s=120, single_type=False, processes=1)
-        monkeypatch.undo()
-        answers.append(([(p.time, p.estimate.dims) for p in r.plans], r.complete, r.gap, len(steps)))
-    (plans, complete, gap, steps), (plans2, complete2, gap2, steps2) = answers
+
+    def pays(way: bool) -> None:
+        monkeypatch.setattr(mp.MemoryTrial, "pays", lambda self: way)
+
+    (plans, complete, gap, steps), (plans2, complete2, gap2, steps2) = _both_ways(
+        monkeypatch, pays, mp._PipelineSearch, "step"
+    )
     assert plans == plans2 and complete and complete2 and gap == gap2 == 0.0
     assert steps != steps2
 
@@ -182,22 +180,34 @@ def test_roots_in_line_at_their_rough_bounds_give_the_same_plans(monkeypatch):
     """Roots go in line at their rough bound (_TpChoiceNode.rough_bound: no rows, at most their bound) and back in
     line at their bound the first time they come out: the top plans and their proof are the same as with every
     root in line at its bound at once, and fewer roots are bounded."""
-    job = load_job(ROOT / "examples" / "hetero" / "llama3-405b-3types-4096.yaml")
-    ctx = _context(job)
+    ctx = _context(load_job(EXAMPLE_405B))
     roots = [grp for grp, _ in mp._roots(ctx)]
     assert all(grp.rough_bound(ctx) <= grp.bound(ctx, memory=False) * (1 + 1e-12) for grp in roots)
-    answers = []
-    for rough in (True, False):
-        if not rough:  # (each root's rough bound is its bound)
+
+    def rough(way: bool) -> None:
+        if not way:  # (each root's rough bound is its bound)
             monkeypatch.setattr(mp._TpChoiceNode, "rough_bound", lambda self, ctx: self.bound(ctx, memory=False))
-        bounded = []
-        monkeypatch.setattr(mp._TpChoiceNode, "_schedule_bound", _counting(mp._TpChoiceNode._schedule_bound, bounded))
-        r = mp.search_hetero(job, top=3, time_limit_s=120, single_type=False, processes=1)
-        monkeypatch.undo()
-        answers.append(([(p.time, p.estimate.dims) for p in r.plans], r.complete, r.gap, len(bounded)))
-    (plans, complete, gap, bounds), (plans2, complete2, gap2, bounds2) = answers
+
+    (plans, complete, gap, bounds), (plans2, complete2, gap2, bounds2) = _both_ways(
+        monkeypatch, rough, mp._TpChoiceNode, "_schedule_bound"
+    )
     assert plans == plans2 and complete and complete2 and gap == gap2 == 0.0
     assert bounds < bounds2
+
+
+def _both_ways(monkeypatch, set_way, owner, counted: str) -> list[tuple]:
+    """The 405B example's mixed search (top 3, one process) with ``set_way(True)`` and with ``set_way(False)``
+    applied, each as (plans, complete, gap, calls of ``owner.counted``)."""
+    job = load_job(EXAMPLE_405B)
+    answers = []
+    for way in (True, False):
+        set_way(way)
+        calls: list = []
+        monkeypatch.setattr(owner, counted, _counting(getattr(owner, counted), calls))
+        r = mp.search_hetero(job, top=3, time_limit_s=120, single_type=False, processes=1)
+        monkeypatch.undo()
+        answers.append(([(p.time, p.estimate.dims) for p in r.plans], r.complete, r.gap, len(calls)))
+    return answers
 
 
 def _counting(step, calls: list):

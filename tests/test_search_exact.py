@@ -338,8 +338,8 @@ def test_a_solve_reports_the_deterministic_time_of_both_its_passes_the_same_in_e
 
 def test_a_cap_narrows_the_bottleneck_and_tail_domains_and_keeps_every_optimum():
     """A capped model's T (with two or more micro-batches), D and O end at what the cap implies
-    (partition._capped_tops), below the horizon where the cap is, and that excludes no point that meets the cap: with the cap at each candidate's uncapped optimum, the capped solve
-    finds that optimum; just below it, none."""
+    (partition._capped_tops), below the horizon where the cap is, and that excludes no point that meets the cap:
+    with the cap at each candidate's uncapped optimum, the capped solve finds that optimum; just below it, none."""
     import planner.search.partition as partition
 
     sms, capacity = _memory_bound_stage_models()

@@ -628,10 +628,9 @@ class _TpChoiceNode:
         key = ("capped", most, self.fixed)  # (the node's choices follow from its fixed ones: its root's memo)
         hit = self.memo.get(key)
         if hit is None:
-            rows = self._heavy_rows(ctx)
-            hit = (
-                self._throughput_floor(ctx, rows, most, work) if sum(max(k for k, _ in r) for r in rows) > most else 0.0
-            )
+            rows, hit = self._heavy_rows(ctx), 0.0
+            if sum(max(k for k, _ in r) for r in rows) > most:
+                hit = self._throughput_floor(ctx, rows, most, work)
             self.memo[key] = hit
         return hit
 
@@ -660,21 +659,16 @@ class _TpChoiceNode:
         return self._throughput_floor(ctx, rows, self.max_pp(ctx), self._least_work(ctx))
 
     def _least_work(self, ctx: MixedContext) -> float:
-        """The least seconds the model's layers add to the stages' sum at the node's choices: each layer at the
-        least floor of its kind over them (kind_layer_bounds; per_layer_bound for a model of one kind)."""
-        count = {kind: n for kind, n in layer_counts(ctx.job.model).items() if n}
-        least = dict.fromkeys(count, float("inf"))
-        for _, choices in self._choices(ctx):
-            for g, tp in choices:
-                kinds = kind_layer_bounds(ctx, g, tp, self.cp, self.mbs, self.base, self.ep)
-                floors = (
-                    dict(zip(("dense", "moe"), kinds))
-                    if kinds is not None
-                    else dict.fromkeys(count, self._terms(ctx, (g, tp))[0])
-                )
-                for kind in least:
-                    least[kind] = min(least[kind], floors[kind])
-        return sum(n * least[kind] for kind, n in count.items())
+        """The least seconds the model's layers add to the stages' sum at the node's choices, as the rows count it
+        (_schedule_bound): num_layers times the least per_layer_bound, or for a model with dense and MoE layers each
+        kind at its least floor (_least_kind_work)."""
+        choices = [c for _, row in self._choices(ctx) for c in row]
+        count = layer_counts(ctx.job.model)
+        if not (count["dense"] and count["moe"]):
+            return ctx.job.model.num_layers * min(self._terms(ctx, c)[0] for c in choices)
+        return _least_kind_work(
+            count, [kind_layer_bounds(ctx, g, tp, self.cp, self.mbs, self.base, self.ep) for g, tp in choices]
+        )
 
     def _heavy_seconds(self, ctx: MixedContext, g: int, tp: int) -> float:
         """The least seconds per heavy layer (heavy_kind) of a stage of group g at this TP."""
@@ -836,7 +830,7 @@ class _TpChoiceNode:
         if not D or not E:
             return None
         dense, moe, ratio, x_min, y_min = zip(*kind_rows)
-        work = D * min(x_min) + E * min(y_min)
+        work = _least_kind_work(count, zip(x_min, y_min))
         return KindMix(dense, _NO_ENDS, D + min(ratio) * E, work, moe=moe, moe_layers=E, moe_from=D + E)
 
     def _kind_row(self, ctx: MixedContext, choices, hi: float) -> tuple[float, ...]:
@@ -1372,6 +1366,13 @@ class TailTrial:
 
 TAIL_PAYS = 0.1
 TAIL_PROBE = 64
+
+
+def _least_kind_work(count: dict, floors) -> float:
+    """The least seconds a model's dense and MoE layers (``count``: layer_counts) add to the stages' sum: each kind's
+    layers at the least of its seconds over ``floors``, (dense, MoE) seconds per layer of each choice."""
+    dense, moe = zip(*floors)
+    return count["dense"] * min(dense) + count["moe"] * min(moe)
 
 
 class MemoryTrial(TailTrial):
