@@ -125,6 +125,13 @@ DIVE = 0.05
 # first after 3,197 steps) from 24.7 to 15.5 s and seed-2 jobs 16 and 40 (first plans 6% and 10% above the best)
 # from 8.5 and 5.8 s to 4.3 and 1.9 s; where the replica plans are far from the best, the longer look costs up to
 # 1.2 s (seed-3 job 10: 1.0 -> 2.2 s, its look's plan 44% above the best).
+# The look is the one phase the child (lockstep) sits idle through (0.6-2.8 s on the slow jobs of seeds 1, 4, 5 and
+# 7). No look at all (one step) moved those jobs by -2.3 to +9.1 s (seed-1 job 37 5.0 -> 3.2 s, its look's plans 61%
+# above the best; seed-5 job 10 11.9 -> 21.0 s and seed-1 job 31 5.9 -> 9.0 s, a replica plan the best). Run inside
+# the first share's explore as work of its own, the other share exploring meanwhile, it was slower on 5 of 7 of them
+# (seed-5 job 10 +2.5 s, seed-1 job 43 +0.9 s; lock step through the look, or publishing only, or the other share
+# solving nothing while no plan is known): the other share's work without the look's cut, and the waits where the
+# look's work and the other share's units run at different speeds, cost more than the idle child.
 REPLICA_LOOK = 5000
 # Work units of the mixed search's steps, for lockstep's epochs, each about 60-120 microseconds on the slow suite
 # jobs (measured by kind of step on jobs 4, 13, 19 and 46): a node out of line, a bound worked out for a node put in
