@@ -126,7 +126,7 @@ DIVE = 0.05
 # from 8.5 and 5.8 s to 4.3 and 1.9 s; where the replica plans are far from the best, the longer look costs up to
 # 1.2 s (seed-3 job 10: 1.0 -> 2.2 s, its look's plan 44% above the best).
 # The look is the one phase the child (lockstep) sits idle through (0.6-2.8 s on the slow jobs of seeds 1, 4, 5 and
-# 7). No look at all (one step) moved those jobs by -2.3 to +9.1 s (seed-1 job 37 5.0 -> 3.2 s, its look's plans 61%
+# 7). No look at all (one step) moved those jobs by -1.9 to +9.1 s (seed-1 job 37 5.0 -> 3.2 s, its look's plans 61%
 # above the best; seed-5 job 10 11.9 -> 21.0 s and seed-1 job 31 5.9 -> 9.0 s, a replica plan the best). Run inside
 # the first share's explore as work of its own, the other share exploring meanwhile, it was slower on 5 of 7 of them
 # (seed-5 job 10 +2.5 s, seed-1 job 43 +0.9 s; lock step through the look, or publishing only, or the other share
