@@ -280,7 +280,7 @@ def _roots(ctx: MixedContext) -> list[tuple[_TpChoiceNode, int]]:
                             kmax = {g: {tp: min(k, L // vpp) for tp, k in kmax_of[g].items()} for g in ctx.order}
                             per_vpp[vpp] = kmax, _space_size(ctx, tp_opts, kmax, L // vpp)
                         kmax, size = per_vpp[vpp]
-                        grp = _TpChoiceNode(dp, cp, mbs, base, zeros, mb, tp_opts, kmax, ep=ep, vpp=vpp)
+                        grp = _TpChoiceNode(dp, cp, mbs, base, zeros, mb, tp_opts, kmax, ep=ep, vpp=vpp, rough=True)
                         out.append((grp, size * len(zeros)))
     return out
 
@@ -395,8 +395,8 @@ class _TpChoiceNode:
     # line, before it builds its family. (Above the leaves they cut many nodes, 55% of job 46's roots in the seed-0
     # suite, but build the models of every choice at every ZeRO stage: jobs 4, 13 and 49 took longer with them.)
     memory: bool = False
-    # a root put in line at its rough_bound, which goes back in line at its bound (without the memory terms) the
-    # first time it comes out of line
+    # a root (_roots), put in line at its rough_bound, which goes back in line at its bound (without the memory
+    # terms) the first time it comes out of line
     rough: bool = False
     # the row terms of the nodes of one root, which share its degrees (memoized per root: cheap keys): (group, TP)
     # -> _terms, ("free", i) -> _free, ("row", i, TP or "free") -> _row, ("size", fixed) -> _group_size, and the
@@ -669,7 +669,7 @@ class _TpChoiceNode:
         """The least seconds the model's layers add to the stages' sum at the node's choices, as the rows count it
         (_schedule_bound): num_layers times the least per_layer_bound, or for a model with dense and MoE layers each
         kind at its least floor (_least_kind_work)."""
-        choices = [c for _, row in self._choices(ctx) for c in row]
+        choices = self._flat_choices(ctx)
         count = layer_counts(ctx.job.model)
         if not (count["dense"] and count["moe"]):
             return ctx.job.model.num_layers * min(self._terms(ctx, c)[0] for c in choices)
@@ -1639,10 +1639,9 @@ class _PipelineSearch:
             threading.Thread(target=cp_sat, daemon=True).start()
 
     def _root_entry(self, i: int, grp: _TpChoiceNode, rough: float | None = None) -> tuple:
-        """Root ``i`` in line at its rough bound (worked out here unless given: prepare_for's), marked ``rough``:
-        its bound comes when it first comes out of line (step)."""
-        bound = grp.rough_bound(self.ctx) if rough is None else rough
-        return (bound, i, dataclasses.replace(grp, rough=True), None)
+        """Root ``i`` in line at its rough bound (worked out here unless given: prepare_for's); its bound comes when
+        it first comes out of line (``rough``: step)."""
+        return (grp.rough_bound(self.ctx) if rough is None else rough, i, grp, None)
 
     def prepare_for(self, other: _PipelineSearch, front, back) -> list[tuple[int, float]]:
         """The other share's root bounds (its _root_entry's rough bounds), worked out here, in the child, from its
