@@ -131,7 +131,11 @@ DIVE = 0.05
 # the first share's explore as work of its own, the other share exploring meanwhile, it was slower on 5 of 7 of them
 # (seed-5 job 10 +2.5 s, seed-1 job 43 +0.9 s; lock step through the look, or publishing only, or the other share
 # solving nothing while no plan is known): the other share's work without the look's cut, and the waits where the
-# look's work and the other share's units run at different speeds, cost more than the idle child.
+# look's work and the other share's units run at different speeds, cost more than the idle child. Nor did a look in two
+# parts, one per process, pay (every other shape of the look's enumeration each, 2,500 steps each, the child's part
+# first thing after the fork; medians of 3 alternating runs at 0254b19): seed-4 job 26 -10%, seed-1 job 43 -6%, but
+# seed-7 job 37 +14% and seed-1 job 31 +7% (what a part finds is not what the whole look finds) and seed-5 job 10 the
+# same (its 1.3 s enumeration on both sides); each part took about 70% of the whole look's time, side by side.
 REPLICA_LOOK = 5000
 # Work units of the mixed search's steps, for lockstep's epochs, each about 60-120 microseconds on the slow suite
 # jobs (measured by kind of step on jobs 4, 13, 19 and 46): a node out of line, a bound worked out for a node put in
@@ -1389,7 +1393,12 @@ class MemoryTrial(TailTrial):
     TAIL_PAYS of the nodes it was worked out for were cut by it, else every TAIL_PROBE-th node), counted once the
     share knows a plan: before, nothing is cut, and the node goes back in line at that bound, which orders the line
     (seed-1 job 43, counted from its start, turned it off before its first plan: 81% of its nodes are cut by it).
-    (Seed-5 suite job 13: 230 of 8,377 cut, 2.0 s; seed-4 job 4: 2,101 of 3,282, job 19: 77 of 505.)"""
+    (Seed-5 suite job 13: 230 of 8,377 cut, 2.0 s; seed-4 job 4: 2,101 of 3,282, job 19: 77 of 505.)
+    Nodes with a TP still open back in line at their memory bound too (each open group at any of its choices) while no
+    plan is known, tried at 0254b19: one process, one group open, seed-1 job 43 19,116 -> 18,210 steps, seed-4 job 26
+    16,833 -> 14,936, seed-7 job 10 9,172 -> 8,351, but seed-1 job 7 9,062 -> 11,053 (97% of those bounds up 1% or less);
+    by a trial on how far the bound rose, medians of 4 alternating two-process runs 0.91-1.02 of before; with the roots
+    too, the seed-1 suite's small jobs took 0.2-0.3 s more each."""
 
 
 def _kinds(ctx: MixedContext, used, node: _TpChoiceNode) -> dict:
