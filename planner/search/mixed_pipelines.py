@@ -1397,8 +1397,10 @@ class MemoryTrial(TailTrial):
     Nodes with a TP still open back in line at their memory bound too (each open group at any of its choices) while no
     plan is known, tried at 0254b19: one process, one group open, seed-1 job 43 19,116 -> 18,210 steps, seed-4 job 26
     16,833 -> 14,936, seed-7 job 10 9,172 -> 8,351, but seed-1 job 7 9,062 -> 11,053 (97% of those bounds up 1% or
-    less); by a trial on how far the bound rose, medians of 4 alternating two-process runs 0.91-1.02 of before; with
-    the roots too, the seed-1 suite's small jobs took 0.2-0.3 s more each."""
+    less); by a trial on how far the bound rose (TailTrial's rule, a rise over 1% told as a cut), medians of 4
+    alternating two-process runs 0.91-1.02 of before, and at every level with a TP open 0.88-1.15 (3 runs each;
+    seed-7 job 10 1.10 with 12% fewer steps: those memory steps cost more than the steps they save); with the roots
+    too, the seed-1 suite's small jobs took 0.2-0.3 s more each."""
 
 
 def _kinds(ctx: MixedContext, used, node: _TpChoiceNode) -> dict:
