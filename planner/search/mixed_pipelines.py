@@ -397,7 +397,13 @@ class _TpChoiceNode:
     # put in line at its bound without the memory terms (cheap); a node with every TP choice made goes back in line
     # at its bound with them (bound(memory=True), which builds the groups' models) the first time it comes out of
     # line, before it builds its family. (Above the leaves they cut many nodes, 55% of job 46's roots in the seed-0
-    # suite, but build the models of every choice at every ZeRO stage: jobs 4, 13 and 49 took longer with them.)
+    # suite, but build the models of every choice at every ZeRO stage: jobs 4, 13 and 49 took longer with them.
+    # Again at 0254b19, only while no plan is known, each open group at any of its choices, one process: with one
+    # group open, seed-1 job 43 19,116 -> 18,210 steps, seed-4 job 26 16,833 -> 14,936, seed-7 job 10 9,172 -> 8,351,
+    # but seed-1 job 7 9,062 -> 11,053, 97% of those bounds up 1% or less; by a trial on the bound's rise (TailTrial's
+    # rule, a rise over 1% told as a cut), medians of alternating two-process runs 0.91-1.02 of before, at every open
+    # level 0.88-1.15 (seed-7 job 10 1.10 with 12% fewer steps: the memory steps cost more than those they save);
+    # with the roots too, the seed-1 suite's small jobs took 0.2-0.3 s more each.)
     memory: bool = False
     # a root (_roots), put in line at its rough_bound, which goes back in line at its bound (without the memory
     # terms) the first time it comes out of line
@@ -1393,14 +1399,7 @@ class MemoryTrial(TailTrial):
     TAIL_PAYS of the nodes it was worked out for were cut by it, else every TAIL_PROBE-th node), counted once the
     share knows a plan: before, nothing is cut, and the node goes back in line at that bound, which orders the line
     (seed-1 job 43, counted from its start, turned it off before its first plan: 81% of its nodes are cut by it).
-    (Seed-5 suite job 13: 230 of 8,377 cut, 2.0 s; seed-4 job 4: 2,101 of 3,282, job 19: 77 of 505.)
-    Nodes with a TP still open back in line at their memory bound too (each open group at any of its choices) while no
-    plan is known, tried at 0254b19: one process, one group open, seed-1 job 43 19,116 -> 18,210 steps, seed-4 job 26
-    16,833 -> 14,936, seed-7 job 10 9,172 -> 8,351, but seed-1 job 7 9,062 -> 11,053 (97% of those bounds up 1% or
-    less); by a trial on how far the bound rose (TailTrial's rule, a rise over 1% told as a cut), medians of 4
-    alternating two-process runs 0.91-1.02 of before, and at every level with a TP open 0.88-1.15 (3 runs each;
-    seed-7 job 10 1.10 with 12% fewer steps: those memory steps cost more than the steps they save); with the roots
-    too, the seed-1 suite's small jobs took 0.2-0.3 s more each."""
+    (Seed-5 suite job 13: 230 of 8,377 cut, 2.0 s; seed-4 job 4: 2,101 of 3,282, job 19: 77 of 505.)"""
 
 
 def _kinds(ctx: MixedContext, used, node: _TpChoiceNode) -> dict:
@@ -1649,10 +1648,10 @@ class _PipelineSearch:
         if forked and self.heap:
             threading.Thread(target=cp_sat, daemon=True).start()
 
-    def _root_entry(self, i: int, grp: _TpChoiceNode, rough: float | None = None) -> tuple:
-        """Root ``i`` in line at its rough bound (worked out here unless given: prepare_for's); its bound comes when
-        it first comes out of line (``rough``: step)."""
-        return (grp.rough_bound(self.ctx) if rough is None else rough, i, grp, None)
+    def _root_entry(self, i: int, grp: _TpChoiceNode, given: float | None = None) -> tuple:
+        """Root ``i`` in line at its rough bound (worked out here unless ``given``: prepare_for's); its bound comes
+        when it first comes out of line (the node's ``rough``: step)."""
+        return (grp.rough_bound(self.ctx) if given is None else given, i, grp, None)
 
     def prepare_for(self, other: _PipelineSearch, front, back) -> list[tuple[int, float]]:
         """The other share's root bounds (its _root_entry's rough bounds), worked out here, in the child, from its
