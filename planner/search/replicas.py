@@ -108,14 +108,16 @@ def replica_ep_options(ctx, counts, cp: int, eps: list[int] | None = None) -> li
 def shapes(ctx, deadline: float, beat: float, keep: int | None = None):
     """_shapes, kept for the whole search: an enumeration the deadline did not cut short holds every shape below its
     bound, so a later call below the same or a lower bound only filters it. ``keep``: only the ``keep`` first
-    shapes in the order (bound, shape) (not kept for later calls)."""
+    shapes in the order (bound, shape); those hold every shape below the keep-th one's bound (_shapes drops only
+    shapes at or above it), so a later call below that bound filters them too: the replica search proper below the
+    first look's incumbent (1.1 s of seed-1 suite job 31's 9 s, enumerating again what the look had kept)."""
     for cut, found in ctx.caches.replica_shapes.items():
         if beat <= cut:
             found = [x for x in found if x[0] < beat]
             return (found if keep is None else _first(found, keep)), False
     found, cut_short = _shapes(ctx, deadline, beat, keep)
-    if not cut_short and keep is None:
-        ctx.caches.replica_shapes[beat] = found
+    if not cut_short:
+        ctx.caches.replica_shapes[beat if keep is None or len(found) < keep else found[-1][0]] = found
     return found, cut_short
 
 
