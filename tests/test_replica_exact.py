@@ -638,6 +638,48 @@ def test_the_shape_enumeration_keeps_every_shape_below_the_bound():
             assert _shapes(ctx, float("inf"), beat, keep)[0] == _first(expected, keep)
 
 
+def test_a_first_look_serves_later_enumerations_below_its_last_kept_bound():
+    """replicas.shapes after a first look (``keep``): a later call below the keep-th shape's bound reads the look's
+    shapes (no enumeration: _shapes is not called) and gets exactly what a fresh enumeration lists; a call above it
+    enumerates again."""
+    import planner.search.replicas as R
+
+    job = parse_job(
+        {
+            "model": {**SMALL_MOE, "num_layers": 8},
+            "cluster": [
+                {"gpu": "l4", "nodes": 2, "gpus_per_node": 8},
+                {"gpu": "a100-40gb", "nodes": 1, "gpus_per_node": 8},
+                {"gpu": "h100-sxm", "nodes": 1, "gpus_per_node": 4},
+            ],
+            "training": {"seq_length": 4096, "global_batch_size": 64},
+        }
+    )
+    ctx = MixedContext(job, SearchOptions(), None, cost_source(job), group_order(job.cluster))
+    every = shapes_one_by_one(ctx, float("inf"))
+    keep = len(every) // 2
+    look, _ = R.shapes(ctx, float("inf"), float("inf"), keep)
+    assert look == every[:keep]
+    calls = []
+    enumerate_ = R._shapes
+
+    def counted(*args):
+        calls.append(args)
+        return enumerate_(*args)
+
+    R._shapes = counted
+    try:
+        for beat in (every[keep - 1][0], every[keep // 2][0], every[3][0]):
+            found, cut_short = R.shapes(ctx, float("inf"), beat)
+            assert not cut_short and sorted(found, key=lambda x: (x[0], x[1])) == [x for x in every if x[0] < beat]
+        assert not calls
+        above = next(x[0] for x in every if x[0] > every[keep - 1][0])
+        found, _ = R.shapes(ctx, float("inf"), above)
+        assert len(calls) == 1 and sorted(found, key=lambda x: (x[0], x[1])) == [x for x in every if x[0] < above]
+    finally:
+        R._shapes = enumerate_
+
+
 def test_a_copied_split_model_is_the_model_and_leaves_it_alone():
     """_copy_model (clone without OR-Tools' per-model aliasing): the same proto as CpModel.clone, solvable with
     the base model's variables, and what is added to the copy stays out of the base, which the next choice copies."""
