@@ -1427,6 +1427,67 @@ def test_sequence_holds_exactly_where_a_split_into_consecutive_runs_does():
     assert agree and tighter
 
 
+def test_block_schedule_bound_is_the_least_split_schedule_in_place(monkeypatch):
+    """mixed_pipeline_bounds.block_schedule_bound against every split of a random dense/MoE layer sequence into
+    consecutive runs (stage s on its run at cst_s + BlockTerms.time, as sequence_holds): with the target above the
+    best split's (mb - 1) max + max(work, sum) + tail it is that value exactly (every floor in the window worked out:
+    BLOCK_LEVELS large); with few levels never above it; at or above the target exactly where the best split is;
+    least_block_bottleneck is the least slowest floor and never above what sequence_holds accepts; and some cases
+    are cut where the least bottleneck and the least sum taken apart are not."""
+    from planner.search import mixed_pipeline_bounds as B
+    from planner.search.mixed_context import BlockTerms
+
+    rng = random.Random(13)
+    exact = apart_below = 0
+    for _ in range(400):
+        L, P = rng.randint(2, 9), rng.randint(1, 4)
+        if P > L:
+            continue
+        moe = [i % 2 == 1 for i in range(L)] if rng.random() < 0.5 else [rng.random() < 0.5 for _ in range(L)]
+        before = [sum(moe[:i]) for i in range(L + 1)]
+        blocks = []
+        for _ in range(P):
+            x = rng.uniform(0.5, 2.0)
+            ad = rng.uniform(1.0, 3.0)
+            ae, room = ad * rng.uniform(0.5, 2.0), rng.uniform(2.0, 12.0)
+            rho = rng.choice((float("inf"), rng.uniform(0.1, 1.0)))
+            terms = BlockTerms(x, x * rng.uniform(0.5, 3.0), ad, ae, ad * 0.3, ae * 0.3, rho, room)
+            blocks.append((rng.uniform(0.0, 1.0), rng.randint(1, L), terms))
+        mb, work, tail = rng.choice((1, 2, 4, 16, 64)), rng.uniform(0.0, 10.0), rng.uniform(0.0, 2.0)
+        splits = []
+        for split in compositions(L, P):
+            if any(n > k for n, (_, k, _) in zip(split, blocks)):
+                continue
+            start, times = 0, []
+            for n, (ci, _, terms) in zip(split, blocks):
+                times.append(ci + terms.time(n, before[start + n] - before[start]))
+                start += n
+            if max(times) < float("inf"):
+                splits.append((max(times), sum(times)))
+        rows = B._block_floors(blocks, before)
+        if not splits:
+            assert B.least_block_bottleneck(rows, L) == float("inf")
+            assert B.block_schedule_bound(blocks, before, mb, work, tail, 1e9) == float("inf")
+            continue
+        slowest = min(m for m, _ in splits)
+        assert B.least_block_bottleneck(rows, L) == pytest.approx(slowest, rel=1e-12)
+        assert B.sequence_holds(blocks, before, slowest)
+        best = min((mb - 1) * m + max(work, total) + tail for m, total in splits)
+        monkeypatch.setattr(B, "BLOCK_LEVELS", 10**6)
+        assert B.block_schedule_bound(blocks, before, mb, work, tail, best * 2 + 1) == pytest.approx(best, rel=1e-9)
+        exact += 1
+        for target in (best * (1 - 1e-6), best * (1 + 1e-6), best * rng.uniform(0.5, 1.5)):
+            for levels in (1, 2, 10**6):
+                monkeypatch.setattr(B, "BLOCK_LEVELS", levels)
+                got = B.block_schedule_bound(blocks, before, mb, work, tail, target)
+                assert got <= best * (1 + 1e-9)
+                if levels == 10**6:
+                    assert (got >= target) == (best >= target), (got, best, target)
+        apart = (mb - 1) * slowest + max(work, min(total for _, total in splits)) + tail
+        apart_below += apart < best * (1 - 1e-6)
+    assert exact > 100 and apart_below
+
+
 def _splits(L: int, caps):
     """Every split of L into len(caps) parts with 1 <= n_s <= caps_s."""
     if len(caps) == 1:
