@@ -1333,7 +1333,8 @@ def refined_bound(
         T = max(T, _memory_bottleneck(lifted, need, cst, ctx.job.model, probe, v))
     interleaved = windows is not None and ctx.job.model.all_moe_from == layers  # (else moe_from places the kinds)
 
-    def blocks():  # each stage's floor on a run of layers in its place (sequence_holds, block_schedule_bound)
+    @functools.cache  # (built once: sequence_holds and block_schedule_bound may both read it)
+    def blocks():  # each stage's floor on a run of layers in its place
         return [
             (ci, k, _block_terms(ctx, sm, g, s, z))
             for s, (ci, k, sm, g, z) in enumerate(zip(cst, layer_caps, sms, c.stage_groups, lift))
@@ -1673,7 +1674,7 @@ def block_schedule_bound(blocks, before: list[int], mb: int, work: float, tail: 
     if k * least + floor_sum + tail >= target or k <= 0:
         return k * least + floor_sum + tail
     top = (target - tail - floor_sum) / k
-    values = sorted({t for row in rows for starts in row for t in starts})
+    values = sorted({t for starts in rows for run in starts for t in run})  # every floor (rows: per stage, per start)
     window = values[bisect.bisect_left(values, least) : bisect.bisect_left(values, top)]
     if len(window) > BLOCK_LEVELS:
         step = len(window) / BLOCK_LEVELS
