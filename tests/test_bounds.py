@@ -1379,12 +1379,42 @@ def test_block_bottleneck_is_below_every_split_into_consecutive_layers():
     assert tighter and by_position
 
 
+def _random_blocks(rng: random.Random, L: int, P: int):
+    """(moe flags, MoE layers before each position, blocks) of a random dense/MoE sequence of L layers (MoE every
+    other layer or at random) and P stages, each (cst, cap, BlockTerms) as sequence_holds reads them."""
+    from planner.search.mixed_context import BlockTerms
+
+    moe = [i % 2 == 1 for i in range(L)] if rng.random() < 0.5 else [rng.random() < 0.5 for _ in range(L)]
+    before = [sum(moe[:i]) for i in range(L + 1)]
+    blocks = []
+    for _ in range(P):
+        x = rng.uniform(0.5, 2.0)
+        ad = rng.uniform(1.0, 3.0)
+        ae, room = ad * rng.uniform(0.5, 2.0), rng.uniform(2.0, 12.0)
+        rho = rng.choice((float("inf"), rng.uniform(0.1, 1.0)))
+        terms = BlockTerms(x, x * rng.uniform(0.5, 3.0), ad, ae, ad * 0.3, ae * 0.3, rho, room)
+        blocks.append((rng.uniform(0.0, 1.0), rng.randint(1, L), terms))
+    return moe, before, blocks
+
+
+def _split_floors(blocks, before: list[int], L: int):
+    """Per split of the L layers into consecutive runs, one per stage within its cap: each stage's floor on its run
+    (cst + BlockTerms.time of its length and MoE layers)."""
+    for split in compositions(L, len(blocks)):
+        if any(n > k for n, (_, k, _) in zip(split, blocks)):
+            continue
+        start, times = 0, []
+        for n, (ci, _, terms) in zip(split, blocks):
+            times.append(ci + terms.time(n, before[start + n] - before[start]))
+            start += n
+        yield times
+
+
 def test_sequence_holds_exactly_where_a_split_into_consecutive_runs_does():
     """mixed_pipeline_bounds.sequence_holds against every split of a random dense/MoE layer sequence into
     consecutive runs, one per stage in order (1 <= n_s <= caps_s, stage s on its run within T: cst_s +
     BlockTerms.time): it holds exactly where some split does; and it rejects a T that block_bottleneck (each
     stage's cheapest run of its length anywhere) accepts somewhere."""
-    from planner.search.mixed_context import BlockTerms
     from planner.search.mixed_pipeline_bounds import block_bottleneck, sequence_holds
 
     rng = random.Random(11)
@@ -1393,25 +1423,8 @@ def test_sequence_holds_exactly_where_a_split_into_consecutive_runs_does():
         L, P = rng.randint(2, 8), rng.randint(1, 4)
         if P > L:
             continue
-        moe = [i % 2 == 1 for i in range(L)] if rng.random() < 0.5 else [rng.random() < 0.5 for _ in range(L)]
-        before = [sum(moe[:i]) for i in range(L + 1)]
-        blocks = []
-        for _ in range(P):
-            x = rng.uniform(0.5, 2.0)
-            ad = rng.uniform(1.0, 3.0)
-            ae, room = ad * rng.uniform(0.5, 2.0), rng.uniform(2.0, 12.0)
-            rho = rng.choice((float("inf"), rng.uniform(0.1, 1.0)))
-            terms = BlockTerms(x, x * rng.uniform(0.5, 3.0), ad, ae, ad * 0.3, ae * 0.3, rho, room)
-            blocks.append((rng.uniform(0.0, 1.0), rng.randint(1, L), terms))
-        slowest = []
-        for split in compositions(L, P):
-            if any(n > k for n, (_, k, _) in zip(split, blocks)):
-                continue
-            start, worst = 0, 0.0
-            for n, (ci, _, terms) in zip(split, blocks):
-                worst = max(worst, ci + terms.time(n, before[start + n] - before[start]))
-                start += n
-            slowest.append(worst)
+        moe, before, blocks = _random_blocks(rng, L, P)
+        slowest = [max(times) for times in _split_floors(blocks, before, L)]
         best = min(slowest, default=float("inf"))
         for T in [rng.uniform(0.5, 20.0) for _ in range(5)] + [best, best * (1 - 1e-6)]:
             held = any(w <= T for w in slowest)
@@ -1435,7 +1448,6 @@ def test_block_schedule_bound_is_the_least_split_schedule_in_place(monkeypatch):
     least_block_bottleneck is the least slowest floor and never above what sequence_holds accepts; and some cases
     are cut where the least bottleneck and the least sum taken apart are not."""
     from planner.search import mixed_pipeline_bounds as B
-    from planner.search.mixed_context import BlockTerms
 
     rng = random.Random(13)
     exact = apart_below = 0
@@ -1443,27 +1455,9 @@ def test_block_schedule_bound_is_the_least_split_schedule_in_place(monkeypatch):
         L, P = rng.randint(2, 9), rng.randint(1, 4)
         if P > L:
             continue
-        moe = [i % 2 == 1 for i in range(L)] if rng.random() < 0.5 else [rng.random() < 0.5 for _ in range(L)]
-        before = [sum(moe[:i]) for i in range(L + 1)]
-        blocks = []
-        for _ in range(P):
-            x = rng.uniform(0.5, 2.0)
-            ad = rng.uniform(1.0, 3.0)
-            ae, room = ad * rng.uniform(0.5, 2.0), rng.uniform(2.0, 12.0)
-            rho = rng.choice((float("inf"), rng.uniform(0.1, 1.0)))
-            terms = BlockTerms(x, x * rng.uniform(0.5, 3.0), ad, ae, ad * 0.3, ae * 0.3, rho, room)
-            blocks.append((rng.uniform(0.0, 1.0), rng.randint(1, L), terms))
+        moe, before, blocks = _random_blocks(rng, L, P)
         mb, work, tail = rng.choice((1, 2, 4, 16, 64)), rng.uniform(0.0, 10.0), rng.uniform(0.0, 2.0)
-        splits = []
-        for split in compositions(L, P):
-            if any(n > k for n, (_, k, _) in zip(split, blocks)):
-                continue
-            start, times = 0, []
-            for n, (ci, _, terms) in zip(split, blocks):
-                times.append(ci + terms.time(n, before[start + n] - before[start]))
-                start += n
-            if max(times) < float("inf"):
-                splits.append((max(times), sum(times)))
+        splits = [(max(t), sum(t)) for t in _split_floors(blocks, before, L) if max(t) < float("inf")]
         rows = B._block_floors(blocks, before)
         if not splits:
             assert B.least_block_bottleneck(rows, L) == float("inf")

@@ -609,13 +609,9 @@ def shapes_one_by_one(ctx, beat: float) -> list:
     return sorted(out, key=lambda x: (x[0], x[1]))
 
 
-def test_the_shape_enumeration_keeps_every_shape_below_the_bound():
-    """replicas._shapes skips TPs, micro-batches, depths, group sets and EP degrees by bounds on the shapes' own
-    bounds: on an MoE model with 8 experts on three GPU types it lists exactly the shapes below the bound that
-    working out each one's bound lists, for bounds that keep all, half and a few of them, and with ``keep`` (a first
-    look) the first ``keep`` of them."""
-    from planner.search.replicas import _first
-
+def _moe_on_three_types() -> MixedContext:
+    """The mixed context of an 8-layer MoE model with 8 experts on L4, A100-40GB and H100 nodes (the shape
+    enumeration tests)."""
     job = parse_job(
         {
             "model": {**SMALL_MOE, "num_layers": 8},
@@ -627,7 +623,17 @@ def test_the_shape_enumeration_keeps_every_shape_below_the_bound():
             "training": {"seq_length": 4096, "global_batch_size": 64},
         }
     )
-    ctx = MixedContext(job, SearchOptions(), None, cost_source(job), group_order(job.cluster))
+    return MixedContext(job, SearchOptions(), None, cost_source(job), group_order(job.cluster))
+
+
+def test_the_shape_enumeration_keeps_every_shape_below_the_bound():
+    """replicas._shapes skips TPs, micro-batches, depths, group sets and EP degrees by bounds on the shapes' own
+    bounds: on an MoE model with 8 experts on three GPU types it lists exactly the shapes below the bound that
+    working out each one's bound lists, for bounds that keep all, half and a few of them, and with ``keep`` (a first
+    look) the first ``keep`` of them."""
+    from planner.search.replicas import _first
+
+    ctx = _moe_on_three_types()
     every = shapes_one_by_one(ctx, float("inf"))
     assert len({s[6] for _, s, _ in every}) >= 3 and len({s[2] for _, s, _ in every}) >= 4  # EP degrees, depths
     for beat in (float("inf"), every[len(every) // 2][0], every[10][0]):
@@ -638,24 +644,13 @@ def test_the_shape_enumeration_keeps_every_shape_below_the_bound():
             assert _shapes(ctx, float("inf"), beat, keep)[0] == _first(expected, keep)
 
 
-def test_a_first_look_serves_later_enumerations_below_its_last_kept_bound():
+def test_a_first_look_serves_later_enumerations_below_its_last_kept_bound(monkeypatch):
     """replicas.shapes after a first look (``keep``): a later call below the keep-th shape's bound reads the look's
     shapes (no enumeration: _shapes is not called) and gets exactly what a fresh enumeration lists; a call above it
     enumerates again."""
     import planner.search.replicas as R
 
-    job = parse_job(
-        {
-            "model": {**SMALL_MOE, "num_layers": 8},
-            "cluster": [
-                {"gpu": "l4", "nodes": 2, "gpus_per_node": 8},
-                {"gpu": "a100-40gb", "nodes": 1, "gpus_per_node": 8},
-                {"gpu": "h100-sxm", "nodes": 1, "gpus_per_node": 4},
-            ],
-            "training": {"seq_length": 4096, "global_batch_size": 64},
-        }
-    )
-    ctx = MixedContext(job, SearchOptions(), None, cost_source(job), group_order(job.cluster))
+    ctx = _moe_on_three_types()
     every = shapes_one_by_one(ctx, float("inf"))
     keep = len(every) // 2
     look, _ = R.shapes(ctx, float("inf"), float("inf"), keep)
@@ -667,17 +662,14 @@ def test_a_first_look_serves_later_enumerations_below_its_last_kept_bound():
         calls.append(args)
         return enumerate_(*args)
 
-    R._shapes = counted
-    try:
-        for beat in (every[keep - 1][0], every[keep // 2][0], every[3][0]):
-            found, cut_short = R.shapes(ctx, float("inf"), beat)
-            assert not cut_short and sorted(found, key=lambda x: (x[0], x[1])) == [x for x in every if x[0] < beat]
-        assert not calls
-        above = next(x[0] for x in every if x[0] > every[keep - 1][0])
-        found, _ = R.shapes(ctx, float("inf"), above)
-        assert len(calls) == 1 and sorted(found, key=lambda x: (x[0], x[1])) == [x for x in every if x[0] < above]
-    finally:
-        R._shapes = enumerate_
+    monkeypatch.setattr(R, "_shapes", counted)
+    for beat in (every[keep - 1][0], every[keep // 2][0], every[3][0]):
+        found, cut_short = R.shapes(ctx, float("inf"), beat)
+        assert not cut_short and sorted(found, key=lambda x: (x[0], x[1])) == [x for x in every if x[0] < beat]
+    assert not calls
+    above = next(x[0] for x in every if x[0] > every[keep - 1][0])
+    found, _ = R.shapes(ctx, float("inf"), above)
+    assert len(calls) == 1 and sorted(found, key=lambda x: (x[0], x[1])) == [x for x in every if x[0] < above]
 
 
 def test_a_copied_split_model_is_the_model_and_leaves_it_alone():
