@@ -2454,3 +2454,43 @@ def test_the_tail_trial_stays_on_while_its_term_cuts_and_probes_when_it_does_not
         if trial.pays():
             trial.tell(True)
     assert all(trial.pays() for _ in range(probe))
+
+
+def test_block_floors_and_kind_memory_times_are_their_definitions():
+    """The two fast paths over BlockTerms read their definitions exactly: _block_floors' rows (each sequence of
+    layer kinds worked out once per stage, its list shared by the starts that have it) are cst + BlockTerms.time of
+    each run from each start, up to the first run that cannot fit; and kind_memory_times (BlockTerms.cost written
+    out at the few MoE counts where its least may lie) is, per n, the least BlockTerms.cost over every MoE count
+    in the window at which even every layer recomputed fits, made to grow with n (the least over n or more)."""
+    from planner.search import mixed_pipeline_bounds as B
+    from planner.search.mixed_context import kind_memory_times
+
+    rng = random.Random(21)
+    for _ in range(300):
+        L, P = rng.randint(2, 14), rng.randint(1, 5)
+        if P > L:
+            continue
+        moe, before, blocks = _random_blocks(rng, L, P)
+        rows = B._block_floors(blocks, before)
+        for s, (cst, cap, terms) in enumerate(blocks):
+            for q in range(L):
+                run = []
+                for n in range(1, min(cap, L - q - (P - 1 - s)) + 1) if q >= s else ():
+                    t = cst + terms.time(n, before[q + n] - before[q])
+                    if t == float("inf"):
+                        break
+                    run.append(t)
+                assert rows[s][q] == run, (s, q)
+            # the windows of any n consecutive layers: the fewest and the most MoE layers they hold
+            fewest = [0] + [min(before[q + n] - before[q] for q in range(L - n + 1)) for n in range(1, L + 1)]
+            most = [0] + [max(before[q + n] - before[q] for q in range(L - n + 1)) for n in range(1, L + 1)]
+            times = kind_memory_times(terms, (fewest, most))
+            brute = [
+                min(
+                    (terms.cost(n, e) for e in range(fewest[n], most[n] + 1) if terms.time(n, e) < float("inf")),
+                    default=float("inf"),
+                )
+                for n in range(1, L + 1)
+            ]
+            brute = [min(brute[i:]) for i in range(L)]
+            assert times == pytest.approx(tuple(brute), rel=1e-12, abs=1e-12), (s, times, brute)

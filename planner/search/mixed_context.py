@@ -855,6 +855,7 @@ def kind_memory_times(terms: BlockTerms, windows) -> tuple:
     recompute starts. With the dense layers counted, a model whose dense layers hold as much activation memory as
     its MoE ones (Llama 4: every other layer) is no longer bounded by its MoE layers alone (_memory_bottleneck)."""
     ad, ae, lean_d, lean_e, room = terms.ad, terms.ae, terms.lean_d, terms.lean_e, terms.room
+    x, y, rho = terms.x, terms.y, terms.rho
     fewest, most = windows
     inf = float("inf")
     times = []
@@ -872,14 +873,21 @@ def kind_memory_times(terms: BlockTerms, windows) -> tuple:
         if lo > hi:
             times.append(inf)
             continue
-        points = (lo, hi)
+        points = [lo, hi] if lo < hi else [lo]
         if ae != ad:
             kink = (room - n * ad) / (ae - ad)  # where the layers start to need recompute
             low, high = math.floor(kink), math.ceil(kink)
-            points = (lo, hi, low if lo <= low <= hi else lo, high if lo <= high <= hi else hi)
+            if lo < low < hi:
+                points.append(low)
+            if lo < high < hi and high != low:
+                points.append(high)
         best = inf
-        for e in points:  # (e within the feasible range: cost, not time)
-            value = terms.cost(n, e)
+        for e in points:  # (e within the feasible range: BlockTerms.cost, not time; written out, as it reads)
+            d = n - e
+            value = d * x + e * y
+            over = d * ad + e * ae - room
+            if over > 0:
+                value += rho * over
             if value < best:
                 best = value
         times.append(best)

@@ -1674,7 +1674,8 @@ def block_schedule_bound(blocks, before: list[int], mb: int, work: float, tail: 
     if k * least + floor_sum + tail >= target or k <= 0:
         return k * least + floor_sum + tail
     top = (target - tail - floor_sum) / k
-    values = sorted({t for starts in rows for run in starts for t in run})  # every floor (rows: per stage, per start)
+    # every floor (rows: per stage, per start; the starts of one stage share their runs' lists)
+    values = sorted({t for starts in rows for run in {id(run): run for run in starts}.values() for t in run})
     window = values[bisect.bisect_left(values, least) : bisect.bisect_left(values, top)]
     if len(window) > BLOCK_LEVELS:
         step = len(window) / BLOCK_LEVELS
@@ -1692,15 +1693,29 @@ def _block_floors(blocks, before: list[int]) -> list[list[list[float]]]:
     it can have (every earlier stage holds a layer: q >= s; every later one too) and the runs within its cap, up to
     the first that cannot fit (the floor grows with n)."""
     L, P = len(before) - 1, len(blocks)
+    inf = float("inf")
+    kinds = bytes(before[i + 1] - before[i] for i in range(L))  # 1 where layer i is an MoE layer
     rows = []
     for s, (cst, cap, terms) in enumerate(blocks):
-        starts = []
-        for q in range(L):
-            run = []
-            if s <= q:
-                for n in range(1, min(cap, L - q - (P - 1 - s)) + 1):
-                    t = cst + terms.time(n, before[q + n] - before[q])
-                    if t == float("inf"):
+        # a run's floors depend only on the kinds of its layers, which repeat from start to start (past a model's
+        # leading dense layers, or every other layer): each sequence of kinds worked out once per stage, its list
+        # shared by the starts that have it (read only)
+        runs: dict[bytes, list[float]] = {}
+        floors: dict[int, float] = {}  # by n (L + 1) + e: the floor of n layers, e of them MoE
+        starts: list[list[float]] = [[] for _ in range(min(s, L))]
+        for q in range(s, L):
+            mix = kinds[q : q + min(cap, L - q - (P - 1 - s))]
+            run = runs.get(mix)
+            if run is None:
+                run = runs[mix] = []
+                e = 0
+                for n, moe in enumerate(mix, 1):
+                    e += moe
+                    key = n * (L + 1) + e
+                    t = floors.get(key)
+                    if t is None:
+                        t = floors[key] = cst + terms.time(n, e)
+                    if t == inf:
                         break
                     run.append(t)
             starts.append(run)
