@@ -535,20 +535,26 @@ def box_schedule_time(
     if rest < 0:
         return float("inf")  # more stages than chunks: no candidate
 
+    rows = [(i, v * a[i], ys[i], caps[i], lo[i], hi[i], prices[i]) for i in order]  # (one pass per M: very often)
+
     def at(M: float) -> float:
         left, work = rest, base
-        qs = [min(cap, math.floor((M - y) / (v * x) + 1e-9)) for x, y, cap in zip(a, ys, caps)]
         pool = 0  # (partners: the chunks the stages before the leading dense layers' end hold beyond their partners')
         if partners is not None:
+            qs = [min(cap, math.floor((M - y) / (v * x) + 1e-9)) for x, y, cap in zip(a, ys, caps)]
             extra = [max(0, qs[i] - max(qs[j], 0)) for i, j in enumerate(partners) if j is not None]
             pool = lead * max(extra, default=0)
-        for i in order:
-            q, k_lo, k_hi = qs[i], lo[i], hi[i]
+        for i, u, y, cap, k_lo, k_hi, price in rows:
+            q = math.floor((M - y) / u + 1e-9)
+            if q > cap:
+                q = cap
             if q < 1:
                 if k_lo:
                     return float("inf")
                 continue
-            take = min(left, v * (k_hi * q - k_lo))
+            take = v * (k_hi * q - k_lo)
+            if take > left:
+                take = left
             if partners is not None and partners[i] is not None:
                 # such a row's stages are its group's (its partner row's hi counts them all): it adds only the
                 # chunks they hold beyond a stage past that end, and all such rows together at most lead stages'
@@ -556,14 +562,14 @@ def box_schedule_time(
                 more = min(k_hi * max(0, q - max(qs[partners[i]], 0)), pool)
                 pool -= more
                 take = min(left, v * more)
-            work += take * prices[i]
+            work += take * price
             left -= take
         if left > 0:
             return float("inf")
         return k * M + max(work_floor, work) / v
 
     floor = k * T + work_floor / v  # schedule_bound(T, work_floor, m, v)
-    steps = [(v * x, y, min(most, cap)) for x, y, cap in zip(a, ys, caps)]  # room grows by a chunk per v a_g seconds
+    steps = [(u, y, min(most, cap)) for _, u, y, cap, *_ in rows]  # room grows by a chunk per v a_g seconds
     return max(floor, _least_over_steps(at, T, _linear_steps(T, steps), k, v, work_floor))
 
 
