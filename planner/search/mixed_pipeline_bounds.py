@@ -776,7 +776,7 @@ def whole_chunk_bottleneck(
                 if nxt < step:
                     step = nxt
             held += best
-        if capped:
+        if capped and held >= need * (1 - 1e-12):  # (capped: no free group, so only whether they hold it matters)
             held = min(held, _roomiest(counts, most, limits))
         rate = 0.0  # chunks per second the relaxed groups add from T on (each from its own c)
         for k, c, u in free:
