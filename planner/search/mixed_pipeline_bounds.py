@@ -1614,9 +1614,15 @@ def sequence_holds(blocks, before: list[int], T: float) -> bool:
     for s, (cst, cap, terms) in enumerate(blocks):
         room = limit - cst
         last_end = L - (P - 1 - s)  # every later stage holds a layer
+        times: dict[int, float] = {}  # a run's time by n (L + 1) + e: it depends only on its length and MoE layers
 
-        def fits(q: int, n: int, terms=terms, room=room) -> bool:
-            return terms.time(n, before[q + n] - before[q]) <= room
+        def fits(q: int, n: int, terms=terms, room=room, times=times) -> bool:
+            e = before[q + n] - before[q]
+            key = n * (L + 1) + e
+            t = times.get(key)
+            if t is None:
+                t = times[key] = terms.time(n, e)
+            return t <= room
 
         ends = []  # the union of the intervals q + 1 .. q + n(q), n(q) the longest run from q within T, built
         for lo, hi in reversed(starts):  # from the last start down: a start whose run ends no further than the
