@@ -855,7 +855,7 @@ def kind_memory_times(terms: BlockTerms, windows) -> tuple:
     recompute starts. With the dense layers counted, a model whose dense layers hold as much activation memory as
     its MoE ones (Llama 4: every other layer) is no longer bounded by its MoE layers alone (_memory_bottleneck)."""
     ad, ae, lean_d, lean_e, room = terms.ad, terms.ae, terms.lean_d, terms.lean_e, terms.room
-    x, y, rho = terms.x, terms.y, terms.rho
+    cost = terms.cost
     fewest, most = windows
     inf = float("inf")
     times = []
@@ -882,12 +882,8 @@ def kind_memory_times(terms: BlockTerms, windows) -> tuple:
             if lo < high < hi and high != low:
                 points.append(high)
         best = inf
-        for e in points:  # (e within the feasible range: BlockTerms.cost, not time; written out, as it reads)
-            d = n - e
-            value = d * x + e * y
-            over = d * ad + e * ae - room
-            if over > 0:
-                value += rho * over
+        for e in points:  # (e within the feasible range: cost, not time)
+            value = cost(n, e)
             if value < best:
                 best = value
         times.append(best)

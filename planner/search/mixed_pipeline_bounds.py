@@ -541,6 +541,7 @@ def box_schedule_time(
         left, work = rest, base
         pool = 0  # (partners: the chunks the stages before the leading dense layers' end hold beyond their partners')
         if partners is not None:
+            # every group's chunks first (the loop below works out the same in the rows' order, apart: 25% faster)
             qs = [min(cap, math.floor((M - y) / (v * x) + 1e-9)) for x, y, cap in zip(a, ys, caps)]
             extra = [max(0, qs[i] - max(qs[j], 0)) for i, j in enumerate(partners) if j is not None]
             pool = lead * max(extra, default=0)
@@ -746,6 +747,7 @@ def whole_chunk_bottleneck(
     # (a relaxed group given as its choices: at most its most stages, of any of its choices' rooms)
     limits = [max(k for k, _, _ in options) for options in picks]
     capped = most is not None and not free and sum(k for k, _, _ in stages) + sum(limits) > most
+    enough = need * (1 - 1e-12)  # (float rounding)
     T = start
     while True:
         held, step = 0, float("inf")
@@ -776,7 +778,7 @@ def whole_chunk_bottleneck(
                 if nxt < step:
                     step = nxt
             held += best
-        if capped and held >= need * (1 - 1e-12):  # (capped: no free group, so only whether they hold it matters)
+        if capped and held >= enough:  # (capped: no free group, so only whether they hold it matters)
             held = min(held, _roomiest(counts, most, limits))
         rate = 0.0  # chunks per second the relaxed groups add from T on (each from its own c)
         for k, c, u in free:
@@ -785,7 +787,7 @@ def whole_chunk_bottleneck(
                 rate += k / u
             else:
                 step = min(step, c)
-        if held >= need * (1 - 1e-12):
+        if held >= enough:
             return T
         if rate > 0 and T + (need - held) / rate <= step:
             return T + (need - held) / rate
@@ -1614,15 +1616,9 @@ def sequence_holds(blocks, before: list[int], T: float) -> bool:
     for s, (cst, cap, terms) in enumerate(blocks):
         room = limit - cst
         last_end = L - (P - 1 - s)  # every later stage holds a layer
-        times: dict[int, float] = {}  # a run's time by n (L + 1) + e: it depends only on its length and MoE layers
 
-        def fits(q: int, n: int, terms=terms, room=room, times=times) -> bool:
-            e = before[q + n] - before[q]
-            key = n * (L + 1) + e
-            t = times.get(key)
-            if t is None:
-                t = times[key] = terms.time(n, e)
-            return t <= room
+        def fits(q: int, n: int, terms=terms, room=room) -> bool:
+            return terms.time(n, before[q + n] - before[q]) <= room
 
         ends = []  # the union of the intervals q + 1 .. q + n(q), n(q) the longest run from q within T, built
         for lo, hi in reversed(starts):  # from the last start down: a start whose run ends no further than the
@@ -1711,9 +1707,9 @@ def _block_floors(blocks, before: list[int]) -> list[list[list[float]]]:
     for s, (cst, cap, terms) in enumerate(blocks):
         # a run's floors depend only on the kinds of its layers, which repeat from start to start (past a model's
         # leading dense layers, or every other layer): each sequence of kinds worked out once per stage, its list
-        # shared by the starts that have it (read only)
+        # shared by the starts that have it (read only), and each (length, MoE layers) once
         runs: dict[bytes, list[float]] = {}
-        floors: dict[int, float] = {}  # by n (L + 1) + e: the floor of n layers, e of them MoE
+        time = functools.cache(terms.time)
         starts: list[list[float]] = [[] for _ in range(min(s, L))]
         for q in range(s, L):
             mix = kinds[q : q + min(cap, L - q - (P - 1 - s))]
@@ -1723,10 +1719,7 @@ def _block_floors(blocks, before: list[int]) -> list[list[list[float]]]:
                 e = 0
                 for n, moe in enumerate(mix, 1):
                     e += moe
-                    key = n * (L + 1) + e
-                    t = floors.get(key)
-                    if t is None:
-                        t = floors[key] = cst + terms.time(n, e)
+                    t = cst + time(n, e)
                     if t == inf:
                         break
                     run.append(t)
