@@ -1397,6 +1397,15 @@ def _random_blocks(rng: random.Random, L: int, P: int):
     return moe, before, blocks
 
 
+def _random_sequences(rng: random.Random, cases: int, most_layers: int, most_stages: int):
+    """``cases`` draws of (L, moe flags, MoE layers before each position, blocks) (_random_blocks) of 2..most_layers
+    layers and 1..most_stages stages, a draw of more stages than layers left out."""
+    for _ in range(cases):
+        L, P = rng.randint(2, most_layers), rng.randint(1, most_stages)
+        if P <= L:
+            yield L, *_random_blocks(rng, L, P)
+
+
 def _split_floors(blocks, before: list[int], L: int):
     """Per split of the L layers into consecutive runs, one per stage within its cap: each stage's floor on its run
     (cst + BlockTerms.time of its length and MoE layers)."""
@@ -1419,11 +1428,7 @@ def test_sequence_holds_exactly_where_a_split_into_consecutive_runs_does():
 
     rng = random.Random(11)
     agree = tighter = 0
-    for _ in range(300):
-        L, P = rng.randint(2, 8), rng.randint(1, 4)
-        if P > L:
-            continue
-        moe, before, blocks = _random_blocks(rng, L, P)
+    for L, moe, before, blocks in _random_sequences(rng, 300, 8, 4):
         slowest = [max(times) for times in _split_floors(blocks, before, L)]
         best = min(slowest, default=float("inf"))
         for T in [rng.uniform(0.5, 20.0) for _ in range(5)] + [best, best * (1 - 1e-6)]:
@@ -1451,11 +1456,7 @@ def test_block_schedule_bound_is_the_least_split_schedule_in_place(monkeypatch):
 
     rng = random.Random(13)
     exact = apart_below = 0
-    for _ in range(400):
-        L, P = rng.randint(2, 9), rng.randint(1, 4)
-        if P > L:
-            continue
-        moe, before, blocks = _random_blocks(rng, L, P)
+    for L, _, before, blocks in _random_sequences(rng, 400, 9, 4):
         mb, work, tail = rng.choice((1, 2, 4, 16, 64)), rng.uniform(0.0, 10.0), rng.uniform(0.0, 2.0)
         splits = [(max(t), sum(t)) for t in _split_floors(blocks, before, L) if max(t) < float("inf")]
         rows = B._block_floors(blocks, before)
@@ -2459,23 +2460,19 @@ def test_the_tail_trial_stays_on_while_its_term_cuts_and_probes_when_it_does_not
 def test_block_floors_and_kind_memory_times_are_their_definitions():
     """The two fast paths over BlockTerms read their definitions exactly: _block_floors' rows (each sequence of
     layer kinds worked out once per stage, its list shared by the starts that have it) are cst + BlockTerms.time of
-    each run from each start, up to the first run that cannot fit; and kind_memory_times (BlockTerms.cost written
-    out at the few MoE counts where its least may lie) is, per n, the least BlockTerms.cost over every MoE count
+    each run from each start, up to the first run that cannot fit; and kind_memory_times (BlockTerms.cost at the few
+    MoE counts where its least may lie) is, per n, the least BlockTerms.cost over every MoE count
     in the window at which even every layer recomputed fits, made to grow with n (the least over n or more)."""
     from planner.search import mixed_pipeline_bounds as B
     from planner.search.mixed_context import kind_memory_times
 
     rng = random.Random(21)
-    for _ in range(300):
-        L, P = rng.randint(2, 14), rng.randint(1, 5)
-        if P > L:
-            continue
-        moe, before, blocks = _random_blocks(rng, L, P)
+    for L, _, before, blocks in _random_sequences(rng, 300, 14, 5):
         rows = B._block_floors(blocks, before)
         for s, (cst, cap, terms) in enumerate(blocks):
             for q in range(L):
                 run = []
-                for n in range(1, min(cap, L - q - (P - 1 - s)) + 1) if q >= s else ():
+                for n in range(1, min(cap, L - q - (len(blocks) - 1 - s)) + 1) if q >= s else ():
                     t = cst + terms.time(n, before[q + n] - before[q])
                     if t == float("inf"):
                         break
