@@ -8,6 +8,7 @@ so any difference in what they are sent shows in their logs."""
 import os
 import pickle
 import random
+import time
 
 import pytest
 
@@ -257,3 +258,61 @@ def test_a_call_runs_on_the_second_shares_side_between_explores(processes):
         assert ls.explore(float("inf"))["done"] == other["done"]  # (nothing left: the same share again)
     assert (done, doubled) == (other["done"], 42)
     assert (pid == os.getpid()) == (processes == 1)
+
+
+def _toy_help(share, board):
+    """A help: the square of each number of the parcel, in batches of two, from board[2] on (how far this side
+    has come), until told to stop; with the process it ran in."""
+    numbers = board.receive()
+    if numbers is None:
+        return
+    for x in numbers:
+        if board.stopped():
+            return
+        if x >= board[2]:
+            yield [(x, x * x, os.getpid())]
+
+
+def _failing_help(share, board):
+    yield [1]
+    raise ValueError("toy help failure")
+
+
+def test_a_help_works_ahead_on_the_second_shares_side_until_told_to_stop():
+    """start_help runs a generator on the child's side; the parcel and the numbers on the board reach it as this
+    process sets them; helped takes in what it sent so far without waiting, end_help stops it and returns the rest;
+    the shares explore as before afterwards."""
+    if processes_available() < 2:
+        pytest.skip("no second core, or no fork here")
+    shares = [Toy(1, 100), Toy(2, 100)]
+    with Lockstep(shares, 2) as ls:
+        ls.start_help(_toy_help)
+        ls.board[2] = 500  # (set before the parcel: the help skips what lies behind it)
+        assert ls.board.send(list(range(10**6)))
+        got, waited = [], 0
+        while len(got) < 10 and waited < 600:  # (it sends as it goes: some before it is told to stop)
+            got += [x for batch in ls.helped() for x in batch]
+            time.sleep(0.1)
+            waited += 1
+        assert got
+        got += [x for batch in ls.end_help() for x in batch]
+        assert ls.helped() == []
+        numbers = [x for x, _, _ in got]
+        assert numbers == list(range(500, 500 + len(numbers)))
+        assert all(y == x * x and pid != os.getpid() for x, y, pid in got)
+        assert len(numbers) < 10**6 - 500  # (it stopped when told)
+        ls.start_help(_toy_help)
+        assert ls.end_help() == []  # (stopped before its parcel came: it sends nothing)
+        other = ls.explore(float("inf"))
+    one = [Toy(1, 100), Toy(2, 100)]
+    with Lockstep(one, 1) as ls:
+        assert ls.explore(float("inf")) == other
+
+
+def test_a_failure_in_a_help_is_raised_here():
+    if processes_available() < 2:
+        pytest.skip("no second core, or no fork here")
+    with pytest.raises(RuntimeError, match="toy help failure"):
+        with Lockstep([Toy(1, 10), Toy(2, 10)], 2) as ls:
+            ls.start_help(_failing_help)
+            ls.end_help()

@@ -740,3 +740,73 @@ def test_a_proven_search_reports_its_replica_plan_optimal():
     assert isinstance(result.plans[0].candidate, ReplicaCandidate)
     assert result.plans[0].status == "optimal"
     assert check_proof(result) == []
+
+
+def test_the_look_ahead_works_out_the_looks_own_floors_in_its_order(monkeypatch):
+    """replicas.look_ahead (the other process's side of the first look) works out throughput floors in the order
+    the look does (a subsequence of it: the look cuts what its plans rule out), each the look's own value; and a
+    look taking in its floors as they come (a floor per ZeRO stage it takes out of line, from a fresh context's
+    look_ahead: the other process's own caches) finds what it finds alone, with the same bounds. The suite job of
+    the test above."""
+    import time
+
+    from planner.search import mixed_pipelines, replicas
+
+    job = suite_job("gpt3-5b", [("mi250x", 19, 8), ("h800", 71, 8)], 16384, 256)
+
+    def context():
+        return MixedContext(job, SearchOptions(), None, cost_source(job), group_order(job.cluster))
+
+    class Board:  # (lockstep.Board, in this process)
+        def __init__(self, shapes):
+            self.shapes, self.numbers = shapes, {replicas.AHEAD_FRONT: 0.0}
+
+        def receive(self):
+            return self.shapes
+
+        def stopped(self):
+            return False
+
+        def __getitem__(self, i):
+            return self.numbers[i]
+
+    class Ahead:  # (replicas.LookAhead, as mixed_pipelines._LookAhead without a second process)
+        def start(self, found_shapes):
+            self.board = Board(found_shapes)
+            self.sent = replicas.look_ahead(SimpleNamespace(ctx=context()), self.board)
+
+        def front(self, key):
+            self.board.numbers[replicas.AHEAD_FRONT] = key
+
+        def take_in(self, ctx):
+            ctx.caches.replica_throughput.update(next(self.sent, []))
+
+    def look(ctx, ahead=None):
+        deadline = time.monotonic() + 3600
+        rs = replicas.search_replicas(
+            ctx, float("inf"), deadline, 1, exact_pass=False, look=mixed_pipelines.REPLICA_LOOK, ahead=ahead
+        )
+        return [(cand.key, est.iteration_time_s, exact) for cand, est, exact in rs.found], rs.low, rs.unexplored
+
+    order, by = [], {}  # the floors worked out: in order, and how many by context
+    real = replicas.throughput_floor
+
+    def counted(ctx, cand):
+        if cand.key not in ctx.caches.replica_throughput:
+            order.append(cand.key)
+            by[id(ctx)] = by.get(id(ctx), 0) + 1
+        return real(ctx, cand)
+
+    monkeypatch.setattr(replicas, "throughput_floor", counted)
+    alone_ctx = context()
+    alone = look(alone_ctx)
+    looked = list(order)  # the floors the look worked out, in its order
+    assert len(looked) > 20 and alone[0]
+    found, _ = replicas.shapes(context(), float("inf"), float("inf"), mixed_pipelines.REPLICA_LOOK)
+    ahead = [k for batch in replicas.look_ahead(SimpleNamespace(ctx=context()), Board(sorted(found))) for k in batch]
+    floors = dict(ahead)
+    assert [key for key, _ in ahead if key in set(looked)] == looked
+    assert all(floors[key] == alone_ctx.caches.replica_throughput[key] for key in looked)
+    helped, ctx = Ahead(), context()
+    assert look(ctx, helped) == alone
+    assert by.get(id(ctx), 0) < len(looked)  # (it took in floors worked out on the other side)

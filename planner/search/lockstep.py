@@ -32,16 +32,22 @@ and ``back`` shared counters of how far each has come; sent to the first share, 
 through its ``meet`` (Meet); it must not change what that share does, only how soon). The caller owns the shares;
 this module only runs them.
 Between explores the caller may also hand the second share's side a call of its own (start_call, finish_call), which
-runs in the child while this process does other work.
+runs in the child while this process does other work; or help (start_help, helped, end_help): a generator run in the
+child that sends what it works out as it goes, while this process reads it in as it likes, reading a few numbers it
+publishes on ``board`` (shared memory) to steer it, until ended. Help must not change what this process does, only
+how soon (what it sends is what this process would work out itself), and is given only where there is a child.
 """
 
 from __future__ import annotations
 
+import mmap
 import multiprocessing
 import os
+import pickle
 import queue
 import signal
 import sys
+import time
 import traceback
 from collections import deque
 from collections.abc import Callable
@@ -55,6 +61,9 @@ LAG = 8  # epochs a share may run ahead of what it knows of the other
 # it in), in which a share given work only once out of it sat idle. Seed-5 suite job 10: the child, out of work for
 # 1.64 s of its 4.1 s second explore, 0.29 s with gifts below 512 nodes.
 LOW = 512
+# A help's board (Board): its numbers, of which STOP and PARCEL are the board's own, and the most bytes of a parcel
+BOARD, STOP, PARCEL = 4, 0, 1
+PARCEL_BYTES = 8 << 20  # (shared memory, touched only as far as a parcel fills it)
 
 
 @dataclass
@@ -157,6 +166,47 @@ def processes_available() -> int:
     return 2 if cores >= 2 else 1
 
 
+class Board:
+    """Shared memory between this process and the child's help (Lockstep.start_help): a few numbers this process
+    publishes (board[i]; board[STOP] set where the help is to stop) and one parcel, an object this process hands
+    the help once it has it (send, receive). Written by this process's main thread as it goes, not through a queue
+    (whose feeder thread writes it): a 360 kB list of replica shapes put on the child's queue while this process
+    went on with its first look reached the child 1.6-1.7 s later in 2 of 5 runs of seed-5 suite job 13."""
+
+    def __init__(self, ctx) -> None:
+        self.numbers = ctx.Array("d", BOARD, lock=False)
+        self.parcel = mmap.mmap(-1, PARCEL_BYTES)  # (anonymous and shared: the forked child sees what is written)
+
+    def __getitem__(self, i: int) -> float:
+        return self.numbers[i]
+
+    def __setitem__(self, i: int, value: float) -> None:
+        self.numbers[i] = value
+
+    def stopped(self) -> bool:
+        return bool(self.numbers[STOP])
+
+    def reset(self) -> None:
+        self.numbers[:] = [0.0] * BOARD
+
+    def send(self, obj) -> bool:
+        """Hands ``obj`` to the help; False where it is too large to (the help never gets it)."""
+        data = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+        if len(data) > PARCEL_BYTES:
+            return False
+        self.parcel[: len(data)] = data
+        self.numbers[PARCEL] = len(data)
+        return True
+
+    def receive(self):
+        """(In the help.) The parcel, once this process has sent it; None where it is told to stop first."""
+        while not self.numbers[PARCEL]:
+            if self.numbers[STOP]:
+                return None
+            time.sleep(0.0005)
+        return pickle.loads(self.parcel[: int(self.numbers[PARCEL])])
+
+
 class Meet(NamedTuple):
     """Where the parent and the child work from either end for the first share (prepare_for): ``front`` and
     ``back``, counters in shared memory of how far each side has come, and ``theirs``, which waits for what the
@@ -176,14 +226,19 @@ class Lockstep:
         self.shares = shares
         self.child = None
         self._call = None
+        self._helping = False
         if processes >= 2:
             ctx = multiprocessing.get_context("fork")
             self.to_child, self.from_child = ctx.Queue(), ctx.Queue()
             # where the parent and the child work out the first share's roots from either end (prepare_for)
             self.front, self.back = ctx.Value("q", 0, lock=False), ctx.Value("q", 2**62, lock=False)
-            args = (shares, self.to_child, self.from_child, self.front, self.back)
+            self.board = Board(ctx)  # what this process publishes to the child's help
+            # what the help sends: a pipe of its own, written as it goes by the child's main thread (as Board)
+            self.help_in, help_out = ctx.Pipe(duplex=False)
+            args = (shares, self.to_child, self.from_child, self.front, self.back, self.board, help_out)
             self.child = ctx.Process(target=_child_main, args=args, daemon=True)
             self.child.start()
+            help_out.close()  # (the child's end)
             if hasattr(shares[1], "prepare_for"):  # (read by the first share in its first explore)
                 shares[0].meet = Meet(self.front, self.back, self._prepared)
 
@@ -205,6 +260,8 @@ class Lockstep:
         self.child.join()
         self.to_child.close()
         self.from_child.close()
+        self.help_in.close()
+        self.board.parcel.close()
         self.child = None
 
     def start_call(self, fn, *args) -> None:
@@ -239,6 +296,43 @@ class Lockstep:
         msg = self._message()  # (the child's result: _run has taken in its snapshots up to its final one)
         assert msg[0] == "result"
         return msg[1]
+
+    def start_help(self, fn, *args) -> None:
+        """``fn(share, board, *args)``, a generator, on the second share's side (a module-level function and
+        picklable arguments; ``board``: self.board, for what this process hands it later): what it yields comes to
+        helped and end_help, in order, while this process goes on. Only where there is a child (``self.child``); at
+        most one at a time, ended by end_help before the next explore or call."""
+        assert self.child is not None and not self._helping
+        self.board.reset()
+        self._helping = True
+        self.to_child.put(("help", fn, args))
+
+    def helped(self) -> list:
+        """What the help sent since it was last read, without waiting."""
+        out = []
+        while self._helping and self.help_in.poll():
+            self._take_help(out)
+        return out
+
+    def end_help(self) -> list:
+        """Tells the help to stop (board[STOP]) and waits for it to end: what it sent that was not read yet."""
+        self.board[STOP] = 1.0
+        out = []
+        while self._helping:
+            while not self.help_in.poll(1.0):
+                if not self.child.is_alive():
+                    raise RuntimeError("mixed-pipeline search process ended unexpectedly")
+            self._take_help(out)
+        return out
+
+    def _take_help(self, out: list) -> None:
+        part = self.help_in.recv()
+        if isinstance(part, str):  # (the child's error: its traceback; the parent reports it)
+            raise RuntimeError(f"mixed-pipeline search process failed:\n{part}")
+        if part is None:
+            self._helping = False
+        else:
+            out.append(part)
 
     def _prepared(self):
         """The child's prepare_for (its first message), waiting for it."""
@@ -334,7 +428,7 @@ def _alternate(shares: list, until: float) -> None:
         _take_late(share, inbox)
 
 
-def _child_main(shares, inbox_queue, outbox_queue, front, back) -> None:
+def _child_main(shares, inbox_queue, outbox_queue, front, back, board, help_out) -> None:
     """The forked child: explores its share (the second) whenever asked, trading snapshots with the parent, until
     closed; first it prepares its share and, where the share can, works for the first one until the parent asks for
     more (prepare_for). Ctrl-C is the parent's to handle (it ends the child)."""
@@ -351,6 +445,16 @@ def _child_main(shares, inbox_queue, outbox_queue, front, back) -> None:
             if msg[0] == "call":
                 _, fn, args = msg
                 outbox_queue.put(("called", fn(share, *args)))
+                continue
+            if msg[0] == "help":
+                _, fn, args = msg
+                try:
+                    for part in fn(share, board, *args):
+                        help_out.send(part)
+                except Exception:
+                    help_out.send(traceback.format_exc())
+                    raise
+                help_out.send(None)  # (its end)
                 continue
             _, until, best = msg
             share.best = list(best)

@@ -91,7 +91,7 @@ from planner.search.mixed_pipeline_bounds import (
 )
 from planner.search.partition import cp_sat, solve_partition
 from planner.search.quick import RESOLUTION
-from planner.search.replicas import exact_memo, exact_shapes, search_replicas
+from planner.search.replicas import AHEAD_FRONT, exact_memo, exact_shapes, look_ahead, search_replicas
 from planner.search.result import (
     STOP_REASONS,
     Plan,
@@ -2044,6 +2044,34 @@ class _OtherSide:
         return self.lockstep.finish_call()
 
 
+class _LookAhead:
+    """The other share's side during the first replica look (replicas.LookAhead): the look's throughput floors
+    worked out there ahead of it (replicas.look_ahead, a help of the lockstep's child, which sits idle through the
+    look once its roots are bounded). Started before the look, so that the child has it by the time the look has its
+    shapes; ended after it (end), what came in then kept too (the replica search proper reads them again)."""
+
+    def __init__(self, lockstep: Lockstep) -> None:
+        self.lockstep = lockstep
+        lockstep.start_help(look_ahead)
+
+    def start(self, found_shapes: list) -> None:
+        self.lockstep.board.send(found_shapes)
+
+    def front(self, key: float) -> None:
+        self.lockstep.board[AHEAD_FRONT] = key
+
+    def take_in(self, ctx: MixedContext) -> None:
+        self._keep(ctx, self.lockstep.helped())
+
+    def end(self, ctx: MixedContext) -> None:
+        self._keep(ctx, self.lockstep.end_help())
+
+    @staticmethod
+    def _keep(ctx: MixedContext, batches: list) -> None:
+        for batch in batches:
+            ctx.caches.replica_throughput.update(batch)
+
+
 def search_hetero(
     job: Job,
     *,
@@ -2089,8 +2117,10 @@ def search_hetero(
     )  # main: this process's share; after each explore it holds the other's plans too
     processes = processes_available() if processes is None else processes
 
-    def replica_pass(incumbent: float, stop: float, exact_pass: bool = True, look: int | None = None, share=None):
-        rs = search_replicas(ctx, incumbent, stop, workers, progress, best, top, exact_pass, look, share)
+    def replica_pass(
+        incumbent: float, stop: float, exact_pass: bool = True, look: int | None = None, share=None, ahead=None
+    ):
+        rs = search_replicas(ctx, incumbent, stop, workers, progress, best, top, exact_pass, look, share, ahead)
         for cand, est, exact in rs.found:
             keep_top(best, Plan(cand, est, "optimal" if exact else "feasible"), top)
         return rs
@@ -2106,7 +2136,11 @@ def search_hetero(
         if with_replicas:
             # its shape enumeration (of the shapes it can reach only) may take up to the mixed pipelines'
             # deadline; the look itself at most REPLICA_LOOK steps after it
-            replica_pass(float("inf"), deadline, exact_pass=False, look=REPLICA_LOOK)
+            # (its throughput floors worked out ahead of it in the child meanwhile, where there is one)
+            ahead = _LookAhead(lockstep) if lockstep.child is not None else None
+            replica_pass(float("inf"), deadline, exact_pass=False, look=REPLICA_LOOK, ahead=ahead)
+            if ahead is not None:
+                ahead.end(ctx)
         best = explore(lockstep, deadline)  # (replica_pass and the rest below add to it)
         single = group = single_beat = None
         if single_type:

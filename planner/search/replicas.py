@@ -675,6 +675,82 @@ class ExactShare(Protocol):
     def finish(self) -> tuple[list, float, dict]: ...
 
 
+class LookAhead(Protocol):
+    """The other side of a first look (in the other process, planner/search/lockstep.py), which works out the
+    throughput floors of the look's ZeRO stages ahead of it (look_ahead): start hands it the look's shapes, front
+    tells it how far the look has come (the bound of the ZeRO stage whose floors it works out next), take_in puts
+    what it sent so far in ``ctx``'s memo (without waiting). The caller stops it after the look."""
+
+    def start(self, found_shapes: list) -> None: ...
+
+    def front(self, key: float) -> None: ...
+
+    def take_in(self, ctx) -> None: ...
+
+
+# look_ahead's number on its board (planner/search/lockstep.Board): where the look has come
+AHEAD_FRONT = 2
+# look_ahead works out the ZeRO stages more than this many past the look's front (those nearer are the look's own: a
+# floor sent takes a while to come in, and the look works one out in 0.3-0.6 ms), jumping ahead again where the look
+# has caught up. The look's own floors, of the 1,277-2,708 it needs (seed-5 suite job 13, seed-1 job 43, seed-4 job
+# 26, one run each): 2,090 / 668 / 658 at 16, 1,625 / 573 / 613 at 128.
+AHEAD_LEAD = 128
+
+
+def _zero_stages(ctx, key: float, shape: tuple, work) -> list[tuple[float, ReplicaCandidate]]:
+    """(bound, candidate) of each ZeRO stage a shape of bound ``key`` opens into (search_replicas): those the options
+    and the framework allow and whose model states can fit (_states_fit), ZeRO-2/3 at their sharded traffic
+    (_sharded_bound)."""
+    tp, cp, pp, mbs, base, counts, ep = shape
+    grad_wire = 2.0 if ctx.job.training.grad_dtype == "bf16" else 4.0
+    out = []
+    for zero in REPLICA_ZERO:
+        degrees = {"pp": pp, "zero": zero, "cp": cp, "ep": ep, "tp": tp, "dp": sum(d for _, d in counts)}
+        if zero not in ctx.opts.zero_stages or (ctx.fw is not None and not ctx.fw.allows(**degrees)):
+            continue
+        if not _states_fit(ctx, tp, cp, pp, zero, counts, ep):
+            continue  # proven: the model states alone do not fit
+        zbound = key if zero < 2 else _sharded_bound(ctx, zero, tp, cp, pp, mbs, counts, work, grad_wire, ep)
+        out.append((zbound, ReplicaCandidate(tp, cp, pp, mbs, zero, base, counts, key, ep)))
+    return out
+
+
+def look_ahead(share, board):
+    """The throughput floors a first look of search_replicas will work out, worked out ahead of it in the other
+    process (Lockstep.start_help; ``share.ctx`` is its context there), each sent as [(key, floor)]. The look works
+    out a ZeRO stage's throughput floor the first time it comes out of line, so in the order of the ZeRO stages'
+    bounds (a best-first search: the keys it pops only grow); this goes through them in that order (the shapes in
+    theirs, each opened as the look opens it: LookAhead.start hands them over sorted), those more than AHEAD_LEAD
+    past the look's front (board[AHEAD_FRONT]: the bound of the one the look is at), until told to stop. The floors
+    are the look's own (throughput_floor), so it finds what it would alone, sooner: on seed-5 suite job 13 its
+    child, idle through the look once its roots are bounded, worked out about 1,300 of the 2,708 the look needs."""
+    found_shapes = board.receive() or []  # (the look's, sorted: LookAhead.start)
+    ctx = share.ctx
+    memo = ctx.caches.replica_throughput
+    line: list = []  # ZeRO stages of the shapes opened so far: (bound, order, candidate)
+    tie = itertools.count()
+    shapes_in = iter(found_shapes)
+    nxt = next(shapes_in, None)
+    skip = 0  # ZeRO stages still to pass over (the look's own, just past its front)
+    while not board.stopped():
+        while nxt is not None and (not line or nxt[0] <= line[0][0]):  # (a shape's stages are at or above its bound)
+            key, shape, work = nxt
+            for zbound, cand in _zero_stages(ctx, key, shape, work):
+                heapq.heappush(line, (zbound, next(tie), cand))
+            nxt = next(shapes_in, None)
+        if not line:
+            break
+        zbound, _, cand = heapq.heappop(line)
+        if zbound < board[AHEAD_FRONT]:
+            skip = AHEAD_LEAD  # (the look has passed it, or caught up)
+            continue
+        if skip:
+            skip -= 1
+            continue
+        if cand.key not in memo:
+            yield [(cand.key, throughput_floor(ctx, cand))]
+
+
 def _below(bound: float, best: float) -> bool:
     """Whether a pipelined shape of this bound could still beat ``best`` by more than RESOLUTION (the exact pass
     solves it); shapes in bound order from the first that cannot are closed by their bounds."""
@@ -755,6 +831,7 @@ def search_replicas(
     exact_pass: bool = True,
     look: int | None = None,
     share: ExactShare | None = None,
+    ahead: LookAhead | None = None,
 ) -> ReplicaSearch:
     """Replica plans faster than ``incumbent_s``, best-first until the bound reaches the K-th best time known or
     the deadline passes, and the smallest bounds of the replica shapes that could beat ``incumbent_s``: no replica
@@ -766,11 +843,14 @@ def search_replicas(
     throughput or pipeline floor worked out, or a candidate evaluated), each candidate from its greedy splits only
     (_heuristic_shape's greedy_only): a count of work, not seconds, so that what it finds is the same on any
     machine (the deadline aside). ``share``: the other process's side (ExactShare), which solves every other
-    pipelined shape of the exact pass where two or more are to be solved (exact_shapes on each side)."""
+    pipelined shape of the exact pass where two or more are to be solved (exact_shapes on each side). ``ahead``:
+    with a look, the other process's side (LookAhead), which works out throughput floors ahead of it
+    (look_ahead; the caller stops it)."""
     found_shapes, cut_short = shapes(ctx, deadline, incumbent_s, look)  # (a look pops at most ``look`` of them)
     found_shapes.sort(key=lambda x: (x[0], x[1]))
-    t = ctx.job.training
-    grad_wire = 2.0 if t.grad_dtype == "bf16" else 4.0
+    ahead = ahead if look is not None else None
+    if ahead is not None:
+        ahead.start(found_shapes)
     found = []
     shadow = list(top_plans)  # the top list with the replica plans found so far: its K-th time is the cut
 
@@ -802,19 +882,15 @@ def search_replicas(
             opened += 1
             if progress is not None:
                 progress(opened, len(found_shapes), what)
-            for zero in REPLICA_ZERO:
-                degrees = {"pp": pp, "zero": zero, "cp": cp, "ep": ep, "tp": tp, "dp": sum(d for _, d in counts)}
-                if zero not in ctx.opts.zero_stages or (ctx.fw is not None and not ctx.fw.allows(**degrees)):
-                    continue
-                if not _states_fit(ctx, tp, cp, pp, zero, counts, ep):
-                    continue  # proven: the model states alone do not fit
-                zbound = key if zero < 2 else _sharded_bound(ctx, zero, tp, cp, pp, mbs, counts, work, grad_wire, ep)
-                z_cand = ReplicaCandidate(tp, cp, pp, mbs, zero, base, counts, key, ep)
+            for zbound, z_cand in _zero_stages(ctx, key, (tp, cp, pp, mbs, base, counts, ep), work):
                 if zbound >= best:
                     low = min(low, zbound)
                     continue
                 heapq.heappush(heap, (zbound, next(tie), (tp, cp, pp, mbs, base, counts, ep), work, z_cand))
             continue
+        if ahead is not None and cand.key not in ctx.caches.replica_throughput:
+            ahead.front(key)  # (every ZeRO stage below it has come out of line: the keys it pops only grow)
+            ahead.take_in(ctx)
         key = _floored(ctx, cand, key, best, heap[0][0] if heap else float("inf"))
         if key >= best:
             low = min(low, key)
