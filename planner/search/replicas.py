@@ -171,6 +171,7 @@ def _shapes(ctx, deadline: float, beat: float, keep: int | None = None):
             if not eps:
                 continue  # (no group fits a replica at this TP and CP)
             ep_allowed = {}  # replica_ep_options by the replica counts (the same at every micro-batch and mode)
+            depths: dict = {}  # the subsets' replica counts at each depth (the same at every micro-batch and mode)
             for mbs in micro_batch_options(t, 1, ctx.opts.max_micro_batch):  # replicas run their own counts
                 M = t.global_batch_size // mbs
                 for base in bases:
@@ -187,6 +188,9 @@ def _shapes(ctx, deadline: float, beat: float, keep: int | None = None):
                     per_mb, least, most = hit
                     if over(M / most):
                         continue
+                    # per subset, its groups' least work (valid at every EP degree) and their work at each degree
+                    least_of = [tuple(least[g] for g in used) for used in subsets]
+                    work_of = {ep: [tuple(per_mb[ep][g] for g in used) for used in subsets] for ep in eps}
                     for pp in range(1, L + 1):
                         if over((M + 2 * (pp - 1)) / most):
                             break
@@ -194,24 +198,26 @@ def _shapes(ctx, deadline: float, beat: float, keep: int | None = None):
                             continue
                         if time.monotonic() > deadline:
                             return (out if keep is None else _first(out, keep)), True
-                        fit = {g: gpus[g] // (tp * cp * pp) for g in groups}  # whole replicas per group
+                        depth = depths.get(pp)
+                        if depth is None:
+                            depth = depths[pp] = _subset_counts(gpus, groups, subsets, tp * cp * pp)
+                        fit, used_counts = depth
                         if sum(1 for d in fit.values() if d >= 1) < 2:
                             break  # deeper pipelines fit even fewer replicas
                         if over(M / sum(fit[g] * pp / least[g] for g in groups)):
                             continue  # the bound below, even with every group's replicas
-                        for used in subsets:
-                            counts = tuple((g, fit[g]) for g in used)
-                            if any(d < 1 for _, d in counts) or sum(d for _, d in counts) > M:
+                        for i, counts, replicas in used_counts:
+                            if replicas > M:
                                 continue
                             # the bound at every EP degree: each per_mb[ep][g] >= least[g] (the same sums)
-                            if over(_shape_bound(M, pp, counts, tuple(least[g] for g in used))):
+                            if over(_shape_bound(M, pp, counts, least_of[i])):
                                 continue
                             key = tuple(d for _, d in counts)
                             allowed = ep_allowed.get(key)
                             if allowed is None:
                                 allowed = ep_allowed[key] = replica_ep_options(ctx, counts, cp, eps)
                             for ep in allowed:
-                                work = tuple(per_mb[ep][g] for g, _ in counts)
+                                work = work_of[ep][i]
                                 bound = _shape_bound(M, pp, counts, work)
                                 if not over(bound):
                                     out.append((bound, (tp, cp, pp, mbs, base, counts, ep), work))
@@ -221,13 +227,28 @@ def _shapes(ctx, deadline: float, beat: float, keep: int | None = None):
     return (out if keep is None else _first(out, keep)), False
 
 
+def _subset_counts(gpus: dict, groups, subsets, per_replica: int) -> tuple[dict, list]:
+    """(whole replicas per group of ``per_replica`` GPUs each, [(index in ``subsets``, (group, replicas) per group,
+    replicas in all)] for each subset of groups every one of which fits one or more)."""
+    fit = {g: gpus[g] // per_replica for g in groups}
+    out = []
+    for i, used in enumerate(subsets):
+        counts = tuple((g, fit[g]) for g in used)
+        if all(d >= 1 for _, d in counts):
+            out.append((i, counts, sum(d for _, d in counts)))
+    return fit, out
+
+
 def _shape_bound(M: int, pp: int, counts, work) -> float:
     """Least iteration seconds of a replica shape: ``counts`` (group, replicas) of pp stages each, a micro-batch
     taking at least work[i] seconds through a whole pipeline of the i-th group. A replica of g running m
     micro-batches takes >= (m + pp - 1) W_g / pp (1F1B with the per-micro-batch work W_g spread evenly over its
     stages), and sum_g d_g m_g = M; every replica runs at least one micro-batch: >= W_g."""
-    rate = sum(d * pp / w for (_, d), w in zip(counts, work))
-    return max((M + (pp - 1) * sum(d for _, d in counts)) / rate, max(work))
+    rate = replicas = 0
+    for (_, d), w in zip(counts, work):
+        rate += d * pp / w
+        replicas += d
+    return max((M + (pp - 1) * replicas) / rate, max(work))
 
 
 def _first(found, keep: int) -> list:
