@@ -114,6 +114,13 @@ def _ordered_bottleneck(consts: tuple[float, ...], floors: tuple[float, float], 
             room, last = T - c + 1e-12 * T, L - (p - 1 - i)  # (float rounding)
             if room < low:
                 return False  # (no layer fits the stage)
+            if room >= high and len(reach) == 1:  # (one interval whose every start fits: one run, as below)
+                start, e = reach[0]
+                top = min(bisect.bisect_right(prefix, prefix[e] + room) - 1, last)
+                if top <= start:
+                    return False
+                reach = [(start + 1, top)]
+                continue
             ends = []
             for lo, hi in reach:
                 for start, e in runs(lo, hi, room):
