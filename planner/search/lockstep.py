@@ -174,7 +174,10 @@ class Board:
     went on with its first look reached the child 1.6-1.7 s later in 2 of 5 runs of seed-5 suite job 13."""
 
     def __init__(self, ctx) -> None:
-        self.numbers = ctx.Array("d", BOARD, lock=False)
+        # (the numbers are read and written as they are; the parcel's size behind the array's lock, whose taking and
+        # giving order the parcel's bytes before it on any processor)
+        self.shared = ctx.Array("d", BOARD)
+        self.numbers = self.shared.get_obj()
         self.parcel = mmap.mmap(-1, PARCEL_BYTES)  # (anonymous and shared: the forked child sees what is written)
 
     def __getitem__(self, i: int) -> float:
@@ -195,16 +198,20 @@ class Board:
         if len(data) > PARCEL_BYTES:
             return False
         self.parcel[: len(data)] = data
-        self.numbers[PARCEL] = len(data)
+        with self.shared.get_lock():
+            self.numbers[PARCEL] = len(data)
         return True
 
     def receive(self):
         """(In the help.) The parcel, once this process has sent it; None where it is told to stop first."""
-        while not self.numbers[PARCEL]:
+        while True:
+            with self.shared.get_lock():
+                size = int(self.numbers[PARCEL])
+            if size:
+                return pickle.loads(self.parcel[:size])
             if self.numbers[STOP]:
                 return None
             time.sleep(0.0005)
-        return pickle.loads(self.parcel[: int(self.numbers[PARCEL])])
 
 
 class Meet(NamedTuple):
