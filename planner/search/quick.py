@@ -105,6 +105,11 @@ def _ordered_bottleneck(consts: tuple[float, ...], floors: tuple[float, float], 
                 yield start, e
             e += 1
 
+    def furthest(e: int, room: float, last: int) -> int:
+        """The furthest end of a stage whose run starts at or before ``e``: its layers from e within ``room``, at
+        most ``last``."""
+        return min(bisect.bisect_right(prefix, prefix[e] + room) - 1, last)
+
     def fits(T: float) -> bool:
         """Whether stages 0..p-1 can end exactly at layer L: the positions each stage can end at, as intervals
         (a run of starts whose first layer fits reaches one interval: the furthest end grows with the start; each
@@ -116,7 +121,7 @@ def _ordered_bottleneck(consts: tuple[float, ...], floors: tuple[float, float], 
                 return False  # (no layer fits the stage)
             if room >= high and len(reach) == 1:  # (one interval whose every start fits: one run, as below)
                 start, e = reach[0]
-                top = min(bisect.bisect_right(prefix, prefix[e] + room) - 1, last)
+                top = furthest(e, room, last)
                 if top <= start:
                     return False
                 reach = [(start + 1, top)]
@@ -124,7 +129,7 @@ def _ordered_bottleneck(consts: tuple[float, ...], floors: tuple[float, float], 
             ends = []
             for lo, hi in reach:
                 for start, e in runs(lo, hi, room):
-                    top = min(bisect.bisect_right(prefix, prefix[e] + room) - 1, last)
+                    top = furthest(e, room, last)
                     if top <= start:
                         continue
                     if ends and ends[-1][1] >= start:  # (adjacent or overlapping: one interval)
