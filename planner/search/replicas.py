@@ -202,8 +202,8 @@ def _shapes(ctx, deadline: float, beat: float, keep: int | None = None):
                         if depth is None:
                             depth = depths[pp] = _subset_counts(gpus, groups, subsets, tp * cp * pp)
                         fit, used_counts = depth
-                        if sum(1 for d in fit.values() if d >= 1) < 2:
-                            break  # deeper pipelines fit even fewer replicas
+                        if not used_counts:
+                            break  # fewer than two groups fit a replica; deeper pipelines fit even fewer
                         if over(M / sum(fit[g] * pp / least[g] for g in groups)):
                             continue  # the bound below, even with every group's replicas
                         for i, counts, replicas in used_counts:
@@ -229,7 +229,8 @@ def _shapes(ctx, deadline: float, beat: float, keep: int | None = None):
 
 def _subset_counts(gpus: dict, groups, subsets, per_replica: int) -> tuple[dict, list]:
     """(whole replicas per group of ``per_replica`` GPUs each, [(index in ``subsets``, (group, replicas) per group,
-    replicas in all)] for each subset of groups every one of which fits one or more)."""
+    replicas in all)] for each subset of groups every one of which fits one or more: none where fewer than two groups
+    fit one, every subset having two or more)."""
     fit = {g: gpus[g] // per_replica for g in groups}
     out = []
     for i, used in enumerate(subsets):
