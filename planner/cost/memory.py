@@ -24,6 +24,11 @@ DEFAULT_MEMORY_MARGIN = 0.05
 GRAD_BYTES = {"fp32": 4.0, "bf16": 2.0, "bf16+fp32": 6.0}
 
 
+def grad_wire_bytes(grad_dtype: str) -> float:
+    """Bytes per gradient element a data-parallel reduction sends: 2 for bf16 gradients, 4 for any other."""
+    return 2.0 if grad_dtype == "bf16" else 4.0
+
+
 def model_state_bytes(
     params: float, shard: int, zero_stage: int, grad_dtype: str, optimizer: str, fp32_params: bool = False
 ) -> dict[str, float]:

@@ -466,7 +466,7 @@ class StageModel:
         base_rc = dims.recompute if dims.recompute in ("selective", "op") else "none"
         tokens = dims.tokens_per_microbatch
         self.mb = dims.num_microbatches
-        self.grad_wire = 2.0 if t.grad_dtype == "bf16" else 4.0  # bytes per gradient element on the wire
+        self.grad_wire = M.grad_wire_bytes(t.grad_dtype)
 
         _, dp_per_node = dims.group_span("dp", gpn)
         self.shard = dims.dp * dims.cp

@@ -31,7 +31,7 @@ from typing import Protocol
 
 from planner.cost import flops as F
 from planner.cost.estimate import estimate_replicas, evaluate_stages, replica_stage_models
-from planner.cost.memory import GIB, model_state_bytes
+from planner.cost.memory import GIB, grad_wire_bytes, model_state_bytes
 from planner.cost.stage import StageModel, split_kinds
 from planner.parallel import (
     ReplicaDims,
@@ -643,9 +643,7 @@ def _states_fit(ctx, tp: int, cp: int, pp: int, zero: int, counts, ep: int = 1) 
     return need <= min(ctx.capacity(g) for g, _ in counts) * GIB
 
 
-def _sharded_bound(
-    ctx, zero: int, tp: int, cp: int, pp: int, mbs: int, counts, work, grad_wire: float, ep: int = 1
-) -> float:
+def _sharded_bound(ctx, zero: int, tp: int, cp: int, pp: int, mbs: int, counts, work, ep: int = 1) -> float:
     """The shape bound with ZeRO-2/3's per-micro-batch traffic (planner/cost/stage.StageModel._collectives_of):
     each stage reduce-scatters its gradients (ZeRO-3 also all-gathers its 16-bit weights twice) over all
     replicas' DP*CP ranks, the routed experts' over the expert-DP ranks (dp*cp/ep; each GPU holds 1/ep of them),
@@ -659,7 +657,7 @@ def _sharded_bound(
     fastest = ctx.costs.spanning_ceiling([g for g, _ in counts])
     dense, expert, ep_div = _param_groups(ctx.job.model, ep)
     ne = n // ep_div
-    wire = (grad_wire + (4.0 if zero >= 3 else 0.0)) / (tp * pp)
+    wire = (grad_wire_bytes(t.grad_dtype) + (4.0 if zero >= 3 else 0.0)) / (tp * pp)
     comm = ((n - 1) / n * dense + (ne - 1) / ne * expert) * wire / fastest
     rate, single = 0.0, 0.0
     for (g, d), w in zip(counts, work):
@@ -724,7 +722,6 @@ def _zero_stages(ctx, key: float, shape: tuple, work) -> list[tuple[float, Repli
     and the framework allow and whose model states can fit (_states_fit), ZeRO-2/3 at their sharded traffic
     (_sharded_bound)."""
     tp, cp, pp, mbs, base, counts, ep = shape
-    grad_wire = 2.0 if ctx.job.training.grad_dtype == "bf16" else 4.0
     out = []
     for zero in REPLICA_ZERO:
         degrees = {"pp": pp, "zero": zero, "cp": cp, "ep": ep, "tp": tp, "dp": sum(d for _, d in counts)}
@@ -732,7 +729,7 @@ def _zero_stages(ctx, key: float, shape: tuple, work) -> list[tuple[float, Repli
             continue
         if not _states_fit(ctx, tp, cp, pp, zero, counts, ep):
             continue  # proven: the model states alone do not fit
-        zbound = key if zero < 2 else _sharded_bound(ctx, zero, tp, cp, pp, mbs, counts, work, grad_wire, ep)
+        zbound = key if zero < 2 else _sharded_bound(ctx, zero, tp, cp, pp, mbs, counts, work, ep)
         out.append((zbound, ReplicaCandidate(tp, cp, pp, mbs, zero, base, counts, key, ep)))
     return out
 
