@@ -12,6 +12,7 @@ from planner.search import mixed_pipelines as mp
 from planner.search.lockstep import Meet
 from planner.search.mixed_context import MixedContext
 from planner.search.mixed_pipeline_bounds import refined_bound
+from planner.search.partition import PRECISION
 from planner.search.space import SearchOptions
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -242,3 +243,34 @@ def test_before_its_first_plan_a_share_puts_a_fixed_node_back_at_its_memory_boun
     share.cut = lambda: float("inf")
     share.step(1e9, *node)
     assert share.heap and all(isinstance(e[2], mp._Family) for e in share.heap)
+
+
+def test_before_its_first_plan_a_share_solves_a_candidate_capped_and_puts_it_back_where_nothing_is_below_the_cap():
+    """With no plan known a candidate is solved capped at FIRST_CAP above its bound (solve_capped): where CP-SAT
+    proves no split that fast, the candidate goes back in line at the cap less the partition model's rounding,
+    uncounted; where the cap holds its optimum, the solve finds it and counts once."""
+    job = load_job(ROOT / "examples" / "hetero" / "gpt-32l-2x32.yaml")
+    ctx = _context(job)
+    share = mp._PipelineSearch(ctx, mp._shares(mp._roots(ctx))[0], 1, 30, 1, 0)
+    share.prepare()
+    while not any(isinstance(e[2], mp.HeteroCandidate) for e in share.heap):
+        lb, _, node, box = heapq.heappop(share.heap)
+        share.step(1.2, lb, node, box)  # (a cut above the best plan: candidates wait in line)
+    _, _, c, (family, sms) = min(e for e in share.heap if isinstance(e[2], mp.HeteroCandidate))
+    alone = mp._PipelineSearch(_context(job), [], 1, 30, 1, 0)
+    res = alone.solve(c, sms, float("inf"), 0.0, limit=30.0)
+    assert res.status == "optimal"
+    best = alone.best[0].time
+
+    share.heap, share.best, share.solved, settled = [], [], 0, share.settled
+    low = best / 1.2
+    share.solve_capped(c, sms, low, family)
+    [(lb, _, back, (back_family, back_sms))] = share.heap
+    assert back is c and back_family is family and back_sms is sms
+    assert lb == low * (1 + mp.FIRST_CAP) * (1 - PRECISION)
+    assert share.best == [] and share.solved == 0 and share.settled == settled
+
+    share.heap = []
+    share.solve_capped(c, sms, best / (1 + mp.FIRST_CAP / 2), family)
+    assert share.heap == [] and share.solved == 1 and share.settled == settled + 1
+    assert [p.time for p in share.best] == [best]

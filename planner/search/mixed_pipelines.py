@@ -89,7 +89,7 @@ from planner.search.mixed_pipeline_bounds import (
     split_rows,
     tail_bottleneck,
 )
-from planner.search.partition import cp_sat, solve_partition
+from planner.search.partition import PRECISION, cp_sat, solve_partition
 from planner.search.quick import RESOLUTION
 from planner.search.replicas import AHEAD_FRONT, exact_memo, exact_shapes, look_ahead, search_replicas
 from planner.search.result import (
@@ -137,6 +137,14 @@ DIVE = 0.05
 # seed-7 job 37 +14% and seed-1 job 31 +7% (what a part finds is not what the whole look finds) and seed-5 job 10 the
 # same (its 1.3 s enumeration on both sides); each part took about 70% of the whole look's time, side by side.
 REPLICA_LOOK = 5000
+# While no plan is known, a candidate is solved capped at this share above its refined bound (solve_capped): CP-SAT
+# finds a split under a cap close to the bound, or proves there is none, sooner than it finds a first split with no
+# cap (seed-1 suite job 40's first two solves, uncapped, took 1.6 s each: about 0.7 deterministic seconds to a first
+# split). Through the CLI (medians of 2-3 alternating runs against 1f2b647, the same plans): seed-1 job 40 11.3 ->
+# 9.8 s, seed-4 job 26 5.9 -> 5.5 s, seed-7 jobs 37 and 16 6.3 -> 6.0 s and 11.0 -> 10.7 s; seed-1 jobs 31 and 43,
+# seed-4 jobs 4 and 25, seed-5 jobs 10 and 13, seed-7 job 10 within 3%. At 5% the capped solves of job 40 found
+# nothing below their caps and it gained nothing.
+FIRST_CAP = 0.10
 # Work units of the mixed search's steps, for lockstep's epochs, each about 60-120 microseconds on the slow suite
 # jobs (measured by kind of step on jobs 4, 13, 19 and 46): a node out of line, a bound worked out for a node put in
 # line, and on top of that a TP-choice node's memory terms and an open family's bound (per ZeRO stage), a
@@ -1735,6 +1743,21 @@ class _PipelineSearch:
             keep_top(self.best, plan, self.top)
             self.found.append(plan)
         self.report()
+        return res
+
+    def solve_capped(self, c: HeteroCandidate, sms: list[StageModel], bound: float, family) -> None:
+        """While no plan is known: CP-SAT on one candidate, capped at FIRST_CAP above its ``bound``. Where it
+        proves that no split is that fast, the candidate goes back in line at the cap (less the partition model's
+        rounding, PRECISION), and is solved again when it comes out; it counts as solved once, when a solve
+        settles it."""
+        cap = bound * (1 + FIRST_CAP)
+        res = self.solve(c, sms, cap, bound, limit=solve_cap(0.0))
+        if res.status == "infeasible":
+            self.push(cap * (1 - PRECISION), c, (family, sms))
+            return
+        self.solved += 1
+        self.settled += 1
+        self.report()
 
     def solve_again(self, until: float) -> None:
         """Solves stopped by their cap whose bound is below the K-th best, again, best bound first, each with an
@@ -1909,7 +1932,10 @@ class _PipelineSearch:
                 self.settled += 1
                 self.report()
                 return
-            self.solve(fam, sms, kth, lb)
+            if kth == float("inf") and not self.solve_first:
+                self.solve_capped(fam, sms, lb, family)
+            else:
+                self.solve(fam, sms, kth, lb)
             return
         lo, hi = box
         if not fam.ordered:
@@ -1938,10 +1964,14 @@ class _PipelineSearch:
             if refined >= kth:
                 self.settled += 1
                 continue
-            if (self.solve_first and kth == float("inf")) or (
-                refined * (1 + DIVE) < kth and (not self.heap or refined <= self.heap[0][0] * (1 + DIVE))
-            ):
-                self.solve(c, sms, kth, max(lb, refined))  # no good plan yet: one close to the frontier cuts
+            if self.solve_first and kth == float("inf"):
+                self.solve(c, sms, kth, max(lb, refined))
+            elif refined * (1 + DIVE) < kth and (not self.heap or refined <= self.heap[0][0] * (1 + DIVE)):
+                # no good plan yet: one close to the frontier cuts
+                if kth == float("inf"):
+                    self.solve_capped(c, sms, max(lb, refined), fam)
+                else:
+                    self.solve(c, sms, kth, max(lb, refined))
             else:
                 heapq.heappush(self.heap, (max(lb, refined), next(self.tie), c, (fam, sms)))
 
