@@ -1719,11 +1719,11 @@ class _PipelineSearch:
         limit: float | None = None,
         until: float | None = None,
     ):
-        """CP-SAT on one candidate, capped at ``kth``. A candidate's first solve (no limit given; solve_again
-        gives one) is counted; without a plan to beat it only needs to find one: a short limit (its bound is
-        kept). The limit is CP-SAT's deterministic time, so that a solve stops at the same point on any machine
-        (and the plans and counts after it are the same); the wall clock stops it only at ``until`` (default: the
-        explore's deadline) or at SOLVE_WALL times its limit."""
+        """CP-SAT on one candidate, capped at ``kth``; its PartitionResult. A candidate's first solve (no limit
+        given; solve_again and solve_capped give one) is counted; without a plan to beat it only needs to find one:
+        a short limit (its bound is kept). The limit is CP-SAT's deterministic time, so that a solve stops at the
+        same point on any machine (and the plans and counts after it are the same); the wall clock stops it only at
+        ``until`` (default: the explore's deadline) or at SOLVE_WALL times its limit."""
         if limit is None:
             limit = solve_cap(self.time_limit_s if kth < float("inf") else 0.0)
             self.solved += 1
