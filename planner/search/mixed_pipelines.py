@@ -418,7 +418,8 @@ class _TpChoiceNode:
     rough: bool = False
     # the row terms of the nodes of one root, which share its degrees (memoized per root: cheap keys): (group, TP)
     # -> _terms, ("free", i) -> _free, ("row", i, TP or "free") -> _row, ("size", fixed) -> _group_size, and the
-    # DP-tail terms: ("flat", fixed) -> _flat_choices, ("tail row", i, zero) -> _tail_row of an open group
+    # DP-tail terms: ("choices", fixed) -> _choices, ("flat", fixed) -> _flat_choices, ("tail row", i, zero) ->
+    # _tail_row of an open group
     memo: dict = field(default_factory=_Memo, compare=False, repr=False)
     # every group's _row (None: no row), handed down from the parent with the newly fixed group's row swapped in
     # (so a bound reads one new row, not every group's); None until first read
@@ -769,10 +770,15 @@ class _TpChoiceNode:
         ends = tuple(map(min, zip(*(Ends.row(*self._terms(ctx, u)[:2]) for u in choices))))
         return terms, kinds, ends, max(stages)
 
-    def _choices(self, ctx: MixedContext) -> list[tuple[int, tuple[tuple[int, int], ...]]]:
+    def _choices(self, ctx: MixedContext) -> tuple[tuple[int, tuple[tuple[int, int], ...]], ...]:
         """(index in ctx.order, (group, TP) choices) of each row of the node: a used group's one fixed choice, a
-        group whose TP is still open its every TP (the unused groups, and those with no TP option, have none)."""
-        return [(i, row) for i in range(len(ctx.order)) if (row := self._row_choices(ctx, i))]
+        group whose TP is still open its every TP (the unused groups, and those with no TP option, have none).
+        Memoized per root by the fixed choices."""
+        key = ("choices", self.fixed)
+        hit = self.memo.get(key)
+        if hit is None:
+            hit = self.memo[key] = tuple((i, row) for i in range(len(ctx.order)) if (row := self._row_choices(ctx, i)))
+        return hit
 
     def _row_choices(self, ctx: MixedContext, i: int) -> tuple[tuple[int, int], ...]:
         """The (group, TP) choices of group i's row: its fixed TP, or every TP while it is open (none: unused)."""
