@@ -142,7 +142,7 @@ REPLICA_LOOK = 5000
 # cap (seed-1 suite job 40's first two solves, uncapped, took 1.6 s each: about 0.7 deterministic seconds to a first
 # split). Through the CLI (medians of 2-3 alternating runs against 1f2b647, the same plans): seed-1 job 40 11.3 ->
 # 9.8 s, seed-4 job 26 5.9 -> 5.5 s, seed-7 jobs 37 and 16 6.3 -> 6.0 s and 11.0 -> 10.7 s; seed-1 jobs 31 and 43,
-# seed-4 jobs 4 and 25, seed-5 jobs 10 and 13, seed-7 job 10 within 3%. At 5% the capped solves of job 40 found
+# seed-4 jobs 4 and 25, seed-5 jobs 10 and 13, seed-7 job 10 within 3.3%. At 5% the capped solves of job 40 found
 # nothing below their caps and it gained nothing.
 FIRST_CAP = 0.10
 # Work units of the mixed search's steps, for lockstep's epochs, each about 60-120 microseconds on the slow suite
