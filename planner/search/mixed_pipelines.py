@@ -143,7 +143,9 @@ REPLICA_LOOK = 5000
 # split). Through the CLI (medians of 2-3 alternating runs against 1f2b647, the same plans): seed-1 job 40 11.3 ->
 # 9.8 s, seed-4 job 26 5.9 -> 5.5 s, seed-7 jobs 37 and 16 6.3 -> 6.0 s and 11.0 -> 10.7 s; seed-1 jobs 31 and 43,
 # seed-4 jobs 4 and 25, seed-5 jobs 10 and 13, seed-7 job 10 within 3.3%. At 5% the capped solves of job 40 found
-# nothing below their caps and it gained nothing.
+# nothing below their caps and it gained nothing; at 20%, one process, seed-4 job 26 and seed-1 job 43 took 6% and 9%
+# longer. Capped so also once a plan is known, where the K-th best is more than the cap above (the dives and the
+# candidates out of line alike): seed-7 job 16 10.7 -> 14.0 s through the CLI, the others within the noise.
 FIRST_CAP = 0.10
 # Work units of the mixed search's steps, for lockstep's epochs, each about 60-120 microseconds on the slow suite
 # jobs (measured by kind of step on jobs 4, 13, 19 and 46): a node out of line, a bound worked out for a node put in
