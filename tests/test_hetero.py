@@ -178,6 +178,37 @@ def test_hetero_search_matches_brute_force():
     assert result.plans[0].time == pytest.approx(expected, rel=RESOLUTION)
 
 
+def test_capped_first_solves_keep_the_brute_force_optimum(monkeypatch):
+    """While no plan is known a candidate is solved capped just above its bound (solve_capped) and goes back in line
+    at the cap where nothing lies below it. With a cap so tight that most such solves find nothing (0.1%), and no
+    solve-at-once rule (replicas=False sets it: solve_first), the search still ends at the brute-force optimum,
+    proven, having put candidates back."""
+    from planner.search import mixed_pipelines as mp
+
+    monkeypatch.setattr(mp, "FIRST_CAP", 0.001)
+    made = mp._PipelineSearch.__init__
+
+    def no_solve_first(self, *args, **kwargs):
+        made(self, *args, **kwargs)
+        self.solve_first = False
+
+    put_back = []
+    capped = mp._PipelineSearch.solve_capped
+
+    def counted(self, c, sms, bound, family):
+        before = len(self.heap)
+        capped(self, c, sms, bound, family)
+        put_back.append(len(self.heap) > before)
+
+    monkeypatch.setattr(mp._PipelineSearch, "__init__", no_solve_first)
+    monkeypatch.setattr(mp._PipelineSearch, "solve_capped", counted)
+    j = small_job()
+    result = search_hetero(j, top=1, time_limit_s=60, options=OPTS, single_type=False, replicas=False, processes=1)
+    assert any(put_back)
+    assert result.plans and result.complete and result.plans[0].status == "optimal"
+    assert result.plans[0].time == pytest.approx(brute_force_best(j, OPTS), rel=RESOLUTION)
+
+
 def test_a_four_group_moe_search_matches_brute_force():
     """Four one-GPU groups of different speed and memory, an MoE model with a dense first layer: the search opens
     the group order at its first group, then its last (_Family.open_ends, whose bounds price every later group at
