@@ -889,7 +889,7 @@ def search_replicas(
     tie = itertools.count(len(heap))
     opened = steps = 0
     while heap:
-        key, _, (tp, cp, pp, mbs, base, counts, ep), work, cand = heapq.heappop(heap)
+        key, _, shape, work, cand = heapq.heappop(heap)
         if key >= best:
             low = min(low, key)  # this one and all left in line cannot beat the best plan
             break
@@ -901,11 +901,11 @@ def search_replicas(
             opened += 1
             if progress is not None:
                 progress(opened, len(found_shapes), what)
-            for zbound, z_cand in _zero_stages(ctx, key, (tp, cp, pp, mbs, base, counts, ep), work):
+            for zbound, z_cand in _zero_stages(ctx, key, shape, work):
                 if zbound >= best:
                     low = min(low, zbound)
                     continue
-                heapq.heappush(heap, (zbound, next(tie), (tp, cp, pp, mbs, base, counts, ep), work, z_cand))
+                heapq.heappush(heap, (zbound, next(tie), shape, work, z_cand))
             continue
         if ahead is not None and cand.key not in ctx.caches.replica_throughput:
             ahead.front(key)  # (every ZeRO stage below it has come out of line: the keys it pops only grow)
@@ -915,7 +915,7 @@ def search_replicas(
             low = min(low, key)
             continue
         if heap and key > heap[0][0]:
-            heapq.heappush(heap, (key, next(tie), (tp, cp, pp, mbs, base, counts, ep), work, cand))
+            heapq.heappush(heap, (key, next(tie), shape, work, cand))
             continue
         est, infeasible, exact = _heuristic_shape(ctx, cand, deadline - time.monotonic(), workers, look is not None)
         if not infeasible and not exact:  # a pipelined shape: the exact pass below may close it
