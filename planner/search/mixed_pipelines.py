@@ -1733,7 +1733,7 @@ class _PipelineSearch:
         same point on any machine (and the plans and counts after it are the same); the wall clock stops it only at
         ``until`` (default: the explore's deadline) or at SOLVE_WALL times its limit."""
         if limit is None:
-            limit = solve_cap(self.time_limit_s if kth < float("inf") else 0.0)
+            limit = self.first_limit(kth < float("inf"))
             self.solved += 1
             self.settled += 1
         wall = solve_wall((self.deadline if until is None else until) - time.monotonic(), limit)
@@ -1753,13 +1753,26 @@ class _PipelineSearch:
         self.report()
         return res
 
+    def first_limit(self, plan_known: bool) -> float:
+        """A candidate's first solve's limit in CP-SAT's deterministic seconds: the solve cap of the time limit, or
+        without a plan to beat the least one (it only needs to find one)."""
+        return solve_cap(self.time_limit_s if plan_known else 0.0)
+
+    def solve_new(self, c: HeteroCandidate, sms: list[StageModel], kth: float, bound: float, family) -> None:
+        """A candidate's first solve: capped at ``kth``, or while no plan is known at FIRST_CAP above its ``bound``
+        (solve_capped), unless the search solves at once to find a first plan (solve_first: any plan will do)."""
+        if kth == float("inf") and not self.solve_first:
+            self.solve_capped(c, sms, bound, family)
+        else:
+            self.solve(c, sms, kth, bound)
+
     def solve_capped(self, c: HeteroCandidate, sms: list[StageModel], bound: float, family) -> None:
         """While no plan is known: CP-SAT on one candidate, capped at FIRST_CAP above its ``bound``. Where it
         proves that no split is that fast, the candidate goes back in line at the cap (less the partition model's
         rounding, PRECISION), and is solved again when it comes out; it counts as solved once, when a solve
         settles it."""
         cap = bound * (1 + FIRST_CAP)
-        res = self.solve(c, sms, cap, bound, limit=solve_cap(0.0))
+        res = self.solve(c, sms, cap, bound, limit=self.first_limit(False))
         if res.status == "infeasible":
             self.push(cap * (1 - PRECISION), c, (family, sms))
             return
@@ -1940,10 +1953,7 @@ class _PipelineSearch:
                 self.settled += 1
                 self.report()
                 return
-            if kth == float("inf") and not self.solve_first:
-                self.solve_capped(fam, sms, lb, family)
-            else:
-                self.solve(fam, sms, kth, lb)
+            self.solve_new(fam, sms, kth, lb, family)
             return
         lo, hi = box
         if not fam.ordered:
@@ -1972,14 +1982,10 @@ class _PipelineSearch:
             if refined >= kth:
                 self.settled += 1
                 continue
-            if self.solve_first and kth == float("inf"):
-                self.solve(c, sms, kth, max(lb, refined))
-            elif refined * (1 + DIVE) < kth and (not self.heap or refined <= self.heap[0][0] * (1 + DIVE)):
-                # no good plan yet: one close to the frontier cuts
-                if kth == float("inf"):
-                    self.solve_capped(c, sms, max(lb, refined), fam)
-                else:
-                    self.solve(c, sms, kth, max(lb, refined))
+            if (self.solve_first and kth == float("inf")) or (
+                refined * (1 + DIVE) < kth and (not self.heap or refined <= self.heap[0][0] * (1 + DIVE))
+            ):
+                self.solve_new(c, sms, kth, max(lb, refined), fam)  # no good plan yet: one close to the frontier cuts
             else:
                 heapq.heappush(self.heap, (max(lb, refined), next(self.tie), c, (fam, sms)))
 
