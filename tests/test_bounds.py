@@ -2297,6 +2297,29 @@ def test_the_box_tail_of_the_first_and_last_stages_holds_for_every_plan(monkeypa
     assert_bounds_hold(search_context(j), random.Random(7).sample(raised, min(40, len(raised))))
 
 
+def test_a_tp_choice_node_with_every_tp_fixed_prices_the_stages_past_the_leading_dense_layers(monkeypatch):
+    """A _TpChoiceNode whose TP choices are all made bounds its box as its open family does: the stages past the
+    model's leading dense layers hold MoE layers only, each at its MoE layer's seconds (KindMix.lead: box_bound's
+    moe_split). That raises some node's bound above the one without it (three leading dense layers), and every
+    bound of those candidates stays at most their brute-force best plan."""
+    model = {**SMALL_MOE, "name": "moe-8", "num_layers": 8, "moe": {**SMALL_MOE["moe"], "first_dense_layers": 3}}
+    j = mixed_job(model, gbs=8)
+    found = candidates_with_bounds(search_context(j))
+    kind_mix = mixed_pipelines._TpChoiceNode._kind_mix
+
+    def without_lead(self, ctx, kind_rows):
+        mix = kind_mix(self, ctx, kind_rows)
+        return mix if mix is None else mix._replace(lead=None)
+
+    monkeypatch.setattr(mixed_pipelines._TpChoiceNode, "_kind_mix", without_lead)
+    bare = candidates_with_bounds(search_context(j))
+    monkeypatch.undo()
+    assert len(found) == len(bare) and all(x[2] == y[2] for x, y in zip(found, bare))
+    raised = [x for x, y in zip(found, bare) if any(a > b * (1 + 1e-9) for a, b in zip(x[0], y[0]))]
+    assert raised
+    assert_bounds_hold(search_context(j), random.Random(7).sample(raised, min(40, len(raised))))
+
+
 def test_box_schedule_with_tail_walks_a_box_far_below_its_target_where_the_walk_can_reach_it():
     """A box whose schedule and least tail apart stay more than TAIL_REACH below the target is still walked where
     the walk's first level (the caps at the least tail, in full) reaches the target, so the tails cut it (seed-5

@@ -857,14 +857,21 @@ class _TpChoiceNode:
     def _kind_mix(self, ctx: MixedContext, kind_rows) -> KindMix | None:
         """The KindMix of the rows (None for a model with one kind), each row standing for its (group, TP) choices
         (``kind_rows``: their _kind_row), the least MoE-to-dense ratio over every choice, the least seconds of each
-        kind for the work, and no end terms (they only add)."""
+        kind for the work, and no end terms (they only add). Its ``lead`` (where the model's leading dense layers
+        end, in any order: KindMix.lead) is read where every TP is fixed (box_bound's moe_split: the stages past
+        it hold MoE layers only, each at its MoE layer's seconds), as the node's open family reads it: on seed-5
+        suite job 13 (GLM-4.5-Air on four types) 3,160 of the 28,570 bounds of such nodes then reached the K-th
+        best, which their families' bounds (about 1 ms each) had cut before; its steps 34,620 -> 26,542, one
+        process 35.5 -> 29.4 s (two runs each, alternating). Those bounds cost more (28,570 of them 3.55 -> 5.19
+        s; seed-1 job 43, 20,548: 2.42 -> 2.70 s, its steps 19,116 -> 18,682)."""
         count = layer_counts(ctx.job.model)
         D, E = count["dense"], count["moe"]
         if not D or not E:
             return None
         dense, moe, ratio, x_min, y_min = zip(*kind_rows)
         work = _least_kind_work(count, zip(x_min, y_min))
-        return KindMix(dense, _NO_ENDS, D + min(ratio) * E, work, moe=moe, moe_layers=E, moe_from=D + E)
+        lead = moe_lead(ctx.job.model.all_moe_from, D + E)
+        return KindMix(dense, _NO_ENDS, D + min(ratio) * E, work, moe=moe, moe_layers=E, moe_from=D + E, lead=lead)
 
     def _kind_row(self, ctx: MixedContext, choices, hi: float) -> tuple[float, ...]:
         """(dense, MoE seconds per layer at which the row's hi stages have the best throughput of its choices (hi /
