@@ -40,6 +40,8 @@ GPT6 = {
     "mlp": "gelu",
 }
 MOE6 = {**SMALL_MOE, "name": "moe-6"}
+# an 8-layer MoE model with three leading dense layers: a stage at position 3 or later holds MoE layers only
+MOE8_LEAD3 = {**SMALL_MOE, "name": "moe-8", "num_layers": 8, "moe": {**SMALL_MOE["moe"], "first_dense_layers": 3}}
 TIGHT_GPU = {
     "name": "tight",
     "memory_gib": 5.5,
@@ -2256,6 +2258,18 @@ def test_capped_rate_is_the_most_any_stage_set_within_the_cap_takes():
     assert below
 
 
+def bounds_raised_by(monkeypatch, j, without) -> list:
+    """The (bounds, family, candidate) of job j (candidates_with_bounds) some of whose bounds on the way are above
+    the same bounds with a term left out (``without(monkeypatch)`` patches it away; undone after, with every patch
+    made before the call)."""
+    found = candidates_with_bounds(search_context(j))
+    without(monkeypatch)
+    bare = candidates_with_bounds(search_context(j))
+    monkeypatch.undo()
+    assert len(found) == len(bare) and all(x[2] == y[2] for x, y in zip(found, bare))
+    return [x for x, y in zip(found, bare) if any(a > b * (1 + 1e-9) for a, b in zip(x[0], y[0]))]
+
+
 def test_a_memoized_stage_row_is_the_one_of_its_own_position():
     """_stage_row shares a stage's refined-bound terms across positions and depths; with three leading dense layers
     a stage at position 1 may hold dense layers and one at position 3 or later holds MoE layers only (its DP tail
@@ -2263,7 +2277,7 @@ def test_a_memoized_stage_row_is_the_one_of_its_own_position():
     it returns, over every candidate in the search's order, is the one worked out afresh for that position."""
     from planner.search.mixed_pipeline_bounds import _stage_bound, _stage_bounds
 
-    model = {**SMALL_MOE, "name": "moe-8", "num_layers": 8, "moe": {**SMALL_MOE["moe"], "first_dense_layers": 3}}
+    model = MOE8_LEAD3
     j = mixed_job(model, gbs=8)
     ctx = search_context(j)
     cache: dict = {}
@@ -2284,7 +2298,7 @@ def test_the_box_tail_of_the_first_and_last_stages_holds_for_every_plan(monkeypa
     candidates stays at most their brute-force best plan."""
     from planner.search.mixed_context import ZeroTerms
 
-    model = {**SMALL_MOE, "name": "moe-8", "num_layers": 8, "moe": {**SMALL_MOE["moe"], "first_dense_layers": 3}}
+    model = MOE8_LEAD3
     j = mixed_job(model, gbs=8)
     L = j.model.num_layers
     found = candidates_with_bounds(search_context(j))
@@ -2302,20 +2316,17 @@ def test_a_tp_choice_node_with_every_tp_fixed_prices_the_stages_past_the_leading
     model's leading dense layers hold MoE layers only, each at its MoE layer's seconds (KindMix.lead: box_bound's
     moe_split). That raises some node's bound above the one without it (three leading dense layers), and every
     bound of those candidates stays at most their brute-force best plan."""
-    model = {**SMALL_MOE, "name": "moe-8", "num_layers": 8, "moe": {**SMALL_MOE["moe"], "first_dense_layers": 3}}
+    model = MOE8_LEAD3
     j = mixed_job(model, gbs=8)
-    found = candidates_with_bounds(search_context(j))
     kind_mix = mixed_pipelines._TpChoiceNode._kind_mix
 
     def without_lead(self, ctx, kind_rows):
         mix = kind_mix(self, ctx, kind_rows)
         return mix if mix is None else mix._replace(lead=None)
 
-    monkeypatch.setattr(mixed_pipelines._TpChoiceNode, "_kind_mix", without_lead)
-    bare = candidates_with_bounds(search_context(j))
-    monkeypatch.undo()
-    assert len(found) == len(bare) and all(x[2] == y[2] for x, y in zip(found, bare))
-    raised = [x for x, y in zip(found, bare) if any(a > b * (1 + 1e-9) for a, b in zip(x[0], y[0]))]
+    raised = bounds_raised_by(
+        monkeypatch, j, lambda mp: mp.setattr(mixed_pipelines._TpChoiceNode, "_kind_mix", without_lead)
+    )
     assert raised
     assert_bounds_hold(search_context(j), random.Random(7).sample(raised, min(40, len(raised))))
 
@@ -2411,12 +2422,9 @@ def test_a_nodes_zero_traffic_counts_only_the_zero_stages_that_fit_and_each_grou
         }
     )
     monkeypatch.setattr(AlwaysTails, "pays", lambda self: False)
-    found = candidates_with_bounds(search_context(j))
-    monkeypatch.setattr(mixed_pipelines._TpChoiceNode, "_fitting_lines", lambda self, ctx: 0.0)
-    bare = candidates_with_bounds(search_context(j))
-    monkeypatch.undo()
-    assert all(x[2] == y[2] for x, y in zip(found, bare)) and len(found) == len(bare)
-    raised = [x for x, y in zip(found, bare) if any(a > b * (1 + 1e-9) for a, b in zip(x[0], y[0]))]
+    raised = bounds_raised_by(
+        monkeypatch, j, lambda mp: mp.setattr(mixed_pipelines._TpChoiceNode, "_fitting_lines", lambda self, ctx: 0.0)
+    )
     assert raised
     assert_bounds_hold(search_context(j), random.Random(7).sample(raised, min(40, len(raised))))
 
