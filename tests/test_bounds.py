@@ -330,10 +330,10 @@ def test_mixed_pipeline_bounds_hold_for_every_plan(model):
     assert_bounds_hold(ctx, sample)
 
 
-def four_group_job(model=MOE6):
+def four_group_job(model=MOE6, small=SMALL_GPU):
     """One two-GPU node of each of four GPU types (the search opens their pipeline order one leading group at a
-    time): SMALL_GPU, a GPU short of memory (TIGHT_GPU at 5 GiB) and two catalog GPUs."""
-    gpus = (SMALL_GPU, {**TIGHT_GPU, "memory_gib": 5.0}, "h100-sxm", "l4")
+    time): ``small``, a GPU short of memory (TIGHT_GPU at 5 GiB) and two catalog GPUs."""
+    gpus = (small, {**TIGHT_GPU, "memory_gib": 5.0}, "h100-sxm", "l4")
     return parse_job(
         {
             "model": model,
@@ -2059,6 +2059,37 @@ def test_an_interleaved_tp_choice_nodes_stage_cap_holds_every_candidate_under_it
             assert node.bound(ctx, memory=False) == float("inf")
         tighter += cap < mixed_pipelines._depths(ctx, node.vpp, node.mb)[-1]
     assert nodes and tighter
+
+
+@pytest.mark.parametrize("model", [GPT6, MOE6], ids=["dense", "moe"])
+def test_a_node_whose_fixed_groups_fill_the_deepest_depth_leaves_its_open_groups_out(model, monkeypatch):
+    """Interleaved at two micro-batches a pipeline runs at depth 2 only: a _TpChoiceNode with two used groups fixed
+    has no candidate that uses a group whose TP is still open (_open_unused), so its bounds are those of the node
+    whose open groups can only be unused; without the rule they are at most that, and below it somewhere (the
+    groups listed third, a fast GPU with little memory, open below the H100 and the L4)."""
+    fast = {**SMALL_GPU, "memory_gib": 12.0, "peak_tflops_bf16": 2000, "hbm_tbps": 8.0, "name": "fast-small"}
+    ctx = search_context(four_group_job(model, fast))
+
+    def fresh() -> dict:  # (a node's memo and rows are its root's: a copy with other choices has its own)
+        return {"memo": mixed_pipelines._Memo(), "rows": None}
+
+    checked = raised = 0
+    for node in tp_choice_nodes(ctx):
+        left = len(ctx.order) - len(node.fixed)
+        if not left or not node._open_unused(ctx):
+            continue
+        open_groups = set(ctx.order[len(node.fixed) :])
+        assert not any(g in open_groups for c in candidates_under(ctx, node) for g, _, _ in c.groups), node
+        shut = dataclasses.replace(node, tp_opts=node.tp_opts[: len(node.fixed)] + ((None,),) * left, **fresh())
+        bound = node.bound(ctx, tails=AlwaysTails())
+        assert bound == shut.bound(ctx, tails=AlwaysTails())
+        with monkeypatch.context() as m:
+            m.setattr(mixed_pipelines._TpChoiceNode, "_open_unused", lambda self, ctx: False)
+            before = dataclasses.replace(node, **fresh()).bound(ctx, tails=AlwaysTails())
+        assert before <= bound
+        checked += 1
+        raised += before < bound
+    assert checked and raised
 
 
 def test_tp_choice_nodes_bound_the_groups_memory():
