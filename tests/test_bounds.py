@@ -23,7 +23,7 @@ from planner.cost.provider import cost_source
 from planner.cost.stage import StageModel, split_kinds
 from planner.load import parse_job
 from planner.parallel import group_order
-from planner.search import mixed_pipelines, quick
+from planner.search import mixed_pipeline_bounds, mixed_pipelines, quick
 from planner.search.mixed_context import MixedContext
 from planner.search.mixed_pipeline_bounds import refined_bound
 from planner.search.space import SearchOptions, dims_for, enumerate_candidates
@@ -2092,6 +2092,28 @@ def test_a_node_whose_fixed_groups_fill_the_deepest_depth_leaves_its_open_groups
     assert checked and raised
 
 
+def test_a_node_with_a_tp_open_prices_the_stages_past_the_leading_dense_layers(monkeypatch):
+    """A _TpChoiceNode with a group's TP still open bounds the stages past a model's leading dense layers at their
+    MoE layers' seconds (mixed_pipeline_bounds.open_lead_schedule_time: the open group's choices each at its own
+    seconds, a pool of the stages before that end at the least seconds): at least its bound without, above it
+    somewhere. That it holds for every plan under the node is test_the_highest_bounds_on_the_way_hold_for_every_plan
+    (the node bounds on the way to each candidate, brute force, one and three leading dense layers)."""
+    ctx = search_context(four_group_job(MOE6))
+    checked = raised = 0
+    for node in tp_choice_nodes(ctx):
+        if len(node.fixed) == len(ctx.order):
+            continue
+        bound = node.bound(ctx, memory=False)
+        with monkeypatch.context() as m:
+            m.setattr(mixed_pipeline_bounds, "open_lead_schedule_time", lambda *args: 0.0)
+            fresh = dataclasses.replace(node, memo=mixed_pipelines._Memo(), rows=None)
+            before = fresh.bound(ctx, memory=False)
+        assert before <= bound
+        checked += 1
+        raised += before < bound
+    assert checked and raised
+
+
 def test_tp_choice_nodes_bound_the_groups_memory():
     """A _TpChoiceNode's bound with its groups' memory (each group at the roomiest of its TP choices, per ZeRO
     stage) is at least its bound without, and above it somewhere (inf where no ZeRO stage holds the layers).
@@ -2210,12 +2232,14 @@ def test_memory_floor_is_the_first_slack_at_which_the_layers_are_held():
     assert finite > 200 and ties > 100
 
 
-def test_the_highest_bounds_on_the_way_hold_for_every_plan():
-    """The candidates of MOE6 whose bounds on the way (group, _TpChoiceNode, unordered and ordered family boxes)
-    come highest against their own refined bound, where a bound too high would show first: each is at most the
-    brute-force best plan. (A sample of all candidates, test_mixed_pipeline_bounds_hold_for_every_plan, misses
-    them: e.g. a TP node's MoE seconds taken at a row's worst choice instead of its best.)"""
-    j = mixed_job(MOE6)
+@pytest.mark.parametrize("model", [MOE6, MOE8_LEAD3], ids=["one-dense", "three-dense"])
+def test_the_highest_bounds_on_the_way_hold_for_every_plan(model):
+    """The candidates of an MoE model (one or three leading dense layers) whose bounds on the way (group,
+    _TpChoiceNode, unordered and ordered family boxes) come highest against their own refined bound, where a bound
+    too high would show first: each is at most the brute-force best plan. (A sample of all candidates,
+    test_mixed_pipeline_bounds_hold_for_every_plan, misses them: e.g. a TP node's MoE seconds taken at a row's
+    worst choice instead of its best.)"""
+    j = mixed_job(model)
     ctx = search_context(j)
     cache: dict = {}
     scored = []

@@ -897,7 +897,9 @@ class _TpChoiceNode:
         dense, moe, ratio, x_min, y_min = zip(*kind_rows)
         work = _least_kind_work(count, zip(x_min, y_min))
         lead = moe_lead(ctx.job.model.all_moe_from, D + E)
-        return KindMix(dense, _NO_ENDS, D + min(ratio) * E, work, moe=moe, moe_layers=E, moe_from=D + E, lead=lead)
+        return KindMix(
+            dense, _NO_ENDS, D + min(ratio) * E, work, moe=moe, moe_layers=E, moe_from=D + E, lead=lead, moe_least=y_min
+        )
 
     def _kind_row(self, ctx: MixedContext, choices, hi: float) -> tuple[float, ...]:
         """(dense, MoE seconds per layer at which the row's hi stages have the best throughput of its choices (hi /
