@@ -2061,6 +2061,12 @@ def test_an_interleaved_tp_choice_nodes_stage_cap_holds_every_candidate_under_it
     assert nodes and tighter
 
 
+def fresh_node(node, **changes):
+    """A copy of a _TpChoiceNode with its own memo and rows (a node's are its root's, shared with every node under
+    it), so its bounds are worked out anew: under a patched rule, or with ``changes`` to its choices."""
+    return dataclasses.replace(node, memo=mixed_pipelines._Memo(), rows=None, **changes)
+
+
 @pytest.mark.parametrize("model", [GPT6, MOE6], ids=["dense", "moe"])
 def test_a_node_whose_fixed_groups_fill_the_deepest_depth_leaves_its_open_groups_out(model, monkeypatch):
     """Interleaved at two micro-batches a pipeline runs at depth 2 only: a _TpChoiceNode with two used groups fixed
@@ -2069,10 +2075,6 @@ def test_a_node_whose_fixed_groups_fill_the_deepest_depth_leaves_its_open_groups
     groups listed third, a fast GPU with little memory, open below the H100 and the L4)."""
     fast = {**SMALL_GPU, "memory_gib": 12.0, "peak_tflops_bf16": 2000, "hbm_tbps": 8.0, "name": "fast-small"}
     ctx = search_context(four_group_job(model, fast))
-
-    def fresh() -> dict:  # (a node's memo and rows are its root's: a copy with other choices has its own)
-        return {"memo": mixed_pipelines._Memo(), "rows": None}
-
     checked = raised = 0
     for node in tp_choice_nodes(ctx):
         left = len(ctx.order) - len(node.fixed)
@@ -2080,12 +2082,12 @@ def test_a_node_whose_fixed_groups_fill_the_deepest_depth_leaves_its_open_groups
             continue
         open_groups = set(ctx.order[len(node.fixed) :])
         assert not any(g in open_groups for c in candidates_under(ctx, node) for g, _, _ in c.groups), node
-        shut = dataclasses.replace(node, tp_opts=node.tp_opts[: len(node.fixed)] + ((None,),) * left, **fresh())
+        shut = fresh_node(node, tp_opts=node.tp_opts[: len(node.fixed)] + ((None,),) * left)
         bound = node.bound(ctx, tails=AlwaysTails())
         assert bound == shut.bound(ctx, tails=AlwaysTails())
         with monkeypatch.context() as m:
             m.setattr(mixed_pipelines._TpChoiceNode, "_open_unused", lambda self, ctx: False)
-            before = dataclasses.replace(node, **fresh()).bound(ctx, tails=AlwaysTails())
+            before = fresh_node(node).bound(ctx, tails=AlwaysTails())
         assert before <= bound
         checked += 1
         raised += before < bound
@@ -2106,8 +2108,7 @@ def test_a_node_with_a_tp_open_prices_the_stages_past_the_leading_dense_layers(m
         bound = node.bound(ctx, memory=False)
         with monkeypatch.context() as m:
             m.setattr(mixed_pipeline_bounds, "open_lead_schedule_time", lambda *args: 0.0)
-            fresh = dataclasses.replace(node, memo=mixed_pipelines._Memo(), rows=None)
-            before = fresh.bound(ctx, memory=False)
+            before = fresh_node(node).bound(ctx, memory=False)
         assert before <= bound
         checked += 1
         raised += before < bound

@@ -271,8 +271,8 @@ def box_bound_reach(
             # (a relaxed group's choices carry their seconds per layer of any kind: here its MoE row stands for them)
             moe_sends, shares = send if sends else None, tuple(bool(r) for r in relaxed)
             T = whole_chunk_bottleneck(mix.moe, hi, mix.ends, mix.moe_layers, moe_sends, 1, T, shares, cap)
+        fixed = ends.emb + ends.logits + sum(k * y for k, y in zip(lo, ys))  # (the ends and the lo stages' sends)
     if whole and not any(relaxed):
-        fixed = ends.emb + ends.logits + sum(k * y for k, y in zip(lo, ys))
         split = moe_split(a, lo, hi, ys, ends, mix) if mix is not None and mix.moe and mix.lead else None
         if split is None:
             return _box_schedule((a, lo, hi, ys, L, T, m - 1 / v, v, fixed, total, None), tails, target), T
@@ -292,7 +292,6 @@ def box_bound_reach(
     value = schedule_bound(T, total, m, v)
     if whole and value < target and mix is not None and mix.lead is not None and mix.moe_least and True not in relaxed:
         # groups whose TP is still open (a TP-choice node): the stages past the leading dense layers at MoE seconds
-        fixed = ends.emb + ends.logits + sum(k * y for k, y in zip(lo, ys))
         picks = tuple(tuple((k, x, y if sends else 0.0) for k, x, y in r) if r else None for r in relaxed)
         value = max(value, open_lead_schedule_time(a, hi, ys, picks, mix, L, T, m - 1 / v, v, fixed, total))
     return value + (tails().least if tails is not None else 0.0), T
@@ -318,11 +317,12 @@ def open_lead_schedule_time(
     rows = []  # (price per layer, ((stages, seconds per chunk, sends) of each choice))
     for g, choices in enumerate(picks):
         y_least = mix.moe_least[g]
+        price = max(a[g], y_least)
         if choices is None:
-            options = ((hi[g], v * max(a[g], mix.moe[g]), ys[g]),)
+            options = ((hi[g], v * max(a[g], mix.moe[g]), ys[g]),)  # (its one choice's MoE seconds)
         else:
             options = tuple((count, v * max(x, y_least), y) for count, x, y in choices)
-        rows.append((max(a[g], y_least), options))
+        rows.append((price, options))
     rows.append((min(a), ((mix.lead, v * min(a), min(ys)),)))  # the stages before the dense layers' end
     rows.sort(key=lambda r: r[0])
 

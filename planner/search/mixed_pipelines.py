@@ -619,6 +619,8 @@ class _TpChoiceNode:
 
     def _schedule_bound(self, ctx: MixedContext, target: float, memory: bool) -> float:
         rows = [row for row in self._rows(ctx) if row is not None]
+        if self._open_unused(ctx):
+            rows = [row for row in rows if not row[0][5]]  # (rows handed down from a node with room for them)
         if not rows:
             return float("inf")
         a, _, send, lo, hi, free = zip(*(row[0] for row in rows))
@@ -626,10 +628,6 @@ class _TpChoiceNode:
         deepest = self._deepest(ctx, rows)
         if deepest == 0:
             return float("inf")  # no depth that takes the vpp (and the framework) lies within the node's stage counts
-        if any(free) and self._open_unused(ctx):
-            rows = [row for row in rows if not row[0][5]]  # (handed down from a node with room for them)
-            a, _, send, lo, hi, free = zip(*(row[0] for row in rows))
-            deepest = self._deepest(ctx, rows)
         if deepest:  # a used group has at most that many stages less one of each other used group's
             most = deepest - sum(lo) + 1
             hi = tuple(k if relaxed else min(k, most) for k, relaxed in zip(hi, free))
@@ -809,7 +807,7 @@ class _TpChoiceNode:
         have a stage each, and where a depth of that many stages is the deepest that takes the node's vpp and
         micro-batches (_depths), a stage more has none. (Seed-5 suite job 10, DeepSeek-V2 on four types: interleaved
         nodes at two micro-batches run at depth 2 only; of its 6,000 nodes with one group open, about 1,200 had two
-        used groups fixed, their bounds as if the open group could still join: 23,644 -> 22,585 steps.)"""
+        used groups fixed, their bounds as if the open group could still join: 23,644 -> 22,483 steps.)"""
         depths = _depths(ctx, self.vpp, self.mb)
         return depths is not None and sum(1 for tp in self.fixed if tp) >= depths[-1]
 
