@@ -1447,6 +1447,54 @@ def test_sequence_holds_exactly_where_a_split_into_consecutive_runs_does():
     assert agree and tighter
 
 
+def test_box_sequence_holds_exactly_where_a_candidate_of_the_box_does():
+    """mixed_pipeline_bounds.box_sequence_holds against every candidate of a random box (1-3 groups in pipeline
+    order, lo_g..hi_g stages each) and every split of a random dense/MoE layer sequence into consecutive runs, one
+    per stage (a stage of group g on n layers holding e MoE layers: c_g + (n - e) x_g + e y_g, the first adding the
+    embedding, the last the logits): it holds exactly where some split of some candidate has every stage within T;
+    and it rejects a T somewhere that the same splits accept with each stage on its cheapest run of its length
+    anywhere (the kinds' places left out, as the box bounds' KindMix does)."""
+    from planner.search.mixed_context import LayerRuns
+    from planner.search.mixed_pipeline_bounds import box_sequence_holds
+
+    def stage_times(groups, split, before, emb, logits, anywhere=False):
+        start, times = 0, []
+        for s, (n, (x, y, c)) in enumerate(zip(split, groups)):
+            runs = range(len(before) - n) if anywhere else (start,)
+            t = c + min((n - (before[q + n] - before[q])) * x + (before[q + n] - before[q]) * y for q in runs)
+            times.append(t + (emb if s == 0 else 0.0) + (logits if s == len(split) - 1 else 0.0))
+            start += n
+        return times
+
+    rng = random.Random(23)
+    agree = rejected = by_place = 0
+    for _ in range(400):
+        L, G = rng.randint(2, 9), rng.randint(1, 3)
+        moe = [i % 2 == 1 for i in range(L)] if rng.random() < 0.6 else [rng.random() < 0.5 for _ in range(L)]
+        before = [sum(moe[:i]) for i in range(L + 1)]
+        x = [rng.uniform(0.5, 2.0) for _ in range(G)]
+        y = [xi * rng.uniform(0.3, 3.0) for xi in x]
+        c = [rng.choice((0.0, rng.uniform(0.0, 1.0))) for _ in range(G)]
+        lo = [rng.randint(1, 2) for _ in range(G)]
+        hi = [k + rng.randint(0, 2) for k in lo]
+        emb, logits = rng.uniform(0.0, 2.0), rng.uniform(0.0, 2.0)
+        slowest, anywhere = [], []
+        for ks in itertools.product(*(range(a, b + 1) for a, b in zip(lo, hi))):
+            groups = [g for g, k in zip(zip(x, y, c), ks) for _ in range(k)]
+            for split in compositions(L, len(groups)):
+                slowest.append(max(stage_times(groups, split, before, emb, logits)))
+                anywhere.append(max(stage_times(groups, split, before, emb, logits, anywhere=True)))
+        best = min(slowest, default=float("inf"))
+        runs = LayerRuns.of(before)
+        for T in [rng.uniform(0.5, 12.0) for _ in range(4)] + [best, best * (1 - 1e-6)]:
+            held = any(w <= T for w in slowest)
+            assert box_sequence_holds(runs, x, y, c, lo, hi, emb, logits, T) == held, (moe, x, y, c, lo, hi, T)
+            agree += held
+            rejected += not held
+            by_place += not held and any(w <= T for w in anywhere)
+    assert agree > 100 and rejected > 100 and by_place > 20
+
+
 def test_block_schedule_bound_is_the_least_split_schedule_in_place(monkeypatch):
     """mixed_pipeline_bounds.block_schedule_bound against every split of a random dense/MoE layer sequence into
     consecutive runs (stage s on its run at cst_s + BlockTerms.time, as sequence_holds): with the target above the
@@ -2253,6 +2301,73 @@ def test_the_highest_bounds_on_the_way_hold_for_every_plan(model):
     for _, bounds, c in scored[:30]:
         best = brute_mixed(ctx.job, c, ctx, ctx.opts.memory_margin)
         assert all(b <= best.fit_time * SLACK for b in bounds), (c.groups, bounds, best.fit_time)
+
+
+# an 8-layer MoE model with an MoE layer every other layer after a dense first one (as Llama 4 Maverick), its MoE
+# layers well above its dense ones in seconds (eight experts of a dense layer's size each)
+MOE8_ALTERNATE = {
+    **SMALL_MOE,
+    "name": "moe-8-alternate",
+    "num_layers": 8,
+    "moe": {**SMALL_MOE["moe"], "moe_layer_freq": 2, "top_k": 8, "expert_ffn_hidden_size": 2816},
+}
+
+
+def alternate_job(groups: int = 2):
+    """MOE8_ALTERNATE on ``groups`` one-GPU groups of different speed and memory."""
+    gpus = [
+        {**TIGHT_GPU, "name": name, "memory_gib": gib, "peak_tflops_bf16": tflops}
+        for name, gib, tflops in (("a", 12.0, 312), ("b", 12.5, 200), ("c", 12.0, 400))[:groups]
+    ]
+    return parse_job(
+        {
+            "model": MOE8_ALTERNATE,
+            "cluster": [{"gpu": gpu, "nodes": 1, "gpus_per_node": 1} for gpu in gpus],
+            "training": {"seq_length": 2048, "global_batch_size": 16, "attention": "eager"},
+        }
+    )
+
+
+def test_an_ordered_box_the_layer_sequence_cuts_holds_no_plan_below_its_target(monkeypatch):
+    """An ordered family's box bound with a target (_Family.bound: where the stages cannot hold the layers in their
+    places within the bottleneck that would reach it, box_sequence_holds, the box is cut), on a model whose MoE
+    and dense layers alternate: for every candidate, at a target just above the brute-force best plan of the
+    candidate, its own box and a box spanning it and another candidate of its family are not cut; at targets below
+    its best some of them are cut by the sequence check alone (the bound without it below the target)."""
+    j = alternate_job()
+    ctx = search_context(j)
+    L = j.model.num_layers
+    by_family: dict = {}  # (by identity: a family holds unhashable terms)
+    for _, fam, c in candidates_with_bounds(ctx):
+        if fam.runs is not None and fam.mb >= 2:
+            by_family.setdefault(id(fam), (fam, []))[1].append(c)
+    holds = mixed_pipeline_bounds.box_sequence_holds
+    sequence_cuts = []
+
+    def counted(*args):
+        held = holds(*args)
+        sequence_cuts.append(not held)
+        return held
+
+    monkeypatch.setattr(mixed_pipelines, "box_sequence_holds", counted)
+    rng = random.Random(3)
+    cut_below = 0
+    for fam, c in [(fam, c) for fam, cs in by_family.values() for c in cs]:
+        best = brute_mixed(j, c, ctx, ctx.opts.memory_margin).fit_time
+        if best == float("inf"):
+            continue
+        ks = tuple(k for _, _, k in c.groups)
+        other = tuple(k for _, _, k in rng.choice(by_family[id(fam)][1]).groups)
+        wide = tuple(map(min, ks, other)), tuple(map(max, ks, other))
+        above = best * (1 + 1e-9)
+        sequence_cuts.clear()
+        assert fam.bound(L, ks, ks, above) < above and fam.bound(L, *wide, above) < above, (c.groups, best)
+        assert not any(sequence_cuts)
+        for below in (best * 0.99, best * 0.95, best * 0.9):
+            sequence_cuts.clear()
+            if fam.bound(L, ks, ks, below) >= below and sequence_cuts and sequence_cuts[-1]:
+                cut_below += 1
+    assert cut_below
 
 
 def test_least_forced_work_is_below_every_split_with_the_recompute_memory_forces():

@@ -233,6 +233,30 @@ def test_a_four_group_moe_search_matches_brute_force():
     assert len(set(result.plans[0].estimate.dims.stage_groups)) == 4
 
 
+def test_a_search_on_alternating_moe_and_dense_layers_matches_brute_force(monkeypatch):
+    """An MoE model whose MoE layers alternate with its dense ones (as Llama 4 Maverick) on two one-GPU groups: the
+    ordered boxes' layer-sequence check (box_sequence_holds) cuts boxes during the search, and its best time is
+    still the brute-force minimum."""
+    from test_bounds import alternate_job
+
+    from planner.search import mixed_pipelines
+
+    holds = mixed_pipelines.box_sequence_holds
+    cuts = []
+
+    def counted(*args):
+        held = holds(*args)
+        cuts.append(not held)
+        return held
+
+    monkeypatch.setattr(mixed_pipelines, "box_sequence_holds", counted)
+    j = alternate_job()
+    result = search_hetero(j, top=1, time_limit_s=60, options=OPTS, single_type=False, replicas=False, processes=1)
+    assert any(cuts)
+    assert result.plans and result.complete and result.plans[0].status == "optimal"
+    assert result.plans[0].time == pytest.approx(brute_force_best(j, OPTS), rel=RESOLUTION)
+
+
 def test_search_keeps_plans_that_leave_a_slow_group_unused():
     """A 2-layer model on 6 H100 and 8 L4: the best plan uses the H100s alone, its stage faster than one layer on
     an L4. A bound that counted a layer on every group (used or not) once pruned it (15.1 s found, 11.6 s best)."""

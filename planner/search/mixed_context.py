@@ -154,6 +154,29 @@ class MixedCaches:
     ep_ok: dict = field(default_factory=dict)  # replicas.replica_ep_options: ep_error is None, by (ep, d, cp)
 
 
+class LayerRuns(NamedTuple):
+    """Where a model's MoE layers sit, for box_sequence_holds: per run length d (index d), the starts q (q + d <= L)
+    of the runs of d consecutive layers grouped by the MoE layers such a run holds, as (MoE layers, bit mask of its
+    starts) pairs; per start q (index q), the MoE layers from q to the model's end."""
+
+    layers: int
+    by_length: tuple[tuple[tuple[int, int], ...], ...]
+    to_end: tuple[int, ...]
+
+    @classmethod
+    def of(cls, before: list[int]) -> LayerRuns:
+        """From ModelSpec.moe_layers_before of 0..L (MixedContext.moe_before)."""
+        L = len(before) - 1
+        by_length: list[tuple[tuple[int, int], ...]] = [()]
+        for d in range(1, L + 1):
+            masks: dict[int, int] = {}
+            for q in range(L - d + 1):
+                e = before[q + d] - before[q]
+                masks[e] = masks.get(e, 0) | (1 << q)
+            by_length.append(tuple(sorted(masks.items())))
+        return cls(L, tuple(by_length), tuple(before[L] - before[q] for q in range(L + 1)))
+
+
 @dataclass
 class MixedContext:
     """One mixed-cluster search: the job, its options and framework, a cost provider per node group, the groups in
@@ -174,6 +197,11 @@ class MixedContext:
         moe_before[q + n] - moe_before[q]."""
         m = self.job.model
         return [m.moe_layers_before(i) for i in range(m.num_layers + 1)]
+
+    @functools.cached_property
+    def layer_runs(self):
+        """LayerRuns of the model (mixed_pipeline_bounds.box_sequence_holds)."""
+        return LayerRuns.of(self.moe_before)
 
     def stage_terms(self, sm: StageModel, g: int, s: int) -> tuple[float, float, float, int]:
         """(room, alpha, beta) of quick.stage_memory_term and max_layers for stage s of a model from

@@ -52,6 +52,7 @@ from planner.parallel import HeteroDims, baseline_recompute_modes, dp_options, g
 from planner.parallel import vpp_options as depth_vpp_options
 from planner.search.lockstep import EPOCH, Lockstep, Meet, Peer, Snapshot, boundary, processes_available
 from planner.search.mixed_context import (
+    LayerRuns,
     MixedContext,
     WayMeter,
     ZeroTerms,
@@ -75,6 +76,7 @@ from planner.search.mixed_pipeline_bounds import (
     Meter,
     box_bound,
     box_bound_reach,
+    box_sequence_holds,
     choice_capped_rate,
     first_positions,
     kind_memory_floor,
@@ -997,6 +999,9 @@ class _Family:
     kinds: tuple[tuple[float, float], ...] | None = None
     kind_counts: tuple[int, int] = (0, 0)
     moe_from: int | None = None  # ModelSpec.all_moe_from of such a model
+    # such a model whose MoE layers are interleaved with its dense ones, at vpp 1: where they sit (the box bounds'
+    # sequence check: box_sequence_holds)
+    runs: LayerRuns | None = None
     # an open family of one ZeRO stage: the used groups (indices into used) that lead its pipeline order, in that
     # order, and the one that ends it (open_ends: the order opens its first group, then its last); the others sit
     # between them in any order
@@ -1117,7 +1122,18 @@ class _Family:
         if room < L:
             return float("inf")
         a, ends = (self.a, self.bound_ends) if sum(lo) < 2 else self.sharded  # (two or more: ZeRO-2/3 traffic)
-        return self._zero_stage_bound(self.zt, afters[::-1], a, ends, self.mixes[sum(lo) >= 2], L, lo, hi, target)
+        mix = self.mixes[sum(lo) >= 2]
+        value = self._zero_stage_bound(self.zt, afters[::-1], a, ends, mix, L, lo, hi, target)
+        if self.runs is not None and value < target and self.mb >= 2 and target < float("inf"):
+            # the bottleneck at which the schedule reaches the target: where the stages cannot hold the layers in
+            # their places within it, no candidate of the box beats the target (box_sequence_holds)
+            sends = self.send if pipeline_sends(lo, v) else (0.0,) * len(lo)
+            work = ends.emb + ends.logits + mix.work + sum(k * y for k, y in zip(lo, sends))
+            tail = self._box_tail(self.zt, lo, hi, L) if sum(lo) >= 2 else 0.0  # (the least largest DP tail)
+            probe = (target - work - tail) / (self.mb - 1)
+            if not box_sequence_holds(self.runs, mix.dense, mix.moe, sends, lo, hi, ends.emb, ends.logits, probe):
+                return max(target, value)
+        return value
 
     def _zero_stage_bound(self, zt, afters, a, ends, mix, L: int, lo, hi, target: float) -> float:
         """box_bound of a box at one ZeRO stage (the used groups' ``zt``), with two or more stages plus the largest
@@ -1380,6 +1396,7 @@ class _Family:
                     kinds=None if self.kinds is None else pick(self.kinds),
                     kind_counts=self.kind_counts,
                     moe_from=self.moe_from,
+                    runs=self.runs,
                 )
                 out.append((fam, box))
         return out
@@ -1458,7 +1475,9 @@ def _kinds(ctx: MixedContext, used, node: _TpChoiceNode) -> dict:
         return {}
     count = layer_counts(ctx.job.model)
     counts = (count["dense"], count["moe"])
-    return {"kinds": tuple(kinds), "kind_counts": counts, "moe_from": ctx.job.model.all_moe_from}
+    model = ctx.job.model
+    runs = ctx.layer_runs if model.all_moe_from == model.num_layers and node.vpp == 1 else None
+    return {"kinds": tuple(kinds), "kind_counts": counts, "moe_from": model.all_moe_from, "runs": runs}
 
 
 def _memory_floor(
