@@ -2370,6 +2370,81 @@ def test_an_ordered_box_the_layer_sequence_cuts_holds_no_plan_below_its_target(m
     assert cut_below
 
 
+def open_families_with_candidates(ctx) -> list:
+    """Every open family the search reaches under each root's TP-choice nodes (one per ZeRO stage, then per first
+    and last group), as (open family, box, [(ordered family, candidate)] of every order under it)."""
+    L = ctx.job.model.num_layers
+    out = []
+
+    def under(fam, box) -> list:
+        found = []
+        children = fam.opened()
+        if not children:
+            for ordered, (lo, hi) in fam.expand(ctx, *box):
+                for ks in boxes_points(lo, hi, L):
+                    found += [(ordered, c) for c in ordered.candidates(ctx, ks, 0.0)]
+        for child in children:
+            found += under(child, box)
+        out.append((fam, box, found))
+        return found
+
+    def walk(node) -> None:
+        for _, child, box in node.families(ctx):
+            if isinstance(child, mixed_pipelines._TpChoiceNode):
+                walk(child)
+            else:
+                under(child, box)
+
+    for root, _ in mixed_pipelines._roots(ctx):
+        walk(root)
+    return out
+
+
+def test_an_open_family_the_layer_sequence_cuts_holds_no_plan_below_its_target(monkeypatch):
+    """An open family of at most SEQUENCE_ORDERS group orders is cut where in none of them its stages hold the
+    layers in their places within the bottleneck that would reach the target (_Family._holds_in_place), on the
+    model whose MoE and dense layers alternate: at a target just above the brute-force best plan of the candidates
+    of any one order under it, no open family is cut; at targets below the best of all some are, by the sequence
+    check alone."""
+    j = alternate_job()
+    ctx = search_context(j)
+    L = j.model.num_layers
+    holds = mixed_pipeline_bounds.box_sequence_holds
+    sequence_cuts = []
+
+    def counted(*args):
+        held = holds(*args)
+        sequence_cuts.append(not held)
+        return held
+
+    monkeypatch.setattr(mixed_pipelines, "box_sequence_holds", counted)
+    best_of: dict = {}
+    checked = cut_below = 0
+    for fam, box, found in open_families_with_candidates(ctx):
+        if fam.runs is None or fam.mb < 2 or len(fam.orders) > mixed_pipelines.SEQUENCE_ORDERS:
+            continue
+        by_order: dict = {}  # the best plan of the candidates in each group order
+        for ordered, c in found:
+            if c not in best_of:
+                best_of[c] = brute_mixed(j, c, ctx, ctx.opts.memory_margin).fit_time
+            by_order[ordered.used] = min(by_order.get(ordered.used, float("inf")), best_of[c])
+        for value in by_order.values():  # (the least of them too)
+            if value < float("inf"):
+                above = value * (1 + 1e-9)
+                sequence_cuts.clear()
+                assert fam.bound(L, *box, above) < above, (fam.used, fam.zeros, value)
+                assert not any(sequence_cuts)
+                checked += 1
+        best = min(by_order.values(), default=float("inf"))
+        if best == float("inf"):
+            continue
+        for below in (best * 0.99, best * 0.95, best * 0.9):
+            sequence_cuts.clear()
+            if fam.bound(L, *box, below) >= below and sequence_cuts and all(sequence_cuts):
+                cut_below += 1
+    assert checked and cut_below
+
+
 def test_least_forced_work_is_below_every_split_with_the_recompute_memory_forces():
     """mixed_pipeline_bounds.least_forced_work against every split of the heavy layers over the stages (at most
     cap each, at least one each where asked): a stage holding n takes n h + r rc with r = ceil((n alpha - room) /

@@ -200,6 +200,9 @@ WORK = {
     "chunks": 7,
     "way": 3,
 }
+# an open family of at most this many group orders is cut where in none of them its stages hold the layers in their
+# places (_Family._holds_in_place; ordered families always)
+SEQUENCE_ORDERS = 6
 # an open family of more groups than this opens its first group, then its last, before the orders between them
 # (open_ends), one of this many or fewer every order at once (expand)
 OPEN_ALL = 3
@@ -1124,16 +1127,46 @@ class _Family:
         a, ends = (self.a, self.bound_ends) if sum(lo) < 2 else self.sharded  # (two or more: ZeRO-2/3 traffic)
         mix = self.mixes[sum(lo) >= 2]
         value = self._zero_stage_bound(self.zt, afters[::-1], a, ends, mix, L, lo, hi, target)
-        if self.runs is not None and value < target and self.mb >= 2 and target < float("inf"):
-            # the bottleneck at which the schedule reaches the target: where the stages cannot hold the layers in
-            # their places within it, no candidate of the box beats the target (box_sequence_holds)
-            sends = self.send if pipeline_sends(lo, v) else (0.0,) * len(lo)
-            work = ends.emb + ends.logits + mix.work + sum(k * y for k, y in zip(lo, sends))
-            tail = self._box_tail(self.zt, lo, hi, L) if sum(lo) >= 2 else 0.0  # (the least largest DP tail)
-            probe = (target - work - tail) / (self.mb - 1)
-            if not box_sequence_holds(self.runs, mix.dense, mix.moe, sends, lo, hi, ends.emb, ends.logits, probe):
-                return max(target, value)
+        if value < target and not self._holds_in_place(self.zt, mix, L, lo, hi, target):
+            return max(target, value)
         return value
+
+    @functools.cached_property
+    def orders(self) -> tuple[tuple[int, ...], ...]:
+        """The pipeline orders of the used groups (indices into used) the family stands for: its own, or an open
+        family's prefix, then every order of its free groups, then its last where known."""
+        if self.ordered:
+            return (tuple(range(len(self.used))),)
+        end = () if self.last is None else (self.last,)
+        return tuple((*self.prefix, *rest, *end) for rest in itertools.permutations(self.free))
+
+    def _holds_in_place(self, zt, mix: KindMix | None, L: int, lo, hi, target: float) -> bool:
+        """Whether a candidate of the box at one ZeRO stage (``zt``, and its KindMix ``mix``) may still beat
+        ``target`` with its layers in their places: the schedule reaches the target at the bottleneck where
+        (micro-batches - 1) of it plus the least work (each kind at its least seconds, the sends of the lo stages, the
+        embedding and the logits) and the least largest DP tail come to it, and where in no order the family stands
+        for the stages can hold the layers as runs in their places within it (box_sequence_holds) none can. Only for
+        a model whose MoE layers interleave with its dense ones at vpp 1 (``runs``) and an open family of at most
+        SEQUENCE_ORDERS orders; True otherwise."""
+        if self.runs is None or mix is None or self.mb < 2 or target == float("inf"):
+            return True
+        if len(self.orders) > SEQUENCE_ORDERS:
+            return True
+        sends = self.send if pipeline_sends(lo, self.vpp) else (0.0,) * len(lo)
+        ends = self._lined(zt)[1] if sum(lo) >= 2 else self.ends  # ((embedding, logits) of each used group)
+        tail = self._box_tail(zt, lo, hi, L) if sum(lo) >= 2 else 0.0
+        work = mix.work + sum(k * y for k, y in zip(lo, sends)) + tail
+        for order in self.orders:
+            emb, logits = ends[order[0]][0], ends[order[-1]][1]
+            probe = (target - work - emb - logits) / (self.mb - 1)
+
+            def pick(xs, order=order):
+                return tuple(xs[i] for i in order)
+
+            x, y, c = pick(mix.dense), pick(mix.moe), pick(sends)
+            if box_sequence_holds(self.runs, x, y, c, pick(lo), pick(hi), emb, logits, probe):
+                return True
+        return False
 
     def _zero_stage_bound(self, zt, afters, a, ends, mix, L: int, lo, hi, target: float) -> float:
         """box_bound of a box at one ZeRO stage (the used groups' ``zt``), with two or more stages plus the largest
@@ -1203,8 +1236,19 @@ class _Family:
                 max_stages=self.deepest,
             )
         best = float("inf")
+        values = []
         for i in self.bounded_zeros:
-            best = min(best, self._zero_bound(self.zts[i], lined[i], L, lo, hi, min(best, target)))
+            values.append(self._zero_bound(self.zts[i], lined[i], L, lo, hi, min(best, target)))
+            best = min(best, values[-1])
+        if best < target and self.runs is not None and len(self.orders) <= SEQUENCE_ORDERS:
+            # cut where every ZeRO stage is, by its bound or by its layers' places in every order (_holds_in_place)
+            mixes = [lined[i][2] if sum(lo) >= 2 else plain_mix for i in self.bounded_zeros]
+            zts = [self.zts[i] for i in self.bounded_zeros]
+            if not any(
+                value < target and self._holds_in_place(zt, mix, L, lo, hi, target)
+                for value, zt, mix in zip(values, zts, mixes)
+            ):
+                return max(target, best)
         return best
 
     @functools.cached_property
@@ -1367,8 +1411,7 @@ class _Family:
         at every ZeRO stage, each with its box (the groups' counts follow them)."""
         out = []
         terms = dict(zip(self.zeros, self.zts))  # each ZeRO stage's terms of the used groups
-        for rest in itertools.permutations(self.free):
-            perm = (*self.prefix, *rest, *(() if self.last is None else (self.last,)))
+        for perm in self.orders:
 
             def pick(xs, perm=perm):
                 return tuple(xs[i] for i in perm)
