@@ -202,7 +202,7 @@ WORK = {
 }
 # an open family of at most this many group orders is cut where in none of them its stages hold the layers in their
 # places (_Family._holds_in_place; ordered families always)
-SEQUENCE_ORDERS = 6
+SEQUENCE_ORDERS = 2
 # an open family of more groups than this opens its first group, then its last, before the orders between them
 # (open_ends), one of this many or fewer every order at once (expand)
 OPEN_ALL = 3
