@@ -2328,6 +2328,21 @@ def alternate_job(groups: int = 2):
     )
 
 
+def counted_sequence_cuts(monkeypatch) -> list:
+    """box_sequence_holds as the mixed search calls it, patched to note each answer: the list it appends to (True:
+    the check cut the box)."""
+    holds = mixed_pipeline_bounds.box_sequence_holds
+    cuts: list = []
+
+    def counted(*args):
+        held = holds(*args)
+        cuts.append(not held)
+        return held
+
+    monkeypatch.setattr(mixed_pipelines, "box_sequence_holds", counted)
+    return cuts
+
+
 def test_an_ordered_box_the_layer_sequence_cuts_holds_no_plan_below_its_target(monkeypatch):
     """An ordered family's box bound with a target (_Family.bound: where the stages cannot hold the layers in their
     places within the bottleneck that would reach it, box_sequence_holds, the box is cut), on a model whose MoE
@@ -2341,15 +2356,7 @@ def test_an_ordered_box_the_layer_sequence_cuts_holds_no_plan_below_its_target(m
     for _, fam, c in candidates_with_bounds(ctx):
         if fam.runs is not None and fam.mb >= 2:
             by_family.setdefault(id(fam), (fam, []))[1].append(c)
-    holds = mixed_pipeline_bounds.box_sequence_holds
-    sequence_cuts = []
-
-    def counted(*args):
-        held = holds(*args)
-        sequence_cuts.append(not held)
-        return held
-
-    monkeypatch.setattr(mixed_pipelines, "box_sequence_holds", counted)
+    sequence_cuts = counted_sequence_cuts(monkeypatch)
     rng = random.Random(3)
     cut_below = 0
     for fam, c in [(fam, c) for fam, cs in by_family.values() for c in cs]:
@@ -2409,15 +2416,7 @@ def test_an_open_family_the_layer_sequence_cuts_holds_no_plan_below_its_target(m
     j = alternate_job()
     ctx = search_context(j)
     L = j.model.num_layers
-    holds = mixed_pipeline_bounds.box_sequence_holds
-    sequence_cuts = []
-
-    def counted(*args):
-        held = holds(*args)
-        sequence_cuts.append(not held)
-        return held
-
-    monkeypatch.setattr(mixed_pipelines, "box_sequence_holds", counted)
+    sequence_cuts = counted_sequence_cuts(monkeypatch)
     best_of: dict = {}
     checked = cut_below = 0
     for fam, box, found in open_families_with_candidates(ctx):

@@ -237,19 +237,9 @@ def test_a_search_on_alternating_moe_and_dense_layers_matches_brute_force(monkey
     """An MoE model whose MoE layers alternate with its dense ones (as Llama 4 Maverick) on two one-GPU groups: the
     ordered boxes' layer-sequence check (box_sequence_holds) cuts boxes during the search, and its best time is
     still the brute-force minimum."""
-    from test_bounds import alternate_job
+    from test_bounds import alternate_job, counted_sequence_cuts
 
-    from planner.search import mixed_pipelines
-
-    holds = mixed_pipelines.box_sequence_holds
-    cuts = []
-
-    def counted(*args):
-        held = holds(*args)
-        cuts.append(not held)
-        return held
-
-    monkeypatch.setattr(mixed_pipelines, "box_sequence_holds", counted)
+    cuts = counted_sequence_cuts(monkeypatch)
     j = alternate_job()
     result = search_hetero(j, top=1, time_limit_s=60, options=OPTS, single_type=False, replicas=False, processes=1)
     assert any(cuts)

@@ -199,7 +199,7 @@ class MixedContext:
         return [m.moe_layers_before(i) for i in range(m.num_layers + 1)]
 
     @functools.cached_property
-    def layer_runs(self):
+    def layer_runs(self) -> LayerRuns:
         """LayerRuns of the model (mixed_pipeline_bounds.box_sequence_holds)."""
         return LayerRuns.of(self.moe_before)
 

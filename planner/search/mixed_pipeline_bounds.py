@@ -156,6 +156,13 @@ def schedule_bound(bottleneck: float, total: float, m: int, v: int = 1) -> float
     return (m - 1 / v) * bottleneck + total / v
 
 
+def schedule_probe(target: float, rest: float, m: int, v: int = 1) -> float:
+    """The bottleneck T at which schedule_bound's (m - 1/v) T plus ``rest`` (its sum term total / v, with whatever
+    else the caller adds, such as the largest DP tail) comes to ``target``: a candidate whose slowest stage cannot be
+    within it cannot beat the target (m - 1/v > 0)."""
+    return (target - rest) / (m - 1 / v)
+
+
 def box_bound(*args, **kwargs) -> float:
     """box_bound_reach's bound, without its reach."""
     return box_bound_reach(*args, **kwargs)[0]
@@ -1390,7 +1397,7 @@ def refined_bound(
     tail = max(max(r.tail for r in rows), stages_tail_bottleneck(reaches, layers, v))
     mb = sms[0].mb
     rest = work / v + tail  # schedule_bound at T = 0, plus the tail; each second of T adds mb - 1/v
-    probe = (target - rest) / (mb - 1 / v) if mb - 1 / v > 0 and target < float("inf") else None
+    probe = schedule_probe(target, rest, mb, v) if mb - 1 / v > 0 and target < float("inf") else None
     if windows is not None:
         by_kind = max(by_kind, block_bottleneck(xs, ys, windows, cst, layer_caps, layers, probe, moe_from))
     T = max(_capped_bottleneck(a, cst, caps, L, probe), by_kind)

@@ -88,6 +88,7 @@ from planner.search.mixed_pipeline_bounds import (
     refined_bound,
     row_reaches,
     schedule_bound,
+    schedule_probe,
     split_rows,
     tail_bottleneck,
 )
@@ -1140,17 +1141,21 @@ class _Family:
         end = () if self.last is None else (self.last,)
         return tuple((*self.prefix, *rest, *end) for rest in itertools.permutations(self.free))
 
+    @functools.cached_property
+    def in_place(self) -> bool:
+        """Whether the family's boxes are checked with their layers in their places (_holds_in_place): a model whose
+        MoE layers interleave with its dense ones at vpp 1 (``runs``), two or more micro-batches (a schedule that
+        grows with the bottleneck), and an ordered family or an open one of at most SEQUENCE_ORDERS orders."""
+        return self.runs is not None and self.mb >= 2 and len(self.orders) <= SEQUENCE_ORDERS
+
     def _holds_in_place(self, zt, mix: KindMix | None, L: int, lo, hi, target: float) -> bool:
         """Whether a candidate of the box at one ZeRO stage (``zt``, and its KindMix ``mix``) may still beat
         ``target`` with its layers in their places: the schedule reaches the target at the bottleneck where
         (micro-batches - 1) of it plus the least work (each kind at its least seconds, the sends of the lo stages, the
-        embedding and the logits) and the least largest DP tail come to it, and where in no order the family stands
-        for the stages can hold the layers as runs in their places within it (box_sequence_holds) none can. Only for
-        a model whose MoE layers interleave with its dense ones at vpp 1 (``runs``) and an open family of at most
-        SEQUENCE_ORDERS orders; True otherwise."""
-        if self.runs is None or mix is None or self.mb < 2 or target == float("inf"):
-            return True
-        if len(self.orders) > SEQUENCE_ORDERS:
+        embedding and the logits) and the least largest DP tail come to it (schedule_probe), and where in no order
+        the family stands for the stages can hold the layers as runs in their places within it (box_sequence_holds)
+        none can. True where the family is not checked so (in_place)."""
+        if not self.in_place or mix is None or target == float("inf"):
             return True
         sends = self.send if pipeline_sends(lo, self.vpp) else (0.0,) * len(lo)
         ends = self._lined(zt)[1] if sum(lo) >= 2 else self.ends  # ((embedding, logits) of each used group)
@@ -1158,7 +1163,7 @@ class _Family:
         work = mix.work + sum(k * y for k, y in zip(lo, sends)) + tail
         for order in self.orders:
             emb, logits = ends[order[0]][0], ends[order[-1]][1]
-            probe = (target - work - emb - logits) / (self.mb - 1)
+            probe = schedule_probe(target, work + emb + logits, self.mb)
 
             def pick(xs, order=order):
                 return tuple(xs[i] for i in order)
@@ -1236,18 +1241,16 @@ class _Family:
                 max_stages=self.deepest,
             )
         best = float("inf")
-        values = []
+        below = []  # the ZeRO stages whose bound is below the target
         for i in self.bounded_zeros:
-            values.append(self._zero_bound(self.zts[i], lined[i], L, lo, hi, min(best, target)))
-            best = min(best, values[-1])
-        if best < target and self.runs is not None and len(self.orders) <= SEQUENCE_ORDERS:
-            # cut where every ZeRO stage is, by its bound or by its layers' places in every order (_holds_in_place)
-            mixes = [lined[i][2] if sum(lo) >= 2 else plain_mix for i in self.bounded_zeros]
-            zts = [self.zts[i] for i in self.bounded_zeros]
-            if not any(
-                value < target and self._holds_in_place(zt, mix, L, lo, hi, target)
-                for value, zt, mix in zip(values, zts, mixes)
-            ):
+            value = self._zero_bound(self.zts[i], lined[i], L, lo, hi, min(best, target))
+            best = min(best, value)
+            if value < target:
+                below.append(i)
+        if below and self.in_place:
+            # cut where each of them is, by its layers' places in every order (_holds_in_place)
+            mixes = [lined[i][2] if sum(lo) >= 2 else plain_mix for i in below]
+            if not any(self._holds_in_place(self.zts[i], mix, L, lo, hi, target) for i, mix in zip(below, mixes)):
                 return max(target, best)
         return best
 
