@@ -754,8 +754,11 @@ def test_the_look_ahead_works_out_the_looks_own_floors_in_its_order(monkeypatch)
 
     job = suite_job("gpt3-5b", [("mi250x", 19, 8), ("h800", 71, 8)], 16384, 256)
 
+    made = []  # every context made, kept alive: the floors are counted by id(ctx), which a freed one's could reuse
+
     def context():
-        return MixedContext(job, SearchOptions(), None, cost_source(job), group_order(job.cluster))
+        made.append(MixedContext(job, SearchOptions(), None, cost_source(job), group_order(job.cluster)))
+        return made[-1]
 
     class Board:  # (lockstep.Board, in this process)
         def __init__(self, shapes):
