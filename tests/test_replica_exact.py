@@ -109,7 +109,8 @@ def test_the_exact_split_of_a_pipelined_replica_shape_is_the_brute_force_optimum
     build, solve = RP._split_model, RP.solve_split
 
     def counted_build(per, caps, scale, **kw):
-        builds.append(scale)
+        if len(per) == len(counts):  # (a choice's, not a group's alone: replica_partition.GroupBounds)
+            builds.append(scale)
         return build(per, caps, scale, **kw)
 
     def counted_solve(per, *args, **kw):
@@ -211,6 +212,79 @@ def test_a_choice_close_to_its_cap_is_settled_with_presolve(monkeypatch, ms, cap
     monkeypatch.setattr(RP, "FIXED_QUICK_WORK", 0.0)
     assert RP.solve_split(per, caps, ms, counts, 1024, **kw) == (split, got, bound)
     assert presolved == [False, True, True]
+
+
+@pytest.mark.parametrize(("gbs", "memory_gib"), [(7, None), (9, 5.8)])
+def test_a_group_alone_proves_a_choice_infeasible_only_where_the_choice_is(gbs, memory_gib):
+    """replica_partition.GroupBounds relaxes a micro-batch choice to one replica group on a split of its own. For
+    every fixed choice of a two-group shape (on the small GPU as it is, and on one where fewer micro-batches in
+    flight change what fits): just above the choice's own optimum no group exceeds the cap (each group alone is
+    part of the choice's model), and just below the slowest group's own optimum one does, once every group has been
+    solved (each call solves at most one group it does not know yet)."""
+    from planner.search.replica_partition import GroupBounds, choice_scale, solve_split
+
+    raw = replica_job(gbs).model_dump(mode="json", exclude_none=True)
+    if memory_gib is not None:
+        raw["cluster"][0]["gpu"] = {**SMALL_GPU, "memory_gib": memory_gib}
+    job = parse_job(raw)
+    opts = SearchOptions()
+    ctx = MixedContext(job, opts, None, cost_source(job), group_order(job.cluster))
+    counts = ((0, 2), (1, 1))
+    cand = ReplicaCandidate(1, 1, 2, 1, 1, "none", counts, 0.0)
+    caps = [ctx.capacity(g) for g, _ in counts]
+    kw = {"partial_recompute": True, "even_layers": False, "uniform_recompute": False}
+    checked = 0
+    for m0 in range(1, gbs // 2 + 1):
+        ms = (m0, gbs - 2 * m0)
+        per = _probe_models(ctx, cand, list(ms))
+        full = solve_split(per, caps, ms, counts, gbs, cap_s=math.inf, time_limit_s=60.0, workers=1, **kw)
+        alone = [  # in the choice's time unit, as GroupBounds solves them
+            solve_split([per[g]], [caps[g]], (m,), [counts[g]], counts[g][1] * m, cap_s=math.inf,
+                        time_limit_s=60.0, workers=1, scale=choice_scale(per, ms), **kw)
+            for g, m in enumerate(ms)
+        ]  # fmt: skip
+        if full[1] != "optimal":
+            continue
+        assert all(a[1] == "optimal" and a[2] <= full[2] for a in alone)
+        above = GroupBounds(caps, counts, lambda g, m: -g, 1, kw)
+        assert not any(above.exceeds(ms, per, full[2] * (1 + 1e-3), 60.0) for _ in counts)
+        slowest = max(a[2] for a in alone)
+        below = GroupBounds(caps, counts, lambda g, m: -g, 1, kw)
+        assert any(below.exceeds(ms, per, slowest * (1 - 1e-3), 60.0) for _ in counts)
+        full_below = solve_split(per, caps, ms, counts, gbs, cap_s=slowest * (1 - 1e-3), time_limit_s=60.0,
+                                 workers=1, **kw)  # fmt: skip
+        assert full_below[1] == "infeasible"
+        checked += 1
+    assert checked >= 2
+
+
+def test_a_group_alone_settles_the_suite_choices_whose_presolve_was_slow(monkeypatch):
+    """Seed-1 job 31 of the bench suite, its 32-stage replica shape under the cut its search reaches (1.310676 s):
+    the four choices that give the second group 81 micro-batches, each proved infeasible by CP-SAT's presolve of
+    the whole choice (0.3-0.5 s), are settled by that group alone, solved once."""
+    import planner.search.replica_partition as RP
+
+    job = suite_job(
+        "qwen3-235b-a22b", [("h200", 231, 8), ("gb200", 30, 72), ("b200", 550, 8), ("h800", 195, 8)], 16384, 1024
+    )
+    opts = SearchOptions().for_job(job)
+    ctx = MixedContext(job, opts, None, cost_source(job), group_order(job.cluster))
+    counts = ((1, 4), (2, 8), (0, 3), (3, 3))
+    cand = ReplicaCandidate(4, 4, 32, 1, 1, "none", counts, 0.0)
+    caps = [ctx.capacity(g) for g, _ in counts]
+    kw = {
+        "partial_recompute": opts.partial_recompute,
+        "even_layers": opts.even_layers,
+        "uniform_recompute": opts.uniform_recompute,
+    }
+    solved = []
+    real = RP.solve_split
+    monkeypatch.setattr(RP, "solve_split", lambda per, *a, **k: solved.append(len(per)) or real(per, *a, **k))
+    bounds = RP.GroupBounds(caps, counts, lambda g, m: m * (g == 1), 1, kw)
+    for ms in ((82, 81, 10, 6), (82, 81, 11, 5), (82, 81, 12, 4), (82, 81, 13, 3)):
+        assert bounds.exceeds(ms, _probe_models(ctx, cand, ms), 1.310676, 600.0)
+    assert solved == [1]
+    assert not bounds.exceeds((82, 81, 10, 6), _probe_models(ctx, cand, (82, 81, 10, 6)), 1.34, 600.0)
 
 
 @pytest.mark.parametrize("workers", [1, 4])

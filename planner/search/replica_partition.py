@@ -86,10 +86,10 @@ def micro_batch_choices(
     d = [c for _, c in counts]
     visits = 0
     tails = tails or [0.0] * len(d)
-    slowest = [max(w / pp, t) for w, t in zip(work, bottlenecks or [0.0] * len(d))]
+    slowest = least_bottlenecks(work, pp, bottlenecks)
 
     def floor(g: int, m: int) -> float:
-        return (m - 1) * slowest[g] + work[g] + tails[g]
+        return group_floor(m, work[g], slowest[g], tails[g])
 
     # The groups after g share what is left, R: the slowest of them takes at least the T at which each group h
     # runs its most micro-batches, m_h <= T pp / w_h - pp + 1 (floor), and those hold R: T >= (R + (pp - 1) sum d_h)
@@ -141,6 +141,18 @@ def micro_batch_choices(
     complete = walk(0, M, (), 0.0)
     out.sort()
     return out, complete
+
+
+def least_bottlenecks(work: list[float], pp: int, bottlenecks: list[float] | None) -> list[float]:
+    """Per group, a floor under its slowest stage's seconds per micro-batch: at least its work over pp stages and
+    at least ``bottlenecks``' floor (micro_batch_choices)."""
+    return [max(w / pp, t) for w, t in zip(work, bottlenecks or [0.0] * len(work))]
+
+
+def group_floor(m: int, work: float, slowest: float, tail: float) -> float:
+    """A floor under a replica's time at ``m`` micro-batches: (m - 1) T + sum_i t_i + D + O (1F1B, solve_split's
+    objective) with its least sum of stage times ``work``, least bottleneck ``slowest`` and least tail ``tail``."""
+    return (m - 1) * slowest + work + tail
 
 
 def _first_solution(a: int, left: int, n: int) -> tuple[int | None, int]:
@@ -254,6 +266,18 @@ def _copy_model(model):
     return copy
 
 
+def choice_scale(per: list[list[StageModel]], ms) -> Scale:
+    """The time unit and horizon of solve_split's model of choice ``ms`` (fixed counts or (lo, hi) ranges) over the
+    stage models ``per`` (partition._time_unit: the objective is the time alone)."""
+    s0 = per[0][0]
+    L, p = s0.job.model.num_layers, s0.dims.pp
+    every = [sm for sms in per for sm in sms]
+    horizon_s = max(_time_horizon(sm, L, p) for sm in {id(x): x for x in every}.values())
+    span = max(m[1] if isinstance(m, tuple) else m for m in ms) + p + 2
+    unit = _time_unit(horizon_s, 1, span, every, s0.dims.zero_stage)
+    return Scale(unit, int(horizon_s * unit))
+
+
 def solve_split(
     per: list[list[StageModel]],
     caps: list[float],
@@ -269,23 +293,22 @@ def solve_split(
     workers: int,
     work_limit: float | None = None,
     models: dict | None = None,
+    scale: Scale | None = None,
 ) -> tuple[ShapeSplit | None, str, float]:
     """(split or None, status, proven lower bound in seconds) of the shared split for micro-batch counts ``ms``
     (fixed counts, or per group a (lo, hi) range, solved for with sum_g d_g m_g = M); ``per[g][i]`` prices stage
     i of replica group g, ``caps[g]`` its GPUs' capacity. Only splits faster than ``cap_s`` (up to the time unit's
     precision) are of interest. ``work_limit``: a cap in CP-SAT's deterministic time (partition.new_solver).
     ``models``: the _SplitModel built so far by time unit, kept by the caller across its choices (the model solved
-    is the same, constraint for constraint, as one built afresh, its memory constraints last)."""
+    is the same, constraint for constraint, as one built afresh, its memory constraints last). ``scale``: the time
+    unit of another model this one relaxes (GroupBounds; default choice_scale's)."""
     ranges = [m if isinstance(m, tuple) else (m, m) for m in ms]
     s0 = per[0][0]
     job, d = s0.job, s0.dims
     L, p = job.model.num_layers, d.pp
     cp_model = cp_sat()
-    every = [sm for sms in per for sm in sms]
-    horizon_s = max(_time_horizon(sm, L, p) for sm in {id(x): x for x in every}.values())
     span = max(hi for _, hi in ranges) + p + 2
-    unit = _time_unit(horizon_s, 1, span, every, d.zero_stage)  # (the objective is the time alone)
-    scale = Scale(unit, int(horizon_s * unit))
+    scale = scale or choice_scale(per, ms)
     kept = models.setdefault(scale, []) if models is not None else []
     built = next((x for x in kept if x.per is per or _same_times(x.per, per)), None)
     if built is None:
@@ -318,7 +341,7 @@ def solve_split(
         m.add(z >= busy + sum(pv.stage_time) - T + pv.dp_tail + pv.optimizer)
     m.add(sum(d * x for (_, d), x in zip(counts, counts_m)) == M)
     if cap_s < float("inf"):
-        m.add(z <= int(cap_s * (1 + 1e-4) * scale.unit))
+        m.add(z <= int(cap_s * (1 + PRECISION) * scale.unit))
     m.minimize(z)
     # ties in time: fewer layers on earlier stages, then less recompute (one optimum for any worker count)
     tiebreak = sum((p - i) * (L + 1) * shared.layers[i] for i in range(p))
@@ -330,7 +353,7 @@ def solve_split(
         return None, "infeasible", float("inf")
     if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
         return None, "unknown", 0.0
-    bound /= unit
+    bound /= scale.unit
     split = ShapeSplit(
         tuple(int(solver.Value(x)) if not isinstance(x, int) else x for x in counts_m),
         tuple(int(solver.Value(x)) for x in shared.layers),
@@ -401,6 +424,79 @@ def _solve_time_then_ties(solver, model, time, tiebreak, tie_work: float | None 
         params.fix_variables_to_their_hinted_value = True  # out of time before the hint was read: take it as it is
         solver.solve(model)
     return cp_model.OPTIMAL, float(least)
+
+
+@dataclass
+class _GroupBound:
+    """What one solve of a replica group alone proved: with these stage models, in this time unit, no split of its
+    own finishes at or below ``below`` (solve_split's cap; 0: nothing), and its least time is at least ``least``
+    (its proven bound)."""
+
+    sms: list[StageModel]
+    scale: Scale  # the time unit it was solved in: the choice's (a unit of its own rounds its times otherwise)
+    below: float
+    least: float
+
+
+class GroupBounds:
+    """One replica group alone, its m_g micro-batches over a split of its own, relaxes a micro-batch choice (every
+    group over one shared split; solve_split): its model, in the choice's time unit, is the choice's constraints
+    on that group. A group whose least time at m_g is above the cap therefore proves the choice infeasible, and
+    the group's model, a quarter of the choice's on four groups, is proved infeasible quickly. Choices share their
+    groups' counts, so one group's proof settles every choice that gives it as many micro-batches. Seed-1 suite
+    job 31 (Qwen3-235B on four GPU types, 32- and 33-stage shapes): 13 choices, 12 infeasible, each 0.31-0.52 s in
+    CP-SAT's presolve of the whole model; 11 of them have a group that is infeasible alone (0.04-0.13 s), always
+    the one with the highest floor (group_floor). Each choice solves at most one group not yet known, the highest
+    floor first."""
+
+    def __init__(self, caps: list[float], counts, floors, workers: int, kw: dict):
+        self.caps, self.counts, self.floors = caps, counts, floors
+        self.workers = workers
+        self.kw = {**kw, "models": {}}  # the single groups' models, apart from the choices'
+        self.known: dict[tuple[int, int], list[_GroupBound]] = {}
+
+    def exceeds(self, ms: tuple[int, ...], per: list[list[StageModel]], cap: float, time_limit_s: float) -> bool:
+        """Whether some group of choice ``ms`` alone cannot finish at or below ``cap`` (solve_split's cap)."""
+        solved = False
+        scale = choice_scale(per, ms)
+        for g in sorted(range(len(ms)), key=lambda g: -self.floors(g, ms[g])):
+            known = self._known(g, ms[g], per[g], scale)
+            if known is None:
+                if solved:
+                    continue
+                known = self._solve(g, ms[g], per[g], scale, cap, time_limit_s)
+                solved = True
+            if cap <= known.below or known.least > cap * (1 + PRECISION):
+                return True
+        return False
+
+    def _known(self, g: int, m: int, sms: list[StageModel], scale: Scale) -> _GroupBound | None:
+        cap = self.caps[g]
+        for known in self.known.get((g, m), ()):
+            if known.scale == scale and (known.sms is sms or _same_stages(known.sms, sms, cap)):
+                return known
+        return None
+
+    def _solve(self, g: int, m: int, sms: list[StageModel], scale: Scale, cap: float, time_limit_s: float):
+        count = self.counts[g]
+        _, status, bound = solve_split(
+            [sms], [self.caps[g]], (m,), [count], count[1] * m,
+            cap_s=cap, time_limit_s=time_limit_s, workers=self.workers, scale=scale, **self.kw,
+        )  # fmt: skip
+        infeasible = status == "infeasible"
+        known = _GroupBound(sms, scale, cap if infeasible else 0.0, 0.0 if infeasible else bound)
+        self.known.setdefault((g, m), []).append(known)
+        return known
+
+
+def _same_stages(a: list[StageModel], b: list[StageModel], capacity: float) -> bool:
+    """Whether two groups' stage models price every stage alike: its time, memory and tail forms, pipeline sends
+    and what its GPU allows."""
+    return all(
+        x is y
+        or (x.pp_time == y.pp_time and x.forms(i) == y.forms(i) and x.allocatable(capacity) == y.allocatable(capacity))
+        for i, (x, y) in enumerate(zip(a, b))
+    )
 
 
 def exact_splits(
@@ -479,6 +575,9 @@ def exact_splits(
     if not enumerate_steady:
         choices = [(lb, ms) for lb, ms in choices if min(ms) < pp]
     settled = {} if settled is None else settled
+    slowest = least_bottlenecks(work, pp, bottlenecks)
+    tails = tails or [0.0] * len(work)
+    one_group = GroupBounds(caps, counts, lambda g, m: group_floor(m, work[g], slowest[g], tails[g]), workers, kw)
     for i, (lb, ms) in enumerate(choices):
         if lb >= best:
             break
@@ -497,8 +596,13 @@ def exact_splits(
                 splits.append(known[1])
                 best = min(best, known[2])
             continue
+        per = models_for(ms)
+        if len(counts) > 1 and one_group.exceeds(ms, per, cap, left / max(1, min(4, len(choices) - i))):
+            settled[ms] = (cap, None, float("inf"))
+            continue
+        left = max(0.01, deadline - time.monotonic())
         split, status, bound = solve_split(
-            models_for(ms),
+            per,
             caps,
             ms,
             counts,
