@@ -218,25 +218,13 @@ def mixed_job(model=GPT6, second="a100-40gb", seq: int = 8192, gbs: int = 4):
     )
 
 
-class AlwaysTails(mixed_pipelines.TailTrial):
-    """A TailTrial that always works the DP tail term out (_TpChoiceNode._zero_tail_term), as a share whose nodes
-    it cuts does: for the nodes with every TP fixed and for those with one group's TP open (its own ``open``)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.open = self
-
-    def pays(self) -> bool:
-        return True
-
-
 def families(ctx, node):
     """Every ordered family under a _TpChoiceNode, with the bounds on the way: (bounds so far, ordered family, box).
-    A _TpChoiceNode's bounds are both: the one it is put in line at (with the DP tail term where its TPs are all
-    fixed: AlwaysTails), and the one with its groups' memory."""
-    for flb, child, box in node.families(ctx, tails=AlwaysTails()):
+    A _TpChoiceNode's bounds are both: the one it is put in line at (with its ZeRO traffic and DP tails, no trial
+    given: _lined_tail_bound), and the one with its groups' memory."""
+    for flb, child, box in node.families(ctx):
         if isinstance(child, mixed_pipelines._TpChoiceNode):
-            with_memory = child.bound(ctx, tails=AlwaysTails())
+            with_memory = child.bound(ctx)
             for bounds, fam, fbox in families(ctx, child):
                 yield (flb, with_memory) + bounds, fam, fbox
             continue
@@ -2131,11 +2119,11 @@ def test_a_node_whose_fixed_groups_fill_the_deepest_depth_leaves_its_open_groups
         open_groups = set(ctx.order[len(node.fixed) :])
         assert not any(g in open_groups for c in candidates_under(ctx, node) for g, _, _ in c.groups), node
         shut = fresh_node(node, tp_opts=node.tp_opts[: len(node.fixed)] + ((None,),) * left)
-        bound = node.bound(ctx, tails=AlwaysTails())
-        assert bound == shut.bound(ctx, tails=AlwaysTails())
+        bound = node.bound(ctx)
+        assert bound == shut.bound(ctx)
         with monkeypatch.context() as m:
             m.setattr(mixed_pipelines._TpChoiceNode, "_open_unused", lambda self, ctx: False)
-            before = fresh_node(node).bound(ctx, tails=AlwaysTails())
+            before = fresh_node(node).bound(ctx)
         assert before <= bound
         checked += 1
         raised += before < bound
@@ -2607,45 +2595,60 @@ def test_box_schedule_with_tail_walks_a_box_far_below_its_target_where_the_walk_
     assert cut_far >= 5
 
 
-def test_the_dp_tail_term_of_a_node_with_every_tp_fixed_bites():
-    """_TpChoiceNode._zero_tail_term (the ZeRO stages' least traffic and DP tail, held for every plan under the
-    node by the bound tests above, which walk with it) raises the bound of some nodes with every TP fixed, and of
-    some with one group's TP open (each of its choices a row of _tail_row's), and is 0 where a candidate may have
-    one stage."""
+def test_the_traffic_and_tail_term_of_a_node_bites_and_is_plain_where_one_stage_may_run():
+    """_TpChoiceNode._lined_tail_bound (the ZeRO stages' traffic and least DP tail, held for every plan under the
+    node by the bound tests above, which walk with it) raises the bound of some nodes with every TP fixed and of
+    some with one group's TP open above their schedule floor, and is that floor where a candidate may have one
+    stage (vpp 1, fewer than two used groups fixed); the node's bound counts it up to TAIL_OPEN groups open."""
     ctx = search_context(four_group_job(GPT6))
     raised = ones = opened = 0
     for node in tp_choice_nodes(ctx):
         open_groups = len(ctx.order) - len(node.fixed)
-        if open_groups > 1:
-            continue
-        term = node._zero_tail_term(ctx)
-        plain = node.bound(ctx, memory=False)
-        assert node.bound(ctx, memory=False, tails=AlwaysTails()) == pytest.approx(plain + term, rel=1e-12)
-        if open_groups:
-            opened += term > 0
-            continue
-        if node.vpp == 1 and sum(1 for tp in node.fixed if tp) < 2:
-            assert term == 0.0
+        plain = node._schedule_bound(ctx, math.inf, False)
+        term = node._lined_tail_bound(ctx, plain, math.inf)
+        # (above TAIL_OPEN groups open the node's bound leaves it out)
+        assert node.bound(ctx, memory=False) == (term if open_groups <= mixed_pipelines.TAIL_OPEN else plain)
+        if node._one_stage_possible():
+            assert term == plain
             ones += 1
-        raised += term > 0
+            continue
+        raised += open_groups == 0 and term > plain
+        opened += open_groups == 1 and term > plain
     assert raised and ones and opened
 
 
+def test_a_node_with_its_zero_traffic_in_every_layers_seconds_holds_for_every_plan(monkeypatch):
+    """_TpChoiceNode._lined_schedule: at a ZeRO stage with ZeRO-2/3 traffic, the node's schedule with that traffic
+    in every layer's seconds (so in the bottleneck too, not only in the stages' sum). On short sequences (little
+    compute to hide the gathers) it raises some candidates' node bounds above the ones with the traffic in the sum
+    only (on MOE6: its experts' gathers), and every bound of those candidates stays at most their brute-force best
+    plan."""
+    j = mixed_job(MOE6, seq=512, gbs=8)
+    raised = bounds_raised_by(
+        monkeypatch,
+        j,
+        lambda mp: mp.setattr(mixed_pipelines._TpChoiceNode, "_lined_schedule", lambda self, ctx, zero, target: 0.0),
+    )
+    assert raised
+    assert_bounds_hold(search_context(j), random.Random(7).sample(raised, min(30, len(raised))))
+
+
 @pytest.mark.parametrize("model", [GPT6, MOE6], ids=["dense", "moe"])
-def test_the_dp_tail_term_of_a_node_with_one_tp_open_is_at_most_each_of_its_childrens(model):
-    """A node with one group's TP still open bounds its DP tail term (_tail_row: the open group's choices each a
-    row, holding what its best one holds) at most that of each node under it (that group's TP fixed, or the group
-    unused), whose terms hold for every plan under them (the bound tests above); above 0 somewhere."""
+def test_the_least_dp_tail_of_a_node_with_one_tp_open_is_at_most_each_of_its_childrens(model):
+    """A node with one group's TP still open bounds its least DP tail (_least_tail; _tail_row: the open group's
+    choices each a row, holding what its best one holds) at most that of each node under it (that group's TP fixed,
+    or the group unused), at every ZeRO stage; above 0 somewhere."""
     ctx = search_context(four_group_job(model))
     checked = raised = 0
     for node in tp_choice_nodes(ctx):
         if len(node.fixed) != len(ctx.order) - 1:
             continue
-        term = node._zero_tail_term(ctx)
         kids = [k for _, k, _ in node.families(ctx) if isinstance(k, mixed_pipelines._TpChoiceNode)]
-        assert term <= min(k._zero_tail_term(ctx) for k in kids) * (1 + 1e-12)
+        for zero in node.zeros:
+            tail = node._least_tail(ctx, zero)
+            assert tail <= min(k._least_tail(ctx, zero) for k in kids) * (1 + 1e-12)
+            raised += tail > 0
         checked += 1
-        raised += term > 0
     assert checked and raised
 
 
@@ -2653,8 +2656,8 @@ def test_a_nodes_zero_traffic_counts_only_the_zero_stages_that_fit_and_each_grou
     """_TpChoiceNode._fitting_lines: a node with every TP fixed, out of line with its memory terms, adds the least
     ZeRO-2/3 traffic of the ZeRO stages whose memory holds the layers (memory_zeros), each group's layers at its
     own slope (the MoE layers at their MoE slope) up to what its memory holds. On an MoE model whose 32 experts
-    fit 8 GiB GPUs only sharded (ZeRO-3), it raises some candidates' node bounds (walked without the DP tail term,
-    which also counts traffic), and every bound of those candidates stays at most their brute-force best plan."""
+    fit 8 GiB GPUs only sharded (ZeRO-3), it raises some candidates' node bounds (walked without the ZeRO traffic and
+    DP tail term, _lined_tail_bound, which also counts traffic), and every bound of those candidates stays at most their brute-force best plan."""
     model = {**MOE6, "moe": {**MOE6["moe"], "num_experts": 32}}
     j = parse_job(
         {
@@ -2666,7 +2669,7 @@ def test_a_nodes_zero_traffic_counts_only_the_zero_stages_that_fit_and_each_grou
             "training": {"seq_length": 1024, "global_batch_size": 4, "attention": "eager"},
         }
     )
-    monkeypatch.setattr(AlwaysTails, "pays", lambda self: False)
+    monkeypatch.setattr(mixed_pipelines._TpChoiceNode, "_lined_tail_bound", lambda self, ctx, plain, target: plain)
     raised = bounds_raised_by(
         monkeypatch, j, lambda mp: mp.setattr(mixed_pipelines._TpChoiceNode, "_fitting_lines", lambda self, ctx: 0.0)
     )

@@ -474,52 +474,115 @@ class _TpChoiceNode:
         return self.memo[key]
 
     def bound(
-        self, ctx: MixedContext, target: float = float("inf"), memory: bool = True, tails: TailTrial | None = None
+        self,
+        ctx: MixedContext,
+        target: float = float("inf"),
+        memory: bool = True,
+        tails: tuple[TailTrial, ...] | None = None,
+        traffic: bool = True,
     ) -> float:
         """Valid for every family of the group: fixed used groups exactly (at least one stage), free ones relaxed
         (_free); a model with dense and MoE layers counts the two kinds apart (_kind_mix). With ``memory``, where
         that is below ``target``, the groups' memory too (memory_floor, each group at any one of its choices): inf
-        when they cannot hold the layers at any ZeRO stage, else the least bottleneck their memory forces. With
-        ``tails``, where that is below ``target``, every TP is fixed and the trial says the term pays, plus the
-        ZeRO stages' least traffic and DP tail (_zero_tail_term; what it cut told to the trial); so too with one
-        group's TP still open, by that trial's own (TailTrial.open: seed-5 suite job 10's steps 39,973 -> 30,081).
-        With ``memory`` and every TP fixed, plus the least ZeRO-2/3 traffic of the ZeRO stages whose memory holds
-        the layers (_fitting_lines; the larger of the two where both are worked out)."""
-        value = self._schedule_bound(ctx, target, memory)
-        open_groups = len(ctx.order) - len(self.fixed)
-        if value >= target or open_groups > 1:
-            return value
-        trial = tails if tails is None or not open_groups else tails.open  # (one group open: its own trial)
-        term = self._fitting_lines(ctx) if memory and not open_groups else 0.0
-        if trial is not None and value + term < target and trial.pays():
-            tail = self._zero_tail_term(ctx)  # (its lines and those of fitting_lines count the same traffic)
-            trial.tell(value + tail >= target)
-            term = max(term, tail)
-        return value + term
+        when they cannot hold the layers at any ZeRO stage, else the least bottleneck their memory forces. Where
+        that is below ``target`` and at most TAIL_OPEN groups' TP is open, plus the ZeRO stages' traffic and DP
+        tails (_lined_tail_bound): always without ``tails``, else against a finite target where the trial of the
+        node's level (``tails``, one per count of groups whose TP is still open) says it pays, what it cut told to
+        that trial; not with ``traffic`` False (a node back out of line for its memory terms, whose place in line
+        holds them). With ``memory`` and every TP
+        fixed, at least the least ZeRO-2/3 traffic of the ZeRO stages whose memory holds the layers
+        (_fitting_lines)."""
+        plain = self._schedule_bound(ctx, target, memory)
+        if plain >= target:
+            return plain
+        value = plain
+        level = len(ctx.order) - len(self.fixed)  # (groups whose TP is still open)
+        trial = None if tails is None or level > TAIL_OPEN else tails[level]
+        if traffic and level <= TAIL_OPEN and (trial is None or (target < float("inf") and trial.pays())):
+            value = self._lined_tail_bound(ctx, plain, target)
+            if trial is not None:
+                trial.tell(value >= target)
+        if value < target and memory and len(self.fixed) == len(ctx.order):
+            value = max(value, plain + self._fitting_lines(ctx))
+        return value
 
-    def _zero_tail_term(self, ctx: MixedContext) -> float:
-        """What every candidate of the node adds to its schedule without ZeRO traffic (_schedule_bound), at the
-        ZeRO stage it runs: at least its traffic lines over the L layers (ZeroTerms: each layer at least the least
-        slope of the node's choices, the end stages their least constants; in the schedule's sum, so divided by
-        vpp: mixed_pipeline_bounds.schedule_bound) and the largest DP tail of its stages, at least the least tail
-        at which the node's stages hold the layers (tail_bottleneck, a row per group: _tail_row, whose row of a
-        group whose TP is open stands for every choice of it); the least over the ZeRO
-        stages. Both hold at two stages or more (ZeroTerms), so 0 where a candidate may have one stage. ZeRO stages
-        with the least lines first: one whose lines reach the least so far is not worked out (_zero_ways). (On
-        seed-5 suite job 10, whose DP tails are far above its schedule, it cut 63-69% of the nodes it was worked
-        out for: proven in 51 s of one process, against a 5.1% gap after 60 s without it.)"""
+    def _lined_tail_bound(self, ctx: MixedContext, plain: float, target: float) -> float:
+        """A floor under every candidate of the node at two or more stages (``plain`` where one may have one stage:
+        _one_stage_possible), from its schedule floor ``plain`` (_schedule_bound): the least over its ZeRO stages of
+        plain plus the stage's least ZeRO-2/3 traffic lines (_least_lines) plus the least largest DP tail at which
+        the node's stages hold the layers (_least_tail), raised where the stage has such traffic by the schedule
+        with that traffic in every layer's seconds (_lined_schedule: in the bottleneck, not only in the stages'
+        sum). An interleaved schedule at few micro-batches runs at few stages, each holding many layers whose
+        gathers it exposes once per micro-batch and chunk: on seed-5 suite job 10 (DeepSeek-V2 on four types),
+        ZeRO-3's lines in the sum alone were 0.03 s, and a TP-choice node at vpp 15 was bounded at 0.34 s where its
+        family's bound, which adds them to each layer, was 0.79 s. The ZeRO stages are taken least lines first;
+        once one's floor is below a finite ``target`` the others are left at plain plus their lines (valid, and the
+        node is not cut)."""
         if self._one_stage_possible():
-            return 0.0
-        ways = self._zero_ways(ctx)
+            return plain
+        ways = self._zero_lines(ctx)
         least = float("inf")
-        for i, (lines, zero, value) in enumerate(ways):
-            if lines >= least:
+        for i, (lines, zero, sloped) in enumerate(ways):
+            if plain + lines >= least:
                 break  # (the rest only add)
-            if value is None:
-                value = self._zero_tail_at(ctx, zero, lines)
-                ways[i] = (lines, zero, value)
+            tail = self._least_tail(ctx, zero)
+            value = plain + lines + tail
+            if sloped and value < target:
+                value = max(value, self._lined_schedule(ctx, zero, target - tail) + tail)
             least = min(least, value)
+            if least < target < float("inf"):
+                return min([least] + [plain + rest for rest, _, _ in ways[i + 1 :]])
         return least
+
+    def _zero_lines(self, ctx: MixedContext) -> list[tuple[float, int, bool]]:
+        """Per ZeRO stage of the node, (its least lines: _least_lines, the stage, whether any choice has a ZeRO-2/3
+        traffic slope), least lines first; memoized per root by the fixed choices."""
+        key = ("zero lines", self.fixed)
+        hit = self.memo.get(key)
+        if hit is None:
+            ways = []
+            for zero in self.zeros:
+                zts = self._zero_terms_of(ctx, zero)
+                ways.append((self._least_lines(ctx, zts), zero, any(z.slope > 0 for z in zts)))
+            # (of equal lines the higher ZeRO stage first: its tails are the smaller, and ZeRO-0's, which ZeRO-1
+            # mostly covers, are worked out only where the node may be cut)
+            hit = self.memo[key] = sorted(ways, key=lambda w: (w[0], -w[1]))
+        return hit
+
+    def _lined_schedule(self, ctx: MixedContext, zero: int, target: float) -> float:
+        """The node's schedule bound (_schedule_bound's box, without its memory and the end terms, which only add)
+        with each choice's exposed ZeRO-2/3 traffic at this ZeRO stage (ZeroTerms.slope, valid at two or more
+        stages) added to its seconds per layer: a fixed row at its one choice, an open row's choices each at its
+        own (box_bound_reach's relaxed choices, and its best throughput at the least of their seconds)."""
+        a, lo, hi, send, relaxed = [], [], [], [], []
+        unused = self._open_unused(ctx)
+        for i, row in enumerate(self._rows(ctx)):
+            if row is None or (unused and row[0][5]):
+                continue
+            x, _, y, k_lo, k_hi, picks = row[0]
+            slopes = [self._zero_terms(ctx, g, tp, zero).slope for g, tp in self._row_choices(ctx, i)]
+            if picks:
+                picks = tuple((k, x_c + z, y_c) for (k, x_c, y_c), z in zip(picks, slopes))
+                x = min(x_c for _, x_c, _ in picks)
+                k_hi = x * max(k / x_c for k, x_c, _ in picks)
+            else:
+                x += slopes[0]
+            a.append(x)
+            lo.append(k_lo)
+            hi.append(k_hi)
+            send.append(y)
+            relaxed.append(picks)
+        deepest = self._deepest(ctx)
+        if not a or deepest == 0:
+            return float("inf")
+        if deepest:  # (as _schedule_bound)
+            most = deepest - sum(lo) + 1
+            hi = [k if r else min(k, most) for k, r in zip(hi, relaxed)]
+            relaxed = [tuple((min(k, most - 1), x, y) for k, x, y in r) if r else r for r in relaxed]
+        L = ctx.job.model.num_layers
+        args = (tuple(a), tuple(lo), tuple(hi), _NO_ENDS, L, self.mb, tuple(send), self.vpp)
+        kw = {"whole": True, "relaxed": tuple(relaxed), "max_stages": deepest, "target": target}
+        return box_bound_reach(*args, **kw)[0]
 
     def _one_stage_possible(self) -> bool:
         """Whether a candidate of the node (every TP fixed) may have one stage, where ZeroTerms' lines and tails,
@@ -529,7 +592,7 @@ class _TpChoiceNode:
     def _fitting_lines(self, ctx: MixedContext) -> float:
         """What every candidate of the node (every TP fixed) adds to its schedule in ZeRO-2/3 traffic, at least: the
         least over the ZeRO stages whose memory can hold the layers (memory_zeros) of _lines_at; 0 where ZeRO-0 or
-        1 can (no such traffic), or where a candidate may have one stage (as _zero_tail_term). Worked out when the
+        1 can (no such traffic), or where a candidate may have one stage (_one_stage_possible). Worked out when the
         node comes out of line with its memory terms, so only where its family would be built next. (Seed-7 suite
         job 37, DeepSeek-V3 on B200 + H20 + H800: where only ZeRO-3 holds the layers, ZeRO-1's zero traffic stood
         for it, and the least slope of any group for every layer; its families' bounds were 2-8 times their
@@ -565,18 +628,6 @@ class _TpChoiceNode:
         ends = min(z.first for z in zts) + min(z.last for z in zts)
         return max(0.0, lines + ends) / self.vpp
 
-    def _zero_ways(self, ctx: MixedContext) -> list:
-        """Per ZeRO stage that no other covers at each of the node's choices (uncovered), (its least lines over the
-        layers / vpp, the stage, lines + least tail or None until worked out), least lines first; memoized per
-        root by the fixed choices."""
-        key = ("zero tail", self.fixed)
-        ways = self.memo.get(key)
-        if ways is None:
-            by_zero = [self._zero_terms_of(ctx, zero) for zero in self.zeros]
-            ways = [(self._least_lines(ctx, by_zero[i]), self.zeros[i], None) for i in uncovered(by_zero, self.vpp)]
-            ways = self.memo[key] = sorted(ways, key=lambda w: w[:2])
-        return ways
-
     def _least_lines(self, ctx: MixedContext, zts: list[ZeroTerms]) -> float:
         """The least traffic lines over the L layers of the node's choices at one ZeRO stage (their ZeroTerms
         ``zts``: each layer at the least slope, the end stages at their least constants), / vpp."""
@@ -584,12 +635,17 @@ class _TpChoiceNode:
         lines = L * min(z.slope for z in zts) + min(z.first for z in zts) + min(z.last for z in zts)
         return max(0.0, lines) / self.vpp
 
-    def _zero_tail_at(self, ctx: MixedContext, zero: int, lines: float) -> float:
-        """``lines`` plus the least DP tail at which the node's stages hold the layers at this ZeRO stage (a row per
-        group: _tail_row)."""
-        rows = [self._tail_row(ctx, i, choices, zero) for i, choices in self._choices(ctx)]
-        his, reaches = [k for k, _ in rows], [r for _, r in rows]
-        return lines + tail_bottleneck(reaches, his, ctx.job.model.num_layers, None, self.vpp, self._deepest(ctx))
+    def _least_tail(self, ctx: MixedContext, zero: int) -> float:
+        """The least largest DP tail at which the node's stages hold the layers at this ZeRO stage (a row per group:
+        _tail_row). Memoized per root by the fixed choices."""
+        key = ("least tail", self.fixed, zero)
+        hit = self.memo.get(key)
+        if hit is None:
+            rows = [self._tail_row(ctx, i, choices, zero) for i, choices in self._choices(ctx)]
+            his, reaches = [k for k, _ in rows], [r for _, r in rows]
+            L, v = ctx.job.model.num_layers, self.vpp
+            hit = self.memo[key] = tail_bottleneck(reaches, his, L, None, v, self._deepest(ctx))
+        return hit
 
     def _tail_row(self, ctx: MixedContext, i: int, choices, zero: int) -> tuple[int, tuple[float, ...]]:
         """(most stages, DP tail reach: ZeroTerms.reach) of group i's row at this ZeRO stage: its one choice's, or,
@@ -920,7 +976,7 @@ class _TpChoiceNode:
         )
 
     def families(
-        self, ctx: MixedContext, target: float = float("inf"), tails: TailTrial | None = None
+        self, ctx: MixedContext, target: float = float("inf"), tails: tuple[TailTrial, ...] | None = None
     ) -> list[tuple[float, _TpChoiceNode | _Family, tuple | None]]:
         """The next group's choices (each a _TpChoiceNode, bounded with ``tails``: bound); with every choice fixed,
         the family itself, its bound worked out in full only where it is below ``target`` (_Family.bound)."""
@@ -1471,18 +1527,16 @@ _NO_ENDS = Ends(0.0, 0.0, 0.0, 0.0, 0.0, 0.0, ordered=False)  # (_TpChoiceNode._
 
 @dataclass
 class TailTrial:
-    """Whether a share's TP-choice nodes with every TP fixed count the ZeRO traffic and DP tails in their bound
-    when put in line (_TpChoiceNode._zero_tail_term): the tails cost what the families under them may never
-    read, and pay only where the DP tails are large against the schedule. Worked out while at least TAIL_PAYS of
-    the nodes it was worked out for were cut by it, and else for every TAIL_PROBE-th node still, so that the
-    count follows the search. Counted per share, in its own order, so the answer is the same in one process or
-    two. (Seed-5 suite job 10, always on: 63-69% cut, and 3 of its first 64 in one share; seed-1 job 43, seed-4
-    jobs 25 and 26, seed-5 job 13 and seed-7 job 37: 0 to 3 of their first 256.)"""
+    """Whether a share's TP-choice nodes of one level (how many groups' TP is still open) count the ZeRO traffic
+    and DP tails in their bound when put in line (_TpChoiceNode._lined_tail_bound): the tails cost what the
+    families under them may never read, and pay only where the DP tails or the ZeRO-2/3 traffic are large against
+    the schedule. Worked out while at least TAIL_PAYS of the nodes it was worked out for (against a finite target)
+    were cut by it, and else for every TAIL_PROBE-th node still, so that the count follows the search. Counted per
+    share, in its own order, so the answer is the same in one process or two."""
 
     calls: int = 0
     tries: int = 0
     cuts: int = 0
-    open: TailTrial | None = None  # the trial of the nodes with one group's TP still open
 
     def pays(self) -> bool:
         self.calls += 1
@@ -1495,6 +1549,11 @@ class TailTrial:
 
 TAIL_PAYS = 0.1
 TAIL_PROBE = 64
+# The most groups whose TP is still open at a node that counts the ZeRO traffic and DP tails (_lined_tail_bound):
+# each open group's tail row reads the tails of every TP choice of it, which the families under the node mostly
+# never read. At every level, seed-5 suite job 10 took 10,336 steps instead of 14,700, but seed-7 job 16 worked out
+# 10,742 tails (4.5 s of 24 s, one process) for the cuts of 312 nodes with two or three groups open.
+TAIL_OPEN = 1
 
 
 def _least_kind_work(count: dict, floors) -> float:
@@ -1744,7 +1803,8 @@ class _PipelineSearch:
         self.open_solves: list[tuple[float, HeteroCandidate, list[StageModel]]] = []  # solves stopped by their cap
         self.cache: dict = {}
         self.other: dict = {}  # the other share's last result()
-        self.tails = TailTrial(open=TailTrial())  # whether its TP-choice nodes count the DP tails
+        # whether its TP-choice nodes count the ZeRO traffic and DP tails, per how many groups' TP is still open
+        self.tails = tuple(TailTrial() for _ in range(TAIL_OPEN + 1))
         self.memory_trial = MemoryTrial()  # whether those with every TP fixed go back in line at their memory bound
         self.ways_seen: set = set()  # the tail ways its steps read (WayMeter)
         # where the other share works out some of its first explore's root bounds (lockstep.Meet: prepare_for)
@@ -2027,13 +2087,14 @@ class _PipelineSearch:
         ctx, L, push = self.ctx, self.L, self.push
         if isinstance(fam, _TpChoiceNode):
             if fam.rough:  # a root out of line for the first time: back at its bound
-                push(max(lb, fam.bound(ctx, self.cut(), memory=False)), dataclasses.replace(fam, rough=False), None)
+                bound = fam.bound(ctx, self.cut(), memory=False, tails=self.tails)
+                push(max(lb, bound), dataclasses.replace(fam, rough=False), None)
                 return
             known = kth < float("inf")  # (no plan yet: nothing to cut, the bound only orders the line)
             if not fam.memory and len(fam.fixed) == len(ctx.order) and (not known or self.memory_trial.pays()):
                 self.work += WORK["memory"]
                 cut = self.cut()
-                bound = fam.bound(ctx, cut)
+                bound = fam.bound(ctx, cut, traffic=False)  # (lb holds what the traffic and tails added: put in line)
                 if known:
                     self.memory_trial.tell(bound >= cut)
                 push(max(lb, bound), dataclasses.replace(fam, memory=True), None)
