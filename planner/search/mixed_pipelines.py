@@ -489,9 +489,8 @@ class _TpChoiceNode:
         tails (_lined_tail_bound): always without ``tails``, else against a finite target where the trial of the
         node's level (``tails``, one per count of groups whose TP is still open) says it pays, what it cut told to
         that trial; not with ``traffic`` False (a node back out of line for its memory terms, whose place in line
-        holds them). With ``memory`` and every TP
-        fixed, at least the least ZeRO-2/3 traffic of the ZeRO stages whose memory holds the layers
-        (_fitting_lines)."""
+        holds them). With ``memory`` and every TP fixed, at least the least ZeRO-2/3 traffic of the ZeRO stages
+        whose memory holds the layers (_fitting_lines)."""
         plain = self._schedule_bound(ctx, target, memory)
         if plain >= target:
             return plain
