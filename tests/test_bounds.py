@@ -2408,7 +2408,7 @@ def test_an_open_family_the_layer_sequence_cuts_holds_no_plan_below_its_target(m
     best_of: dict = {}
     checked = cut_below = 0
     for fam, box, found in open_families_with_candidates(ctx):
-        if fam.runs is None or fam.mb < 2 or len(fam.orders) > mixed_pipelines.SEQUENCE_ORDERS:
+        if not fam.in_place:
             continue
         by_order: dict = {}  # the best plan of the candidates in each group order
         for ordered, c in found:
@@ -2657,7 +2657,8 @@ def test_a_nodes_zero_traffic_counts_only_the_zero_stages_that_fit_and_each_grou
     ZeRO-2/3 traffic of the ZeRO stages whose memory holds the layers (memory_zeros), each group's layers at its
     own slope (the MoE layers at their MoE slope) up to what its memory holds. On an MoE model whose 32 experts
     fit 8 GiB GPUs only sharded (ZeRO-3), it raises some candidates' node bounds (walked without the ZeRO traffic and
-    DP tail term, _lined_tail_bound, which also counts traffic), and every bound of those candidates stays at most their brute-force best plan."""
+    DP tail term, _lined_tail_bound, which also counts traffic), and every bound of those candidates stays at most
+    their brute-force best plan."""
     model = {**MOE6, "moe": {**MOE6["moe"], "num_experts": 32}}
     j = parse_job(
         {

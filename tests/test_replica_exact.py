@@ -48,13 +48,30 @@ def suite_job(model, cluster, seq: int, batch: int, precision: str = "bf16"):
     )
 
 
-def replica_job(gbs: int = 8, model=SMALL):
-    """A 4-layer ``model`` on 4 small GPUs and 2 A100-40GB."""
+def job31_shape(pp: int, counts):
+    """Seed-1 job 31 of the bench suite (qwen3-235b on four GPU types): (its search context, its pipelined replica
+    shape of ``pp`` stages with ``counts``, the groups' capacities, solve_split's options of its search)."""
+    job = suite_job(
+        "qwen3-235b-a22b", [("h200", 231, 8), ("gb200", 30, 72), ("b200", 550, 8), ("h800", 195, 8)], 16384, 1024
+    )
+    opts = SearchOptions().for_job(job)
+    ctx = MixedContext(job, opts, None, cost_source(job), group_order(job.cluster))
+    kw = {
+        "partial_recompute": opts.partial_recompute,
+        "even_layers": opts.even_layers,
+        "uniform_recompute": opts.uniform_recompute,
+    }
+    return ctx, ReplicaCandidate(4, 4, pp, 1, 1, "none", counts, 0.0), [ctx.capacity(g) for g, _ in counts], kw
+
+
+def replica_job(gbs: int = 8, model=SMALL, memory_gib: float | None = None):
+    """A 4-layer ``model`` on 4 small GPUs (of ``memory_gib`` each, where given) and 2 A100-40GB."""
+    small = SMALL_GPU if memory_gib is None else {**SMALL_GPU, "memory_gib": memory_gib}
     return parse_job(
         {
             "model": {**model, "num_layers": 4},
             "cluster": [
-                {"gpu": SMALL_GPU, "nodes": 1, "gpus_per_node": 4},
+                {"gpu": small, "nodes": 1, "gpus_per_node": 4},
                 {"gpu": "a100-40gb", "nodes": 1, "gpus_per_node": 2},
             ],
             "training": {"seq_length": 4096, "global_batch_size": gbs, "attention": "eager"},
@@ -98,11 +115,7 @@ def test_the_exact_split_of_a_pipelined_replica_shape_is_the_brute_force_optimum
     if quick_work is not None:
         monkeypatch.setattr(RP, "FIXED_QUICK_WORK", quick_work)
 
-    job = replica_job(gbs)
-    if memory_gib is not None:
-        raw = job.model_dump(mode="json", exclude_none=True)
-        raw["cluster"][0]["gpu"] = {**SMALL_GPU, "memory_gib": memory_gib}
-        job = parse_job(raw)
+    job = replica_job(gbs, memory_gib=memory_gib)
     shared = E.costs_by_group(job)  # one cost source for the brute force's many estimates (its caches)
     monkeypatch.setattr(E, "costs_by_group", lambda job, cal=None: shared)
     builds, priced = [], set()
@@ -142,9 +155,7 @@ def test_a_choice_on_a_shared_split_model_keeps_its_own_memory(monkeypatch):
     import planner.search.replica_partition as RP
     from planner.search.replicas import _probe_models
 
-    raw = replica_job(5).model_dump(mode="json", exclude_none=True)
-    raw["cluster"][0]["gpu"] = {**SMALL_GPU, "memory_gib": 5.8}
-    job = parse_job(raw)
+    job = replica_job(5, memory_gib=5.8)
     ctx = MixedContext(job, SearchOptions(), None, cost_source(job), group_order(job.cluster))
     counts = ((0, 2), (1, 1))
     cand = ReplicaCandidate(1, 1, 2, 1, 3, "none", counts, 0.0)
@@ -178,24 +189,11 @@ def test_a_choice_close_to_its_cap_is_settled_with_presolve(monkeypatch, ms, cap
     without presolve (replica_partition._solve_choice) does not settle them; the solve with presolve that follows
     does, with the same status, time and split as a solve with presolve only."""
     import planner.search.replica_partition as RP
-    from planner.search.replicas import _probe_models
 
-    job = suite_job(
-        "qwen3-235b-a22b", [("h200", 231, 8), ("gb200", 30, 72), ("b200", 550, 8), ("h800", 195, 8)], 16384, 1024
-    )
-    opts = SearchOptions().for_job(job)
-    ctx = MixedContext(job, opts, None, cost_source(job), group_order(job.cluster))
     counts = ((1, 4), (2, 8), (0, 3), (3, 2))
-    cand = ReplicaCandidate(4, 4, 33, 1, 1, "none", counts, 0.0)
-    per, caps = _probe_models(ctx, cand, ms), [ctx.capacity(g) for g, _ in counts]
-    kw = {
-        "partial_recompute": opts.partial_recompute,
-        "even_layers": opts.even_layers,
-        "uniform_recompute": opts.uniform_recompute,
-        "cap_s": cap,
-        "time_limit_s": 600.0,
-        "workers": 1,
-    }
+    ctx, cand, caps, kw = job31_shape(33, counts)
+    per = _probe_models(ctx, cand, ms)
+    kw = {**kw, "cap_s": cap, "time_limit_s": 600.0, "workers": 1}
     presolved = []
     real = RP._solve_time_then_ties
 
@@ -223,10 +221,7 @@ def test_a_group_alone_proves_a_choice_infeasible_only_where_the_choice_is(gbs, 
     solved (each call solves at most one group it does not know yet)."""
     from planner.search.replica_partition import GroupBounds, choice_scale, solve_split
 
-    raw = replica_job(gbs).model_dump(mode="json", exclude_none=True)
-    if memory_gib is not None:
-        raw["cluster"][0]["gpu"] = {**SMALL_GPU, "memory_gib": memory_gib}
-    job = parse_job(raw)
+    job = replica_job(gbs, memory_gib=memory_gib)
     opts = SearchOptions()
     ctx = MixedContext(job, opts, None, cost_source(job), group_order(job.cluster))
     counts = ((0, 2), (1, 1))
@@ -264,23 +259,11 @@ def test_a_group_alone_settles_the_suite_choices_whose_presolve_was_slow(monkeyp
     the whole choice (0.3-0.5 s), are settled by that group alone, solved once."""
     import planner.search.replica_partition as RP
 
-    job = suite_job(
-        "qwen3-235b-a22b", [("h200", 231, 8), ("gb200", 30, 72), ("b200", 550, 8), ("h800", 195, 8)], 16384, 1024
-    )
-    opts = SearchOptions().for_job(job)
-    ctx = MixedContext(job, opts, None, cost_source(job), group_order(job.cluster))
-    counts = ((1, 4), (2, 8), (0, 3), (3, 3))
-    cand = ReplicaCandidate(4, 4, 32, 1, 1, "none", counts, 0.0)
-    caps = [ctx.capacity(g) for g, _ in counts]
-    kw = {
-        "partial_recompute": opts.partial_recompute,
-        "even_layers": opts.even_layers,
-        "uniform_recompute": opts.uniform_recompute,
-    }
+    ctx, cand, caps, kw = job31_shape(32, ((1, 4), (2, 8), (0, 3), (3, 3)))
     solved = []
     real = RP.solve_split
     monkeypatch.setattr(RP, "solve_split", lambda per, *a, **k: solved.append(len(per)) or real(per, *a, **k))
-    bounds = RP.GroupBounds(caps, counts, lambda g, m: m * (g == 1), 1, kw)
+    bounds = RP.GroupBounds(caps, cand.counts, lambda g, m: m * (g == 1), 1, kw)
     for ms in ((82, 81, 10, 6), (82, 81, 11, 5), (82, 81, 12, 4), (82, 81, 13, 3)):
         assert bounds.exceeds(ms, _probe_models(ctx, cand, ms), 1.310676, 600.0)
     assert solved == [1]
@@ -370,10 +353,7 @@ def test_the_pipeline_floor_of_a_replica_shape_is_below_every_plan_of_it(monkeyp
     fits; the cheaper throughput_floor (no memory) is positive and below it."""
     import planner.cost.estimate as E
 
-    job = replica_job()
-    raw = job.model_dump(mode="json", exclude_none=True)
-    raw["cluster"][0]["gpu"] = {**SMALL_GPU, "memory_gib": memory_gib}
-    job = parse_job(raw)
+    job = replica_job(memory_gib=memory_gib)
     shared = E.costs_by_group(job)
     monkeypatch.setattr(E, "costs_by_group", lambda job, cal=None: shared)
     ctx = MixedContext(job, SearchOptions(), None, cost_source(job), group_order(job.cluster))

@@ -496,11 +496,12 @@ class _TpChoiceNode:
             return plain
         value = plain
         level = len(ctx.order) - len(self.fixed)  # (groups whose TP is still open)
-        trial = None if tails is None or level > TAIL_OPEN else tails[level]
-        if traffic and level <= TAIL_OPEN and (trial is None or (target < float("inf") and trial.pays())):
-            value = self._lined_tail_bound(ctx, plain, target)
-            if trial is not None:
-                trial.tell(value >= target)
+        if traffic and level <= TAIL_OPEN:
+            trial = None if tails is None else tails[level]
+            if trial is None or (target < float("inf") and trial.pays()):
+                value = self._lined_tail_bound(ctx, plain, target)
+                if trial is not None:
+                    trial.tell(value >= target)
         if value < target and memory and len(self.fixed) == len(ctx.order):
             value = max(value, plain + self._fitting_lines(ctx))
         return value
@@ -574,10 +575,8 @@ class _TpChoiceNode:
         deepest = self._deepest(ctx)
         if not a or deepest == 0:
             return float("inf")
-        if deepest:  # (as _schedule_bound)
-            most = deepest - sum(lo) + 1
-            hi = [k if r else min(k, most) for k, r in zip(hi, relaxed)]
-            relaxed = [tuple((min(k, most - 1), x, y) for k, x, y in r) if r else r for r in relaxed]
+        if deepest:
+            hi, relaxed = _within_depth(deepest, lo, hi, relaxed)
         L = ctx.job.model.num_layers
         args = (tuple(a), tuple(lo), tuple(hi), _NO_ENDS, L, self.mb, tuple(send), self.vpp)
         kw = {"whole": True, "relaxed": tuple(relaxed), "max_stages": deepest, "target": target}
@@ -689,11 +688,8 @@ class _TpChoiceNode:
         deepest = self._deepest(ctx, rows)
         if deepest == 0:
             return float("inf")  # no depth that takes the vpp (and the framework) lies within the node's stage counts
-        if deepest:  # a used group has at most that many stages less one of each other used group's
-            most = deepest - sum(lo) + 1
-            hi = tuple(k if relaxed else min(k, most) for k, relaxed in zip(hi, free))
-            # (a group whose TP is open is not among lo: at most deepest - sum(lo) stages)
-            free = tuple(tuple((min(k, most - 1), x, y) for k, x, y in r) if r else r for r in free)
+        if deepest:
+            hi, free = _within_depth(deepest, lo, hi, free)
         mix = self._kind_mix(ctx, [row[1] for row in rows])
         ends = Ends.least([row[2] for row in rows])  # (Ends.any_order of the rows)
         args = (a, lo, hi, ends, L, self.mb, send, self.vpp)
@@ -1553,6 +1549,16 @@ TAIL_PROBE = 64
 # never read. At every level, seed-5 suite job 10 took 10,336 steps instead of 14,700, but seed-7 job 16 worked out
 # 10,742 tails (4.5 s of 24 s, one process) for the cuts of 312 nodes with two or three groups open.
 TAIL_OPEN = 1
+
+
+def _within_depth(deepest: int, lo, hi, relaxed) -> tuple[tuple, tuple]:
+    """A TP-choice node's box rows (hi, relaxed) under the deepest depth its candidates run (_deepest): a used group
+    has at most that many stages less one of each other used group's, and a group whose TP is open, which is not
+    among lo, at most deepest - sum(lo) at any of its choices."""
+    most = deepest - sum(lo) + 1
+    hi = tuple(k if r else min(k, most) for k, r in zip(hi, relaxed))
+    relaxed = tuple(tuple((min(k, most - 1), x, y) for k, x, y in r) if r else r for r in relaxed)
+    return hi, relaxed
 
 
 def _least_kind_work(count: dict, floors) -> float:

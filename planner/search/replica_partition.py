@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from planner.cost.stage import StageModel
@@ -85,11 +86,7 @@ def micro_batch_choices(
     (``work``) and T_g >= sum_i t_gi / pp."""
     d = [c for _, c in counts]
     visits = 0
-    tails = tails or [0.0] * len(d)
-    slowest = least_bottlenecks(work, pp, bottlenecks)
-
-    def floor(g: int, m: int) -> float:
-        return group_floor(m, work[g], slowest[g], tails[g])
+    floor = group_floors(work, pp, tails, bottlenecks)
 
     # The groups after g share what is left, R: the slowest of them takes at least the T at which each group h
     # runs its most micro-batches, m_h <= T pp / w_h - pp + 1 (floor), and those hold R: T >= (R + (pp - 1) sum d_h)
@@ -143,16 +140,19 @@ def micro_batch_choices(
     return out, complete
 
 
-def least_bottlenecks(work: list[float], pp: int, bottlenecks: list[float] | None) -> list[float]:
-    """Per group, a floor under its slowest stage's seconds per micro-batch: at least its work over pp stages and
-    at least ``bottlenecks``' floor (micro_batch_choices)."""
-    return [max(w / pp, t) for w, t in zip(work, bottlenecks or [0.0] * len(work))]
+def group_floors(
+    work: list[float], pp: int, tails: list[float] | None = None, bottlenecks: list[float] | None = None
+) -> Callable[[int, int], float]:
+    """floor(g, m): a floor under the time of a replica of group g running m micro-batches, (m - 1) T_g + sum_i t_gi
+    + D_g + O_g (1F1B, solve_split's objective), with sum_i t_gi >= ``work`` and T_g at least work / pp and at least
+    ``bottlenecks``' floor; ``tails`` under D_g + O_g (micro_batch_choices' terms)."""
+    slowest = [max(w / pp, t) for w, t in zip(work, bottlenecks or [0.0] * len(work))]
+    tails = tails or [0.0] * len(work)
 
+    def floor(g: int, m: int) -> float:
+        return (m - 1) * slowest[g] + work[g] + tails[g]
 
-def group_floor(m: int, work: float, slowest: float, tail: float) -> float:
-    """A floor under a replica's time at ``m`` micro-batches: (m - 1) T + sum_i t_i + D + O (1F1B, solve_split's
-    objective) with its least sum of stage times ``work``, least bottleneck ``slowest`` and least tail ``tail``."""
-    return (m - 1) * slowest + work + tail
+    return floor
 
 
 def _first_solution(a: int, left: int, n: int) -> tuple[int | None, int]:
@@ -266,6 +266,16 @@ def _copy_model(model):
     return copy
 
 
+def _ranges(ms) -> list[tuple[int, int]]:
+    """Per group, (lo, hi) of its micro-batch count: ``ms`` as fixed counts or as ranges."""
+    return [m if isinstance(m, tuple) else (m, m) for m in ms]
+
+
+def _span(ranges, pp: int) -> int:
+    """The most bottlenecks solve_split's objective can count (its upper bound, in horizons)."""
+    return max(hi for _, hi in ranges) + pp + 2
+
+
 def choice_scale(per: list[list[StageModel]], ms) -> Scale:
     """The time unit and horizon of solve_split's model of choice ``ms`` (fixed counts or (lo, hi) ranges) over the
     stage models ``per`` (partition._time_unit: the objective is the time alone)."""
@@ -273,8 +283,7 @@ def choice_scale(per: list[list[StageModel]], ms) -> Scale:
     L, p = s0.job.model.num_layers, s0.dims.pp
     every = [sm for sms in per for sm in sms]
     horizon_s = max(_time_horizon(sm, L, p) for sm in {id(x): x for x in every}.values())
-    span = max(m[1] if isinstance(m, tuple) else m for m in ms) + p + 2
-    unit = _time_unit(horizon_s, 1, span, every, s0.dims.zero_stage)
+    unit = _time_unit(horizon_s, 1, _span(_ranges(ms), p), every, s0.dims.zero_stage)
     return Scale(unit, int(horizon_s * unit))
 
 
@@ -302,12 +311,12 @@ def solve_split(
     ``models``: the _SplitModel built so far by time unit, kept by the caller across its choices (the model solved
     is the same, constraint for constraint, as one built afresh, its memory constraints last). ``scale``: the time
     unit of another model this one relaxes (GroupBounds; default choice_scale's)."""
-    ranges = [m if isinstance(m, tuple) else (m, m) for m in ms]
+    ranges = _ranges(ms)
     s0 = per[0][0]
     job, d = s0.job, s0.dims
     L, p = job.model.num_layers, d.pp
     cp_model = cp_sat()
-    span = max(hi for _, hi in ranges) + p + 2
+    span = _span(ranges, p)
     scale = scale or choice_scale(per, ms)
     kept = models.setdefault(scale, []) if models is not None else []
     built = next((x for x in kept if x.per is per or _same_times(x.per, per)), None)
@@ -446,7 +455,7 @@ class GroupBounds:
     groups' counts, so one group's proof settles every choice that gives it as many micro-batches. Seed-1 suite
     job 31 (Qwen3-235B on four GPU types, 32- and 33-stage shapes): 13 choices, 12 infeasible, each 0.31-0.52 s in
     CP-SAT's presolve of the whole model; 11 of them have a group that is infeasible alone (0.04-0.13 s), always
-    the one with the highest floor (group_floor). Each choice solves at most one group not yet known, the highest
+    the one with the highest floor (group_floors). Each choice solves at most one group not yet known, the highest
     floor first."""
 
     def __init__(self, caps: list[float], counts, floors, workers: int, kw: dict):
@@ -471,9 +480,8 @@ class GroupBounds:
         return False
 
     def _known(self, g: int, m: int, sms: list[StageModel], scale: Scale) -> _GroupBound | None:
-        cap = self.caps[g]
         for known in self.known.get((g, m), ()):
-            if known.scale == scale and (known.sms is sms or _same_stages(known.sms, sms, cap)):
+            if known.scale == scale and (known.sms is sms or _same_stages(known.sms, sms, self.caps[g])):
                 return known
         return None
 
@@ -490,11 +498,10 @@ class GroupBounds:
 
 
 def _same_stages(a: list[StageModel], b: list[StageModel], capacity: float) -> bool:
-    """Whether two groups' stage models price every stage alike: its time, memory and tail forms, pipeline sends
-    and what its GPU allows."""
-    return all(
-        x is y
-        or (x.pp_time == y.pp_time and x.forms(i) == y.forms(i) and x.allocatable(capacity) == y.allocatable(capacity))
+    """Whether two groups' stage models price every stage alike: as _same_times, and its memory forms and what its
+    GPU allows too."""
+    return _same_times([a], [b]) and all(
+        x is y or (x.forms(i).memory == y.forms(i).memory and x.allocatable(capacity) == y.allocatable(capacity))
         for i, (x, y) in enumerate(zip(a, b))
     )
 
@@ -575,9 +582,7 @@ def exact_splits(
     if not enumerate_steady:
         choices = [(lb, ms) for lb, ms in choices if min(ms) < pp]
     settled = {} if settled is None else settled
-    slowest = least_bottlenecks(work, pp, bottlenecks)
-    tails = tails or [0.0] * len(work)
-    one_group = GroupBounds(caps, counts, lambda g, m: group_floor(m, work[g], slowest[g], tails[g]), workers, kw)
+    one_group = GroupBounds(caps, counts, group_floors(work, pp, tails, bottlenecks), workers, kw)
     for i, (lb, ms) in enumerate(choices):
         if lb >= best:
             break
